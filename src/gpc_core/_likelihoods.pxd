@@ -1,0 +1,29 @@
+# Contract between the likelihood kernels and the site sweeps (gpc._sweeps cimports this).
+#
+# A likelihood is described to C code by a LikelihoodSpec: its kind, its parameter (eps of the
+# noisy threshold, PL eq. (3)) and, for kinds without closed forms, probabilists' Gauss-Hermite
+# nodes x_k and weights w_k normalised so that sum_k w_k = 1, i.e. E[g(f)] ~ sum_k w_k g(m + sqrt(v) x_k)
+# for f ~ N(m, v).  Labels y are -1.0 or +1.0.  Every function returns 0 on success and a non-zero
+# status when the result is not representable (e.g. Z underflows to 0 for a noise-free step).
+
+cdef enum:
+    LIK_PROBIT = 0
+    LIK_LOGIT = 1
+    LIK_NOISY_THRESHOLD = 2
+    LIK_HEAVISIDE = 3
+
+cdef struct LikelihoodSpec:
+    int kind
+    double eps
+    int gh_order
+    const double* gh_nodes
+    const double* gh_weights
+
+# EP / ADF: Z = int p(y|f) N(f | cav_mean, cav_var) df, and mean and variance of p(y|f) N(f|.) / Z.
+cdef int tilted_moments(const LikelihoodSpec* spec, double y, double cav_mean, double cav_var,
+                        double* log_z, double* mean, double* var) noexcept nogil
+
+# PL (supplement): for f ~ N(mean, var), the moments of the label: mu_y = E[E(y|f)],
+# cov_fy = Cov[f, E(y|f)], var_y = Var[y] = 1 - mu_y^2 for labels in {-1, +1}.
+cdef int slr_moments(const LikelihoodSpec* spec, double mean, double var,
+                     double* mu_y, double* cov_fy, double* var_y) noexcept nogil
