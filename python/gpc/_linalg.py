@@ -1,0 +1,75 @@
+"""Dense linear algebra the methods share: a jittered Cholesky and solves with its factor.
+
+All factorisations go through LAPACK (scipy.linalg.lapack) on Fortran-ordered views, so no copy is
+made of an n x n matrix that is already C-contiguous and symmetric: its transpose is the same matrix
+in Fortran order.
+"""
+
+import numpy as np
+from scipy.linalg import lapack
+
+from .exceptions import NotPositiveDefiniteError
+
+#: relative jitters tried, in turn, when a matrix that should be positive definite fails to factor
+JITTERS = (0.0, 1e-10, 1e-8, 1e-6)
+
+
+def cholesky_lower(A, name="matrix", overwrite=False):
+    """Lower Cholesky factor L (A = L Lᵀ) of a symmetric positive definite A.
+
+    Tries the jitters of ``JITTERS`` (relative to the mean diagonal) in turn and raises
+    :class:`NotPositiveDefiniteError` naming ``name`` when none works.  Returns (L, jitter) with L
+    C-contiguous and lower triangular (the strict upper triangle is zeroed).
+    """
+    A = np.asarray(A, dtype=np.float64)
+    n = A.shape[0]
+    scale = float(np.trace(A)) / max(n, 1)
+    for jitter in JITTERS:
+        if jitter == 0.0:
+            work = A if overwrite else A.copy()
+        else:
+            work = A.copy()
+            work.flat[:: n + 1] += jitter * scale
+        # work is symmetric: its C order is the transpose's Fortran order, so 'upper' in LAPACK's
+        # column-major view is the lower triangle in ours.
+        c, info = lapack.dpotrf(work.T, lower=False, clean=False, overwrite_a=True)
+        if info == 0:
+            L = np.tril(c.T)
+            return np.ascontiguousarray(L), jitter * scale
+        if info < 0:  # pragma: no cover - argument error, a bug
+            raise RuntimeError(f"dpotrf argument {-info} invalid")
+    raise NotPositiveDefiniteError(
+        f"{name} is not positive definite even after adding {JITTERS[-1]:g} x mean diagonal jitter")
+
+
+def cho_solve_lower(L, b):
+    """Solve (L Lᵀ) x = b for a lower Cholesky factor L (C-contiguous)."""
+    x, info = lapack.dpotrs(L.T, b, lower=False)
+    if info != 0:  # pragma: no cover
+        raise RuntimeError(f"dpotrs failed with info={info}")
+    return x
+
+
+def solve_lower(L, b, trans=False):
+    """Solve L x = b (or Lᵀ x = b with ``trans``) for a lower triangular C-contiguous L."""
+    # L in C order is Lᵀ (upper) in Fortran order.
+    x, info = lapack.dtrtrs(L.T, b, lower=False, trans=0 if trans else 1)
+    if info != 0:  # pragma: no cover
+        raise RuntimeError(f"dtrtrs failed with info={info}")
+    return x
+
+
+def cho_inverse_lower(L):
+    """(L Lᵀ)⁻¹ as a full symmetric C-contiguous matrix, from the lower factor (LAPACK dpotri)."""
+    inv, info = lapack.dpotri(L.T, lower=False)
+    if info != 0:  # pragma: no cover
+        raise RuntimeError(f"dpotri failed with info={info}")
+    # Fortran 'upper' of inv is our lower triangle; mirror it.
+    out = inv.T
+    out = np.tril(out) + np.tril(out, -1).T
+    return np.ascontiguousarray(out)
+
+
+def log_det_from_cholesky(L):
+    """log |L Lᵀ| = 2 Σ log L_ii."""
+    return 2.0 * float(np.sum(np.log(np.diag(L))))

@@ -1,0 +1,77 @@
+"""Approximate inference for binary GP classification under one entry point, :func:`infer`.
+
+Each method is a module with a ``run(K, y, likelihood, prior_mean, *, schedule, max_iter, tol,
+**options)`` function returning an :class:`InferenceResult`; this module validates the inputs once and
+dispatches.
+"""
+
+import importlib
+
+from .._validation import (check_kernel_matrix, check_positive_float, check_positive_int,
+                           check_prior_mean, check_signed_labels)
+from ..likelihoods import get_likelihood
+from ._result import InferenceResult
+
+#: method name -> (module, schedules it accepts, default schedule)
+METHODS = {
+    "laplace": ("laplace", (None,), None),
+}
+
+
+def available_methods():
+    """Names accepted by ``infer(method=...)``."""
+    return sorted(METHODS)
+
+
+def infer(K, y, likelihood="probit", method="laplace", schedule=None, prior_mean=None,
+          max_iter=None, tol=None, **options):
+    """Gaussian approximation of the posterior of a GP classifier's latent values.
+
+    Parameters
+    ----------
+    K : array-like (n, n)
+        Prior covariance of the latent values at the training inputs.
+    y : array-like (n,)
+        Labels in {-1, +1}.
+    likelihood : str or Likelihood
+        "probit", "logit", "noisy_threshold", "heaviside" or an instance.
+    method : str
+        One of :func:`available_methods`.
+    schedule : str or None
+        "sequential" or "parallel" for the site methods; None picks the method's default.
+    prior_mean : float or array-like (n,), optional
+        m0, the prior mean of the latent values (zero by default).
+    max_iter : int, optional
+        Iteration limit (Newton steps or sweeps); each method has its default.
+    tol : float, optional
+        Convergence tolerance; each method has its default.
+    **options
+        Method-specific options (see each method's ``run``).
+
+    Returns
+    -------
+    InferenceResult
+    """
+    K = check_kernel_matrix(K)
+    n = K.shape[0]
+    y = check_signed_labels(y, n)
+    m0 = check_prior_mean(prior_mean, n)
+    lik = get_likelihood(likelihood)
+    key = str(method).lower()
+    if key not in METHODS:
+        raise ValueError(f"unknown method {method!r}; available: {', '.join(available_methods())}")
+    module_name, schedules, default_schedule = METHODS[key]
+    if schedule is None:
+        schedule = default_schedule
+    if schedule not in schedules:
+        allowed = ", ".join(repr(s) for s in schedules)
+        raise ValueError(f"method {key!r} takes schedule in ({allowed}), got {schedule!r}")
+    if max_iter is not None:
+        max_iter = check_positive_int(max_iter, "max_iter")
+    if tol is not None:
+        tol = check_positive_float(tol, "tol")
+    module = importlib.import_module(f".{module_name}", __name__)
+    return module.run(K, y, lik, m0, schedule=schedule, max_iter=max_iter, tol=tol, **options)
+
+
+__all__ = ["infer", "available_methods", "InferenceResult", "METHODS"]

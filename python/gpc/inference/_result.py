@@ -1,0 +1,66 @@
+"""What every inference method returns."""
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+
+@dataclass
+class InferenceResult:
+    """A Gaussian approximation q(f) = N(mean, cov) to the posterior of the training latents.
+
+    Attributes
+    ----------
+    method, schedule : str
+        The method and the schedule that produced it.
+    likelihood : gpc.likelihoods.Likelihood
+    posterior : SitePosterior (or an object with the same ``mean``, ``cov()``, ``diag_cov()``,
+        ``predict()``, ``site_precision``, ``site_location``)
+    log_evidence : float
+        The method's approximation of (or bound on) log p(y | X, θ).
+    n_iter : int
+        Sweeps or Newton steps taken.
+    converged : bool
+        Whether the tolerance was met before ``max_iter``.
+    gradient_matrix : callable or None
+        Returns the symmetric n x n matrix M with ∂ log_evidence / ∂θ_k = Σ_ij M_ij ∂K_ij/∂θ_k, so
+        that any kernel's contraction gives the gradient without an n x n x p tensor.  None where the
+        method has no gradient.
+    """
+
+    method: str
+    schedule: Optional[str]
+    likelihood: Any
+    posterior: Any
+    log_evidence: float
+    n_iter: int
+    converged: bool
+    gradient_matrix: Optional[Callable[[], np.ndarray]] = None
+    info: dict = field(default_factory=dict)
+
+    @property
+    def mean(self):
+        return self.posterior.mean
+
+    @property
+    def cov(self):
+        return self.posterior.cov()
+
+    @property
+    def site_precision(self):
+        return self.posterior.site_precision
+
+    @property
+    def site_location(self):
+        return self.posterior.site_location
+
+    def log_evidence_gradient(self, contract):
+        """∂ log_evidence / ∂θ given ``contract(M) = Σ_ij M_ij ∂K_ij/∂θ`` (a kernel's gradient_contract)."""
+        if self.gradient_matrix is None:
+            raise NotImplementedError(f"method {self.method!r} provides no evidence gradient")
+        return np.asarray(contract(self.gradient_matrix()), dtype=np.float64)
+
+    def predict(self, K_cross, k_diag, prior_mean=0.0):
+        """Latent predictive mean and variance at test inputs (see SitePosterior.predict)."""
+        return self.posterior.predict(K_cross, k_diag, prior_mean)

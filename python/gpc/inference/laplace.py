@@ -1,0 +1,153 @@
+"""Laplace approximation (Rasmussen & Williams 2006, Algorithms 3.1 and 5.1; NR slides eq. (9)-(10)).
+
+q(f) = N(f̂, (K⁻¹ + W)⁻¹) at the mode f̂ of the log posterior
+Ψ(f) = log p(y|f) − ½ (f − m0)ᵀ K⁻¹ (f − m0), with W = −∇∇ log p(y|f̂).  As a site posterior its sites
+are τ = W and ν = W f̂ + ∇ log p(y|f̂) (a Newton step at the mode, DESIGN.md).
+
+Evidence (R&W eq. (3.32)):  log q(y|X,θ) = −½ aᵀ(f̂ − m0) + log p(y|f̂) − ½ log|B|,  B = I + W^½ K W^½,
+f̂ = m0 + K a.  Its gradient (R&W Alg. 5.1, eq. (5.22)-(5.23)) has an explicit part and an implicit part
+through f̂(θ); both contract against ∂K/∂θ_k:
+
+    ∂ log q / ∂θ_k = Σ_ij M_ij ∂K_ij/∂θ_k,
+    M = ½ (a aᵀ − R) + ½ (u gᵀ + g uᵀ),   R = W^½ B⁻¹ W^½,  g = ∇ log p(y|f̂),
+    u = (I − R K) s2,   s2 = ½ diag(Σ) ∇³ log p(y|f̂),   Σ = (K⁻¹ + W)⁻¹.
+
+(s2 is ∂(−½ log|B|)/∂f̂ = ½ Σ_ii ∂³ log p_i: ∂W_ii/∂f_i = −∂³ log p_i.  Some printings of Alg. 5.1 carry
+the opposite sign; the finite-difference tests decide.)
+"""
+
+import warnings
+
+import numpy as np
+from scipy.linalg import blas
+
+from .._linalg import cho_inverse_lower, cho_solve_lower, cholesky_lower
+from ..exceptions import ConvergenceWarning
+from ..posterior import SitePosterior
+from ._result import InferenceResult
+
+DEFAULT_MAX_ITER = 100
+DEFAULT_TOL = 1e-10
+MAX_HALVINGS = 30
+
+
+def _factor(K, W):
+    sW = np.sqrt(W)
+    B = K * sW[:, None]
+    B *= sW
+    B.flat[:: K.shape[0] + 1] += 1.0
+    L, _ = cholesky_lower(B, name="B = I + W^1/2 K W^1/2", overwrite=True)
+    return sW, L
+
+
+def run(K, y, likelihood, prior_mean, *, schedule=None, max_iter=None, tol=None, f_init=None):
+    """Newton's method for the mode of Ψ, with step halving when Ψ does not increase.
+
+    Parameters
+    ----------
+    f_init : ndarray (n,), optional
+        Warm start for the mode (e.g. the previous mode when θ changes a little).
+
+    Returns
+    -------
+    InferenceResult with ``info["a"]`` (= K⁻¹(f̂ − m0)) and ``info["f"]`` (the mode).
+    """
+    if not getattr(likelihood, "differentiable", True):
+        raise ValueError(
+            f"the Laplace approximation needs a likelihood with a useful gradient; the {likelihood.name} "
+            "likelihood has zero gradient almost everywhere (PL paper, §I): use method='ep' or 'pl'")
+    max_iter = DEFAULT_MAX_ITER if max_iter is None else max_iter
+    tol = DEFAULT_TOL if tol is None else tol
+    n = K.shape[0]
+    m0 = prior_mean
+
+    if f_init is None:
+        a = np.zeros(n)
+        f = m0.copy()
+    else:  # a = K⁻¹(f − m0) through the solve of a jittered K would be fragile; restart from f via a
+        f = np.asarray(f_init, dtype=np.float64).copy()
+        Lk, _ = cholesky_lower(K, name="K")
+        a = cho_solve_lower(Lk, f - m0)
+    lp, d1, d2, d3 = likelihood.log_prob_derivatives(y, f)
+    psi = -0.5 * a @ (f - m0) + lp.sum()
+    W = -d2
+    sW, L = _factor(K, W)
+    converged = False
+    n_iter = 0
+    for n_iter in range(1, max_iter + 1):
+        # R&W Alg. 3.1 lines 4-8: b = W(f − m0) + ∇ log p; a = b − W^½ B⁻¹ W^½ K b
+        b = W * (f - m0) + d1
+        a_new = b - sW * cho_solve_lower(L, sW * (K @ b))
+        step = a_new - a
+        for _ in range(MAX_HALVINGS + 1):
+            a_try = a + step
+            f_try = m0 + K @ a_try
+            lp_t, d1_t, d2_t, d3_t = likelihood.log_prob_derivatives(y, f_try)
+            psi_try = -0.5 * a_try @ (f_try - m0) + lp_t.sum()
+            if psi_try >= psi - 1e-12 * abs(psi):
+                break
+            step *= 0.5
+        change = psi_try - psi
+        a, f, psi = a_try, f_try, psi_try
+        lp, d1, d2, d3 = lp_t, d1_t, d2_t, d3_t
+        W = -d2
+        sW, L = _factor(K, W)
+        if abs(change) < tol:
+            converged = True
+            break
+    if not converged:
+        warnings.warn(f"Laplace: Newton's method did not converge in {max_iter} iterations "
+                      f"(last change of Ψ {change:.3g} > tol {tol:g})", ConvergenceWarning, stacklevel=3)
+
+    log_evidence = psi - float(np.sum(np.log(np.diag(L))))
+    posterior = _LaplacePosterior(K, W, W * f + d1, m0, sW, L, a, f)
+
+    def gradient_matrix():
+        return _gradient_matrix(K, W, sW, L, a, d1, d3)
+
+    return InferenceResult("laplace", None, likelihood, posterior, log_evidence, n_iter, converged,
+                           gradient_matrix, info={"a": a, "f": f})
+
+
+class _LaplacePosterior(SitePosterior):
+    """SitePosterior whose factor, α and mean come from the Newton iteration instead of a refactor."""
+
+    def __init__(self, K, W, nu, m0, sW, L, a, f):
+        self.K = K
+        self.site_precision = W
+        self.site_location = nu
+        self.prior_mean = m0
+        self.sqrt_tau = sW
+        self.L = L
+        self.alpha = a
+        self.mean = f
+        self._diag_cov = None
+        self._cov = None
+
+
+def _gradient_matrix(K, W, sW, L, a, g, d3):
+    """M of the module docstring; O(n³) through one dpotri, no n x n x p tensor."""
+    n = K.shape[0]
+    Binv = cho_inverse_lower(L)
+    diag_Binv = np.diag(Binv).copy()
+    # diag Σ = (1 − diag B⁻¹)/W where W is not tiny (Σ = W^-½ (I − B⁻¹) W^-½); the rounding error of
+    # 1 − [B⁻¹]_ii is ~1e-13, and it is multiplied by ∂³ log p_i which is O(W_i) for these likelihoods.
+    diag_sigma = np.empty(n)
+    ok = W > 1e-8
+    diag_sigma[ok] = (1.0 - diag_Binv[ok]) / W[ok]
+    if not np.all(ok):
+        # exact for the few saturated points: Σ e_i = K e_i − K R K e_i
+        idx = np.flatnonzero(~ok)
+        Kc = K[:, idx]
+        RKc = sW[:, None] * (Binv @ (sW[:, None] * Kc))
+        diag_sigma[idx] = K[idx, idx] - np.einsum("ij,ij->j", Kc, RKc)
+    s2 = 0.5 * diag_sigma * d3
+    M = Binv                       # becomes R, then M, in place
+    M *= sW[:, None]
+    M *= sW
+    u = s2 - M @ (K @ s2)          # (I − R K) s2
+    M *= -0.5
+    Mt = M.T                       # Fortran view of the same memory for BLAS rank-one updates
+    for x, z in ((a, a), (u, g), (g, u)):
+        Mt = blas.dger(0.5, x, z, a=Mt, overwrite_a=True)
+    return Mt.T
