@@ -32,10 +32,9 @@ def cholesky_lower(A, name="matrix", overwrite=False):
             work.flat[:: n + 1] += jitter * scale
         # work is symmetric: its C order is the transpose's Fortran order, so 'upper' in LAPACK's
         # column-major view is the lower triangle in ours.
-        c, info = lapack.dpotrf(work.T, lower=False, clean=False, overwrite_a=True)
+        c, info = lapack.dpotrf(work.T, lower=False, clean=True, overwrite_a=True)
         if info == 0:
-            L = np.tril(c.T)
-            return np.ascontiguousarray(L), jitter * scale
+            return c.T, jitter * scale
         if info < 0:  # pragma: no cover - argument error, a bug
             raise RuntimeError(f"dpotrf argument {-info} invalid")
     raise NotPositiveDefiniteError(
@@ -64,10 +63,12 @@ def cho_inverse_lower(L):
     inv, info = lapack.dpotri(L.T, lower=False)
     if info != 0:  # pragma: no cover
         raise RuntimeError(f"dpotri failed with info={info}")
-    # Fortran 'upper' of inv is our lower triangle; mirror it.
+    # Fortran 'upper' of inv is our lower triangle; mirror it into the upper one.
+    # dpotri leaves the other triangle as it found it: zero, since L's strict upper triangle is zero.
     out = inv.T
-    out = np.tril(out) + np.tril(out, -1).T
-    return np.ascontiguousarray(out)
+    out = out + out.T
+    out.flat[:: out.shape[0] + 1] *= 0.5
+    return out
 
 
 def log_det_from_cholesky(L):

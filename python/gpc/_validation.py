@@ -7,9 +7,13 @@ import numpy as np
 
 def check_finite_array(a, name, ndim=None, dtype=np.float64):
     """Return ``a`` as a contiguous float array, raising ValueError for NaN, inf or a wrong rank."""
+    if hasattr(a, "toarray") or hasattr(a, "tocsr"):
+        raise TypeError(f"{name} is a sparse matrix; gpc needs dense input (use {name}.toarray())")
+    if np.iscomplexobj(a):
+        raise ValueError(f"Complex data not supported: {name} is complex")
     try:
         arr = np.ascontiguousarray(a, dtype=dtype)
-    except (TypeError, ValueError) as exc:
+    except ValueError as exc:   # TypeError (e.g. a dict in an object array) propagates as is
         raise ValueError(f"{name} must be numeric: {exc}") from None
     if ndim is not None and arr.ndim != ndim:
         raise ValueError(f"{name} must be {ndim}-dimensional, got shape {arr.shape}")

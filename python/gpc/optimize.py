@@ -1,0 +1,75 @@
+"""Type-II maximum likelihood: maximise a method's log evidence over log-hyperparameters.
+
+L-BFGS-B (scipy.optimize) over θ = log of the kernel's hyperparameters, within the kernel's bounds,
+with the analytic gradient each method provides; restarts from points drawn uniformly in the (log)
+bounds, as scikit-learn does.
+"""
+
+import warnings
+
+import numpy as np
+from scipy.optimize import minimize
+
+from .exceptions import ConvergenceWarning
+
+
+def lbfgsb(obj_func, initial_theta, bounds, maxiter=200):
+    """Minimise ``obj_func(theta) -> (value, gradient)`` with L-BFGS-B; returns (theta, value)."""
+    res = minimize(obj_func, initial_theta, method="L-BFGS-B", jac=True, bounds=bounds,
+                   options={"maxiter": maxiter})
+    if not res.success:
+        warnings.warn(f"L-BFGS-B stopped without convergence: {res.message}", ConvergenceWarning,
+                      stacklevel=2)
+    return res.x, res.fun
+
+
+def maximise_evidence(objective, theta0, bounds, optimizer="fmin_l_bfgs_b", n_restarts=0,
+                      random_state=None):
+    """Maximise a log evidence over θ.
+
+    Parameters
+    ----------
+    objective : callable
+        ``objective(theta) -> (log_evidence, gradient)``.
+    theta0 : ndarray
+        Starting point (log space).
+    bounds : ndarray (p, 2)
+        Log-space bounds.
+    optimizer : "fmin_l_bfgs_b", "L-BFGS-B" or callable
+        A callable has scikit-learn's signature ``optimizer(obj_func, initial_theta, bounds)`` returning
+        ``(theta_opt, func_min)`` where ``obj_func`` returns the *negative* evidence and its gradient.
+    n_restarts : int
+        Further starts drawn uniformly within ``bounds`` (which must then be finite).
+    random_state : numpy Generator or RandomState
+
+    Returns
+    -------
+    theta, log_evidence : the best point found and its log evidence.
+    """
+
+    def neg(theta):
+        value, grad = objective(theta)
+        if not np.isfinite(value):
+            # a point where the method broke down: make it unattractive, not fatal
+            return np.inf, np.zeros_like(theta)
+        return -value, -np.asarray(grad)
+
+    if optimizer in ("fmin_l_bfgs_b", "L-BFGS-B", "lbfgsb"):
+        run = lbfgsb
+    elif callable(optimizer):
+        run = optimizer
+    else:
+        raise ValueError(f"unknown optimizer {optimizer!r}: use 'fmin_l_bfgs_b', a callable or None")
+
+    starts = [np.asarray(theta0, dtype=np.float64)]
+    if n_restarts > 0:
+        if not np.all(np.isfinite(bounds)):
+            raise ValueError("n_restarts_optimizer > 0 needs finite hyperparameter bounds")
+        for _ in range(n_restarts):
+            starts.append(random_state.uniform(bounds[:, 0], bounds[:, 1]))
+    best_theta, best_value = None, np.inf
+    for start in starts:
+        theta, value = run(neg, start, bounds)
+        if best_theta is None or value < best_value:
+            best_theta, best_value = np.asarray(theta, dtype=np.float64), value
+    return best_theta, -best_value
