@@ -1,3 +1,19 @@
-"""gpc: Gaussian process classification with every approximation of the papers under one API."""
+"""gpc: Gaussian process classification with every approximation of the papers under one API.
+
+>>> from gpc import GaussianProcessClassifier, infer
+>>> from gpc.kernels import RBF, ConstantKernel
+>>> from gpc.likelihoods import Probit, Logit, NoisyThreshold, Heaviside
+"""
+
+from . import datasets, kernels, likelihoods
+from .classifier import GaussianProcessClassifier
+from .exceptions import ConvergenceWarning, NegativeVarianceError, NotPositiveDefiniteError
+from .inference import InferenceResult, available_methods, infer
 
 __version__ = "0.1.0.dev0"
+
+__all__ = [
+    "GaussianProcessClassifier", "infer", "available_methods", "InferenceResult",
+    "ConvergenceWarning", "NegativeVarianceError", "NotPositiveDefiniteError",
+    "kernels", "likelihoods", "datasets",
+]

@@ -7,6 +7,7 @@ dispatches.
 
 import importlib
 
+from .._linalg import cholesky_lower
 from .._validation import (check_kernel_matrix, check_positive_float, check_positive_int,
                            check_prior_mean, check_signed_labels)
 from ..likelihoods import get_likelihood
@@ -24,7 +25,7 @@ def available_methods():
 
 
 def infer(K, y, likelihood="probit", method="laplace", schedule=None, prior_mean=None,
-          max_iter=None, tol=None, **options):
+          max_iter=None, tol=None, check_kernel=True, **options):
     """Gaussian approximation of the posterior of a GP classifier's latent values.
 
     Parameters
@@ -45,6 +46,11 @@ def infer(K, y, likelihood="probit", method="laplace", schedule=None, prior_mean
         Iteration limit (Newton steps or sweeps); each method has its default.
     tol : float, optional
         Convergence tolerance; each method has its default.
+    check_kernel : bool, default True
+        Check that K is positive definite (a Cholesky factorisation, with jitter if needed; one
+        O(n³/3) step) and raise ``NotPositiveDefiniteError`` (a ValueError) if not.  The methods only
+        factor well-conditioned matrices such as I + S K S, which can hide an indefinite K; callers
+        that evaluate many nearby K of one checked kernel (an optimiser) may skip the check.
     **options
         Method-specific options (see each method's ``run``).
 
@@ -54,6 +60,8 @@ def infer(K, y, likelihood="probit", method="laplace", schedule=None, prior_mean
     """
     K = check_kernel_matrix(K)
     n = K.shape[0]
+    if check_kernel:
+        cholesky_lower(K, name="the kernel matrix K")
     y = check_signed_labels(y, n)
     m0 = check_prior_mean(prior_mean, n)
     lik = get_likelihood(likelihood)

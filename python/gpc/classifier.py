@@ -1,0 +1,355 @@
+"""The scikit-learn-compatible estimator.
+
+``GaussianProcessClassifier`` fits any binary method of :func:`gpc.infer` and extends it to several
+classes one-vs-rest or one-vs-one, as scikit-learn's estimator of the same name does.  scikit-learn is
+optional: when it is installed the estimator derives from its ``BaseEstimator`` and ``ClassifierMixin``
+(so ``clone``, ``check_estimator``, pipelines and grid search work unchanged); otherwise a small local
+base provides ``get_params``/``set_params`` and ``score``.
+"""
+
+import inspect
+import itertools
+import warnings
+
+import numpy as np
+
+from ._validation import check_finite_array, check_positive_int
+from .inference import METHODS, infer
+from .kernels import ConstantKernel, RBF, as_kernel
+from .likelihoods import get_likelihood
+from .optimize import maximise_evidence
+
+try:  # pragma: no branch
+    from sklearn.base import BaseEstimator as _Base, ClassifierMixin as _ClassifierMixin
+    from sklearn.exceptions import DataConversionWarning
+except ImportError:  # pragma: no cover - exercised only without scikit-learn
+    class DataConversionWarning(UserWarning):
+        """A column-vector y was reshaped to 1-D."""
+
+    class _Base:
+        """get_params / set_params from the constructor's signature, as scikit-learn does."""
+
+        @classmethod
+        def _get_param_names(cls):
+            sig = inspect.signature(cls.__init__)
+            return sorted(p.name for p in sig.parameters.values() if p.name != "self")
+
+        def get_params(self, deep=True):
+            out = {}
+            for name in self._get_param_names():
+                value = getattr(self, name)
+                if deep and hasattr(value, "get_params") and not isinstance(value, type):
+                    out.update((f"{name}__{k}", v) for k, v in value.get_params().items())
+                out[name] = value
+            return out
+
+        def set_params(self, **params):
+            valid = self._get_param_names()
+            for key, value in params.items():
+                name, _, sub = key.partition("__")
+                if name not in valid:
+                    raise ValueError(f"invalid parameter {name!r} for {type(self).__name__}")
+                if sub:
+                    getattr(self, name).set_params(**{sub: value})
+                else:
+                    setattr(self, name, value)
+            return self
+
+        def __repr__(self):
+            args = ", ".join(f"{k}={v!r}" for k, v in self.get_params(deep=False).items())
+            return f"{type(self).__name__}({args})"
+
+    class _ClassifierMixin:
+        def score(self, X, y, sample_weight=None):
+            return float(np.average(self.predict(X) == np.asarray(y), weights=sample_weight))
+
+
+class NotFittedError(ValueError, AttributeError):
+    """The estimator is used before ``fit``."""
+
+
+def _default_kernel():
+    # scikit-learn's default: 1.0 * RBF(1.0) with both hyperparameters fixed
+    return ConstantKernel(1.0, constant_value_bounds="fixed") * RBF(1.0, length_scale_bounds="fixed")
+
+
+class _BinaryGPC:
+    """One binary problem: labels ±1, a kernel, a method; fits θ and holds the posterior."""
+
+    def __init__(self, kernel, likelihood, method, schedule, optimizer, n_restarts, max_iter, tol,
+                 rng, method_options):
+        self.kernel = kernel
+        self.likelihood = likelihood
+        self.method = method
+        self.schedule = schedule
+        self.optimizer = optimizer
+        self.n_restarts = n_restarts
+        self.max_iter = max_iter
+        self.tol = tol
+        self.rng = rng
+        self.method_options = method_options
+
+    def _infer(self, kernel, init=None, check_kernel=True):
+        K = kernel(self.X_train_)
+        options = dict(self.method_options)
+        if init is not None:
+            options["init"] = init
+        return infer(K, self.y_train_, likelihood=self.likelihood, method=self.method,
+                     schedule=self.schedule, max_iter=self.max_iter, tol=self.tol,
+                     check_kernel=check_kernel, **options)
+
+    def log_marginal_likelihood(self, theta, eval_gradient=False, init=None, check_kernel=True):
+        kernel = self.kernel_.clone_with_theta(theta)
+        result = self._infer(kernel, init=init, check_kernel=check_kernel)
+        if not eval_gradient:
+            return result.log_evidence, result
+        if result.gradient_matrix is None:
+            raise ValueError(f"method {self.method!r} has no evidence gradient; use optimizer=None")
+        grad = result.log_evidence_gradient(lambda M: kernel.gradient_contract(self.X_train_, M))
+        return result.log_evidence, grad, result
+
+    def fit(self, X, y):
+        self.X_train_ = X
+        self.y_train_ = y
+        self.kernel_ = as_kernel(self.kernel).clone_with_theta(as_kernel(self.kernel).theta)
+        if self.optimizer is not None and self.kernel_.n_dims > 0:
+            # the kernel matrix is checked for positive definiteness at the start and at the end;
+            # the optimiser's evaluations in between skip the extra factorisation
+            state = {"init": self._infer(self.kernel_)}
+
+            def objective(theta):
+                value, grad, result = self.log_marginal_likelihood(theta, True, init=state["init"],
+                                                                   check_kernel=False)
+                state["init"] = result
+                return value, grad
+
+            theta, _ = maximise_evidence(objective, self.kernel_.theta, self.kernel_.bounds,
+                                         optimizer=self.optimizer, n_restarts=self.n_restarts,
+                                         random_state=self.rng)
+            self.kernel_ = self.kernel_.clone_with_theta(theta)
+        self.result_ = self._infer(self.kernel_)
+        return self
+
+    def latent(self, X):
+        K_cross = self.kernel_(self.X_train_, X)
+        return self.result_.predict(K_cross, self.kernel_.diag(X))
+
+    def proba_positive(self, X):
+        mean, var = self.latent(X)
+        return self.result_.likelihood.predictive_probability(mean, var)
+
+
+class GaussianProcessClassifier(_ClassifierMixin, _Base):
+    """Gaussian process classification with any of gpc's approximate inference methods.
+
+    A drop-in for ``sklearn.gaussian_process.GaussianProcessClassifier``: the same ``fit``,
+    ``predict``, ``predict_proba``, ``score``, ``log_marginal_likelihood`` and attributes, with the
+    likelihood and the approximation as parameters.
+
+    Parameters
+    ----------
+    kernel : gpc or scikit-learn kernel, default 1.0 * RBF(1.0) with fixed hyperparameters
+    likelihood : str or Likelihood, default "probit"
+        "probit", "logit", "noisy_threshold" or "heaviside" (or an instance, e.g. NoisyThreshold(0.05)).
+    method : str, default "ep" when available, else "laplace"
+        Any name of :func:`gpc.inference.available_methods`.
+    schedule : str or None
+        "sequential" or "parallel" for EP and PL; None is the method's default.
+    optimizer : "fmin_l_bfgs_b", callable or None, default "fmin_l_bfgs_b"
+        Type-II maximum likelihood over the kernel's log-hyperparameters (see :mod:`gpc.optimize`);
+        None keeps the kernel's hyperparameters.
+    n_restarts_optimizer : int, default 0
+    max_iter, tol : int and float or None
+        The inference method's iteration limit and tolerance (None: the method's defaults).
+    multi_class : "one_vs_rest" or "one_vs_one", default "one_vs_rest"
+    random_state : int, Generator, RandomState or None
+    method_options : dict or None
+        Further options for the method (e.g. ``{"damping": 0.5}`` for EP).
+
+    Attributes
+    ----------
+    classes_, n_classes_, n_features_in_, kernel_ (the fitted kernel; a list for several binary
+    problems), log_marginal_likelihood_value_, n_iter_, converged_, base_estimators_
+    """
+
+    def __init__(self, kernel=None, likelihood="probit", method=None, schedule=None,
+                 optimizer="fmin_l_bfgs_b", n_restarts_optimizer=0, max_iter=None, tol=None,
+                 multi_class="one_vs_rest", random_state=None, method_options=None):
+        self.kernel = kernel
+        self.likelihood = likelihood
+        self.method = method
+        self.schedule = schedule
+        self.optimizer = optimizer
+        self.n_restarts_optimizer = n_restarts_optimizer
+        self.max_iter = max_iter
+        self.tol = tol
+        self.multi_class = multi_class
+        self.random_state = random_state
+        self.method_options = method_options
+
+    # -- validation ---------------------------------------------------------------------------
+    def _check_X(self, X, fitting):
+        if hasattr(X, "toarray") or hasattr(X, "tocsr"):
+            raise TypeError("sparse input is not supported: pass a dense array (X.toarray())")
+        X = check_finite_array(X, "X")
+        if X.ndim != 2:
+            raise ValueError(f"Expected 2D array, got {X.ndim}D array instead: reshape X to (n_samples, "
+                             "n_features)")
+        if X.shape[1] == 0 or X.shape[0] == 0:
+            raise ValueError(f"X has shape {X.shape}: at least one sample and one feature are needed")
+        if not fitting and X.shape[1] != self.n_features_in_:
+            raise ValueError(f"X has {X.shape[1]} features, but GaussianProcessClassifier is expecting "
+                             f"{self.n_features_in_} features as input")
+        return X
+
+    def _check_y(self, y, n):
+        y = np.asarray(y)
+        if y.ndim == 2 and y.shape[1] == 1:
+            warnings.warn("A column-vector y was passed when a 1d array was expected. Please change the "
+                          "shape of y to (n_samples, ), for example using ravel().",
+                          DataConversionWarning, stacklevel=3)
+            y = y.ravel()
+        if y.ndim != 1:
+            raise ValueError(f"y must be 1-dimensional, got shape {y.shape}")
+        if y.shape[0] != n:
+            raise ValueError(f"X has {n} samples but y has {y.shape[0]}")
+        if y.dtype.kind == "f":
+            if not np.all(np.isfinite(y)):
+                raise ValueError("y contains NaN or inf")
+            if np.any(y != np.round(y)):
+                raise ValueError("Unknown label type: continuous. gpc classifies; y must hold class labels")
+        if y.dtype.kind == "O" and any(isinstance(v, float) and np.isnan(v) for v in y):
+            raise ValueError("y contains NaN")
+        return y
+
+    def _resolve(self):
+        method = self.method
+        if method is None:
+            method = "ep" if "ep" in METHODS else "laplace"
+        if str(method).lower() not in METHODS:
+            raise ValueError(f"unknown method {method!r}; available: {', '.join(sorted(METHODS))}")
+        if self.multi_class not in ("one_vs_rest", "one_vs_one"):
+            raise ValueError(f"multi_class must be 'one_vs_rest' or 'one_vs_one', got {self.multi_class!r}")
+        check_positive_int(self.n_restarts_optimizer, "n_restarts_optimizer", minimum=0)
+        return str(method).lower(), get_likelihood(self.likelihood)
+
+    def _rng(self):
+        rs = self.random_state
+        if isinstance(rs, (np.random.Generator, np.random.RandomState)):
+            return rs
+        return np.random.default_rng(rs)
+
+    # -- fitting ------------------------------------------------------------------------------
+    def fit(self, X, y):
+        """Fit the hyperparameters (unless ``optimizer=None``) and the posterior of each binary problem."""
+        X = self._check_X(X, fitting=True)
+        y = self._check_y(y, X.shape[0])
+        method, likelihood = self._resolve()
+        self.classes_, y_index = np.unique(y, return_inverse=True)
+        self.n_classes_ = len(self.classes_)
+        self.n_features_in_ = X.shape[1]
+        if self.n_classes_ < 2:
+            raise ValueError(f"only one class ({self.classes_[0]!r}) is present in y; GP classification "
+                             "needs at least two classes")
+        kernel = _default_kernel() if self.kernel is None else self.kernel
+        rng = self._rng()
+        options = dict(self.method_options or {})
+        if method in ("ep", "pl") and "random_state" not in options and self.random_state is not None:
+            options["random_state"] = self.random_state
+
+        def make():
+            return _BinaryGPC(kernel, likelihood, method, self.schedule, self.optimizer,
+                              self.n_restarts_optimizer, self.max_iter, self.tol, rng, options)
+
+        if self.n_classes_ == 2:
+            self._pairs = [(1, 0)]
+            problems = [(np.arange(X.shape[0]), np.where(y_index == 1, 1.0, -1.0))]
+        elif self.multi_class == "one_vs_rest":
+            self._pairs = [(c, None) for c in range(self.n_classes_)]
+            problems = [(np.arange(X.shape[0]), np.where(y_index == c, 1.0, -1.0))
+                        for c in range(self.n_classes_)]
+        else:
+            self._pairs = list(itertools.combinations(range(self.n_classes_), 2))
+            problems = []
+            for i, j in self._pairs:
+                rows = np.flatnonzero((y_index == i) | (y_index == j))
+                problems.append((rows, np.where(y_index[rows] == i, 1.0, -1.0)))
+        self.base_estimators_ = [make().fit(X[rows], labels) for rows, labels in problems]
+        fits = self.base_estimators_
+        self.X_train_ = X
+        self.log_marginal_likelihood_value_ = float(np.mean([b.result_.log_evidence for b in fits]))
+        self.n_iter_ = fits[0].result_.n_iter if len(fits) == 1 else np.array([b.result_.n_iter for b in fits])
+        self.converged_ = bool(all(b.result_.converged for b in fits))
+        self.kernel_ = fits[0].kernel_ if len(fits) == 1 else [b.kernel_ for b in fits]
+        return self
+
+    def _check_fitted(self):
+        if not hasattr(self, "base_estimators_"):
+            raise NotFittedError(f"This {type(self).__name__} instance is not fitted yet. Call 'fit' with "
+                                 "appropriate arguments before using this estimator.")
+
+    # -- prediction -----------------------------------------------------------------------------
+    def predict_latent(self, X):
+        """Latent predictive mean and variance; arrays (n,) for two classes, (n, n_problems) otherwise."""
+        self._check_fitted()
+        X = self._check_X(X, fitting=False)
+        out = [b.latent(X) for b in self.base_estimators_]
+        if len(out) == 1:
+            return out[0]
+        return np.column_stack([m for m, _ in out]), np.column_stack([v for _, v in out])
+
+    def predict_proba(self, X):
+        """Class probabilities, columns in the order of ``classes_``.
+
+        Binary: P(y = classes_[1]) = ∫ p(+1|f) N(f | μ*, σ*²) df (closed form for probit, quadrature for
+        logit).  One-vs-rest: the binary probabilities normalised to sum to one (as scikit-learn).
+        One-vs-one: p_c ∝ Σ_{pairs containing c} P(c wins the pair), normalised.
+        """
+        self._check_fitted()
+        X = self._check_X(X, fitting=False)
+        if self.n_classes_ == 2:
+            p = self.base_estimators_[0].proba_positive(X)
+            return np.column_stack([1.0 - p, p])
+        P = np.zeros((X.shape[0], self.n_classes_))
+        for (i, j), b in zip(self._pairs, self.base_estimators_):
+            p = b.proba_positive(X)
+            if j is None:
+                P[:, i] = p
+            else:
+                P[:, i] += p
+                P[:, j] += 1.0 - p
+        total = P.sum(axis=1, keepdims=True)
+        return P / np.where(total > 0, total, 1.0)
+
+    def predict(self, X):
+        """The class with the largest predictive probability."""
+        return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
+
+    def log_marginal_likelihood(self, theta=None, eval_gradient=False, clone_kernel=True):
+        """The method's log evidence at ``theta`` (log hyperparameters), as in scikit-learn.
+
+        With several binary problems, ``theta`` of one kernel is used for all of them and the mean of
+        their evidences (and gradients) is returned, as scikit-learn does.
+        """
+        self._check_fitted()
+        if theta is None:
+            if eval_gradient:
+                raise ValueError("gradient can only be evaluated for theta != None")
+            return self.log_marginal_likelihood_value_
+        theta = check_finite_array(theta, "theta", ndim=1)
+        values, grads = [], []
+        for b in self.base_estimators_:
+            if theta.shape != b.kernel_.theta.shape:
+                raise ValueError(f"theta has shape {theta.shape}, the kernel has {b.kernel_.theta.shape}")
+            out = b.log_marginal_likelihood(theta, eval_gradient)
+            values.append(out[0])
+            if eval_gradient:
+                grads.append(out[1])
+        if eval_gradient:
+            return float(np.mean(values)), np.mean(grads, axis=0)
+        return float(np.mean(values))
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.non_deterministic = False
+        return tags

@@ -1,0 +1,1 @@
+"""Experiments: the command line's main job (``compare``) and the papers' reproductions."""

@@ -1,0 +1,148 @@
+"""Laplace approximation: the claims of R&W §3.4 / Alg. 3.1, 5.1 and NR eq. (9)-(10), checked."""
+
+import numpy as np
+import pytest
+from scipy import integrate, optimize
+
+import gpc
+from gpc.exceptions import ConvergenceWarning, NotPositiveDefiniteError
+from gpc.inference import infer
+from gpc.likelihoods import Logit, NoisyThreshold, Probit, Heaviside
+from reference_laplace import laplace_reference
+
+
+def rbf(X, ell=1.0, sf2=1.0):
+    d2 = ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1)
+    return sf2 * np.exp(-0.5 * d2 / ell**2)
+
+
+def problem(n, seed, d=2):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    y = np.where(X[:, 0] + 0.5 * rng.normal(size=n) > 0, 1.0, -1.0)
+    return X, y
+
+
+@pytest.mark.parametrize("lik", [Logit(), Probit()], ids=["logit", "probit"])
+@pytest.mark.parametrize("with_mean", [False, True])
+def test_matches_slow_reference(lik, with_mean):
+    # Same arithmetic up to the order of operations and the Newton path: 1e-8 leaves room for
+    # the conditioning of B (< 1e3 here) times rounding.
+    X, y = problem(30, 1)
+    ell, sf2 = 1.3, 2.5
+    K = rbf(X, ell, sf2)
+    d2 = ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1)
+    dK = np.stack([K, K * d2 / ell**2], axis=2)  # ∂K/∂log sf2, ∂K/∂log ell
+    m0 = np.linspace(-0.5, 0.5, 30) if with_mean else None
+    f_ref, lz_ref, g_ref = laplace_reference(K, y, lik.log_prob_derivatives, dK, m0)
+    r = infer(K, y, likelihood=lik, method="laplace", prior_mean=m0)
+    assert r.converged
+    np.testing.assert_allclose(r.mean, f_ref, rtol=0, atol=1e-8)
+    assert abs(r.log_evidence - lz_ref) < 1e-8
+    g = r.log_evidence_gradient(lambda M: np.einsum("ij,ijk->k", M, dK))
+    np.testing.assert_allclose(g, g_ref, rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize("lik", [Logit(), Probit()], ids=["logit", "probit"])
+def test_gradient_matches_finite_differences(lik):
+    # central differences with step 1e-5 on log θ: truncation O(h²) ~ 1e-10 relative, rounding
+    # ~ 1e-16 |log Z| / h ~ 1e-9; tolerance 1e-6 relative covers both with margin.
+    X, y = problem(40, 2)
+    y[:3] *= -1  # some label noise so the mode is interior
+
+    def evidence(theta):
+        return infer(rbf(X, np.exp(theta[1]), np.exp(theta[0])), y, likelihood=lik).log_evidence
+
+    theta = np.array([np.log(3.0), np.log(0.8)])
+    K = rbf(X, 0.8, 3.0)
+    d2 = ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1)
+    dK = np.stack([K, K * d2 / 0.8**2], axis=2)
+    g = infer(K, y, likelihood=lik).log_evidence_gradient(lambda M: np.einsum("ij,ijk->k", M, dK))
+    h = 1e-5
+    fd = [(evidence(theta + h * e) - evidence(theta - h * e)) / (2 * h) for e in np.eye(2)]
+    np.testing.assert_allclose(g, fd, rtol=1e-6)
+
+
+def test_mode_is_the_argmax_of_the_exact_posterior():
+    # n = 3: the Laplace mean must be the maximiser of log p(y|f) + log N(f|0, K), found here by a
+    # general-purpose optimiser to its tolerance (gtol 1e-10 → f to ~1e-8).
+    X, y = problem(3, 3)
+    K = rbf(X, 1.0, 2.0)
+    lik = Logit()
+    Kinv = np.linalg.inv(K)
+
+    def neg_log_post(f):
+        lp, d1, _, _ = lik.log_prob_derivatives(y, f)
+        return -(lp.sum() - 0.5 * f @ Kinv @ f), -(d1 - Kinv @ f)
+
+    res = optimize.minimize(neg_log_post, np.zeros(3), jac=True, method="BFGS", options={"gtol": 1e-10})
+    r = infer(K, y, likelihood=lik)
+    np.testing.assert_allclose(r.mean, res.x, atol=1e-7)
+
+
+@pytest.mark.parametrize("k", [0.05, 0.5, 4.0])
+def test_one_point_against_quadrature(k):
+    # n = 1: log Z = log ∫ Φ(f) N(f|0,k) df exactly (= log Φ(0) for a symmetric prior, here with a
+    # prior mean to break the symmetry).  Laplace is exact to second order: its error must shrink
+    # with the prior variance (the posterior becomes Gaussian), and its mode is the 1-D argmax.
+    lik = Probit()
+    m0 = np.array([0.3])
+    y = np.array([1.0])
+    exact = np.log(integrate.quad(lambda f: np.exp(lik.log_prob(y, np.array([f]))[0])
+                                  * np.exp(-0.5 * (f - 0.3) ** 2 / k) / np.sqrt(2 * np.pi * k),
+                                  -np.inf, np.inf, epsabs=1e-14)[0])
+    r = infer(np.array([[k]]), y, likelihood=lik, prior_mean=m0)
+    mode = optimize.minimize_scalar(lambda f: -(lik.log_prob(y, np.array([f]))[0] - 0.5 * (f - 0.3) ** 2 / k),
+                                    bracket=(-5, 5), tol=1e-12).x
+    assert abs(r.mean[0] - mode) < 1e-6
+    # the error of Laplace grows with k; these bounds are about 3x the errors seen
+    assert abs(r.log_evidence - exact) < {0.05: 1e-3, 0.5: 2e-2, 4.0: 0.15}[k]
+
+
+def test_laplace_refuses_step_likelihoods():
+    K = np.eye(3)
+    y = np.array([1.0, -1.0, 1.0])
+    for lik in (NoisyThreshold(0.1), Heaviside()):
+        with pytest.raises(ValueError, match="gradient"):
+            infer(K, y, likelihood=lik, method="laplace")
+
+
+def test_iteration_limit_warns_and_reports():
+    X, y = problem(50, 4)
+    with pytest.warns(ConvergenceWarning, match="did not converge"):
+        r = infer(rbf(X, 1.0, 10.0), y, likelihood="logit", max_iter=1)
+    assert r.n_iter == 1 and not r.converged
+
+
+def test_warm_start_reaches_the_same_mode_in_fewer_steps():
+    X, y = problem(60, 5)
+    cold = infer(rbf(X, 1.0, 5.0), y, likelihood="logit")
+    warm = infer(rbf(X, 1.05, 5.0), y, likelihood="logit", init=cold)
+    again = infer(rbf(X, 1.05, 5.0), y, likelihood="logit")
+    assert abs(warm.log_evidence - again.log_evidence) < 1e-9
+    assert warm.n_iter < again.n_iter
+
+
+@pytest.mark.parametrize("bad, match", [
+    (lambda K, y: (K[:, :2], y), "square"),
+    (lambda K, y: (K, y[:3]), "labels"),
+    (lambda K, y: (K, np.where(y > 0, 1.0, 0.0)), "-1 and \\+1"),
+    (lambda K, y: (np.where(np.eye(len(y)) > 0, np.nan, K), y), "NaN"),
+    (lambda K, y: (K + np.triu(np.ones_like(K), 1), y), "symmetric"),
+    (lambda K, y: (K - 3 * np.eye(len(y)), y), "not positive definite"),
+])
+def test_bad_input_is_named(bad, match):
+    X, y = problem(5, 6)
+    K, y2 = bad(rbf(X), y)
+    with pytest.raises(ValueError, match=match):
+        infer(K, y2, likelihood="logit")
+
+
+def test_not_positive_definite_is_its_own_error():
+    with pytest.raises(NotPositiveDefiniteError):
+        infer(-np.eye(2), np.array([1.0, -1.0]))
+
+
+def test_unknown_method_lists_the_available_ones():
+    with pytest.raises(ValueError, match="laplace"):
+        infer(np.eye(2), np.array([1.0, -1.0]), method="magic")
