@@ -1,0 +1,1 @@
+"""Reproductions of the papers' experiments (callable functions; slow ones are not run by the tests)."""
