@@ -13,9 +13,15 @@ from .._validation import (check_kernel_matrix, check_positive_float, check_posi
 from ..likelihoods import get_likelihood
 from ._result import InferenceResult
 
-#: method name -> (module, schedules it accepts, default schedule)
+#: method name -> (module, schedules it accepts, default schedule); "module:function" names a module
+#: function other than ``run`` (one module may hold several methods, e.g. the two mean-field ones)
 METHODS = {
     "laplace": ("laplace", (None,), None),
+    "kl": ("kl", (None,), None),
+    "vb": ("vb", (None,), None),
+    "mf-ensemble": ("meanfield:run_ensemble", ("sequential",), "sequential"),
+    "mf-naive": ("meanfield:run_naive", ("sequential",), "sequential"),
+    "online": ("online", (None,), None),
 }
 
 
@@ -78,8 +84,9 @@ def infer(K, y, likelihood="probit", method="laplace", schedule=None, prior_mean
         max_iter = check_positive_int(max_iter, "max_iter")
     if tol is not None:
         tol = check_positive_float(tol, "tol")
+    module_name, _, func_name = module_name.partition(":")
     module = importlib.import_module(f".{module_name}", __name__)
-    return module.run(K, y, lik, m0, schedule=schedule, max_iter=max_iter, tol=tol, **options)
+    return getattr(module, func_name or "run")(K, y, lik, m0, schedule=schedule, max_iter=max_iter, tol=tol, **options)
 
 
 __all__ = ["infer", "available_methods", "InferenceResult", "METHODS"]
