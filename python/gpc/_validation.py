@@ -9,10 +9,11 @@ def check_finite_array(a, name, ndim=None, dtype=np.float64):
     """Return ``a`` as a contiguous float array, raising ValueError for NaN, inf or a wrong rank."""
     if hasattr(a, "toarray") or hasattr(a, "tocsr"):
         raise TypeError(f"{name} is a sparse matrix; gpc needs dense input (use {name}.toarray())")
-    if np.iscomplexobj(a):
+    raw = a if isinstance(a, np.ndarray) else np.asarray(a)
+    if raw.dtype.kind == "c":
         raise ValueError(f"Complex data not supported: {name} is complex")
     try:
-        arr = np.ascontiguousarray(a, dtype=dtype)
+        arr = np.ascontiguousarray(raw, dtype=dtype)
     except ValueError as exc:   # TypeError (e.g. a dict in an object array) propagates as is
         raise ValueError(f"{name} must be numeric: {exc}") from None
     if ndim is not None and arr.ndim != ndim:

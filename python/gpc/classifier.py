@@ -21,7 +21,7 @@ from .optimize import maximise_evidence
 
 try:  # pragma: no branch
     from sklearn.base import BaseEstimator as _Base, ClassifierMixin as _ClassifierMixin
-    from sklearn.exceptions import DataConversionWarning
+    from sklearn.exceptions import DataConversionWarning, NotFittedError
 except ImportError:  # pragma: no cover - exercised only without scikit-learn
     class DataConversionWarning(UserWarning):
         """A column-vector y was reshaped to 1-D."""
@@ -63,9 +63,8 @@ except ImportError:  # pragma: no cover - exercised only without scikit-learn
         def score(self, X, y, sample_weight=None):
             return float(np.average(self.predict(X) == np.asarray(y), weights=sample_weight))
 
-
-class NotFittedError(ValueError, AttributeError):
-    """The estimator is used before ``fit``."""
+    class NotFittedError(ValueError, AttributeError):
+        """The estimator is used before ``fit``."""
 
 
 def _default_kernel():
@@ -193,16 +192,20 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
             raise TypeError("sparse input is not supported: pass a dense array (X.toarray())")
         X = check_finite_array(X, "X")
         if X.ndim != 2:
-            raise ValueError(f"Expected 2D array, got {X.ndim}D array instead: reshape X to (n_samples, "
+            raise ValueError(f"Expected 2D array, got {X.ndim}D array instead. Reshape your data to (n_samples, "
                              "n_features)")
-        if X.shape[1] == 0 or X.shape[0] == 0:
-            raise ValueError(f"X has shape {X.shape}: at least one sample and one feature are needed")
+        if X.shape[0] == 0:
+            raise ValueError(f"Found array with 0 sample(s) (shape={X.shape}) while a minimum of 1 is required.")
+        if X.shape[1] == 0:
+            raise ValueError(f"Found array with 0 feature(s) (shape={X.shape}) while a minimum of 1 is required.")
         if not fitting and X.shape[1] != self.n_features_in_:
             raise ValueError(f"X has {X.shape[1]} features, but GaussianProcessClassifier is expecting "
                              f"{self.n_features_in_} features as input")
         return X
 
     def _check_y(self, y, n):
+        if y is None:
+            raise ValueError("GaussianProcessClassifier requires y to be passed, but the target y is None")
         y = np.asarray(y)
         if y.ndim == 2 and y.shape[1] == 1:
             warnings.warn("A column-vector y was passed when a 1d array was expected. Please change the "
@@ -210,7 +213,7 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
                           DataConversionWarning, stacklevel=3)
             y = y.ravel()
         if y.ndim != 1:
-            raise ValueError(f"y must be 1-dimensional, got shape {y.shape}")
+            raise ValueError(f"y should be a 1d array, got an array of shape {y.shape} instead")
         if y.shape[0] != n:
             raise ValueError(f"X has {n} samples but y has {y.shape[0]}")
         if y.dtype.kind == "f":
@@ -323,7 +326,8 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
 
     def predict(self, X):
         """The class with the largest predictive probability."""
-        return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
+        proba = self.predict_proba(X)
+        return self.classes_[np.argmax(proba, axis=1)]
 
     def log_marginal_likelihood(self, theta=None, eval_gradient=False, clone_kernel=True):
         """The method's log evidence at ``theta`` (log hyperparameters), as in scikit-learn.

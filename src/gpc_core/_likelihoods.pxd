@@ -27,3 +27,14 @@ cdef int tilted_moments(const LikelihoodSpec* spec, double y, double cav_mean, d
 # cov_fy = Cov[f, E(y|f)], var_y = Var[y] = 1 - mu_y^2 for labels in {-1, +1}.
 cdef int slr_moments(const LikelihoodSpec* spec, double mean, double var,
                      double* mu_y, double* cov_fy, double* var_y) noexcept nogil
+
+# KL / VB / SVI: E[log p(y|f)] for f ~ N(m, v), and its derivatives in m and v.
+cdef int expected_log_prob(const LikelihoodSpec* spec, double y, double m, double v,
+                           double* e, double* de_dm, double* de_dv) noexcept nogil
+
+# Laplace: log p(y|f) and its first three derivatives in f (probit and logit).
+cdef int log_prob_derivs(int kind, double y, double f, double* lp, double* d1, double* d2,
+                         double* d3) noexcept nogil
+
+# P(y = +1) under f ~ N(m, v).
+cdef double predictive_positive(const LikelihoodSpec* spec, double m, double v) noexcept nogil

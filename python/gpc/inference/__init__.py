@@ -6,6 +6,7 @@ dispatches.
 """
 
 import importlib
+import inspect
 
 from .._linalg import cholesky_lower
 from .._validation import (check_kernel_matrix, check_positive_float, check_positive_int,
@@ -58,7 +59,8 @@ def infer(K, y, likelihood="probit", method="laplace", schedule=None, prior_mean
         factor well-conditioned matrices such as I + S K S, which can hide an indefinite K; callers
         that evaluate many nearby K of one checked kernel (an optimiser) may skip the check.
     **options
-        Method-specific options (see each method's ``run``).
+        Method-specific options (see each method's ``run``).  ``init``, a previous
+        :class:`InferenceResult`, is passed on to the methods that can warm start from it.
 
     Returns
     -------
@@ -86,7 +88,12 @@ def infer(K, y, likelihood="probit", method="laplace", schedule=None, prior_mean
         tol = check_positive_float(tol, "tol")
     module_name, _, func_name = module_name.partition(":")
     module = importlib.import_module(f".{module_name}", __name__)
-    return getattr(module, func_name or "run")(K, y, lik, m0, schedule=schedule, max_iter=max_iter, tol=tol, **options)
+    run = getattr(module, func_name or "run")
+    # ``init`` (a previous result, for warm starts) goes to the methods that can use it
+    init = options.pop("init", None)
+    if init is not None and "init" in inspect.signature(run).parameters:
+        options["init"] = init
+    return run(K, y, lik, m0, schedule=schedule, max_iter=max_iter, tol=tol, **options)
 
 
 __all__ = ["infer", "available_methods", "InferenceResult", "METHODS"]

@@ -61,6 +61,18 @@ class InferenceResult:
             raise NotImplementedError(f"method {self.method!r} provides no evidence gradient")
         return np.asarray(contract(self.gradient_matrix()), dtype=np.float64)
 
+    def __getstate__(self):
+        # a method's gradient_matrix may be a closure, which pickle cannot store; a pickled result
+        # keeps everything prediction needs and drops such a closure
+        state = dict(self.__dict__)
+        g = state.get("gradient_matrix")
+        if g is not None and "<locals>" in getattr(g, "__qualname__", ""):
+            state["gradient_matrix"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
     def predict(self, K_cross, k_diag, prior_mean=0.0):
         """Latent predictive mean and variance at test inputs (see SitePosterior.predict)."""
         return self.posterior.predict(K_cross, k_diag, prior_mean)

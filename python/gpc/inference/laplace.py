@@ -16,6 +16,7 @@ through f̂(θ); both contract against ∂K/∂θ_k:
 the opposite sign; the finite-difference tests decide.)
 """
 
+import functools
 import warnings
 
 import numpy as np
@@ -84,8 +85,9 @@ def run(K, y, likelihood, prior_mean, *, schedule=None, max_iter=None, tol=None,
 
     The Newton matrix is factored in single precision and kept while the gradient of Ψ keeps falling
     fast (a chord step); the mode is then refined in double precision, and B is factored once more in
-    double precision at the mode for the evidence and its gradient.  Convergence: the change of Ψ is
-    below ``tol`` and so is the bound ½ λ_max(K) ‖∇Ψ‖² on what a further Newton step could gain.
+    double precision at the mode for the evidence and its gradient.  Convergence: a step from a fresh
+    factor changes Ψ by less than ``tol``, or a chord step does and the bound ½ λ_max(K) ‖∇Ψ‖² on
+    what a further Newton step could gain is below ``tol`` too.
 
     Parameters
     ----------
@@ -120,7 +122,8 @@ def run(K, y, likelihood, prior_mean, *, schedule=None, max_iter=None, tol=None,
     n_iter = 0
     change = np.inf
     for n_iter in range(1, max_iter + 1):
-        if newton is None:
+        fresh = newton is None
+        if fresh:
             newton = _NewtonMatrix(K, K32, -d2)
         step = newton.step(K, d1 - a)
         for _ in range(MAX_HALVINGS + 1):
@@ -135,10 +138,12 @@ def run(K, y, likelihood, prior_mean, *, schedule=None, max_iter=None, tol=None,
         a, f, psi = a_try, f_try, psi_try
         lp, d1, d2, d3 = lp_t, d1_t, d2_t, d3_t
         new_norm = np.linalg.norm(d1 - a)   # ∇Ψ = ∇ log p − K⁻¹(f − m0)
-        if abs(change) < tol and 0.5 * lam_max * new_norm**2 < tol:
+        # a step from a fresh factor that gains < tol is a converged Newton iteration (as in
+        # scikit-learn); after a chord step the bound ½ λ_max(K) ‖∇Ψ‖² must also be below tol
+        if abs(change) < tol and (fresh or 0.5 * lam_max * new_norm**2 < tol):
             converged = True
             break
-        if new_norm > REFACTOR_RATE * grad_norm:
+        if new_norm > REFACTOR_RATE * grad_norm or abs(change) < tol:
             newton = None
         grad_norm = new_norm
     if not converged:
@@ -150,9 +155,7 @@ def run(K, y, likelihood, prior_mean, *, schedule=None, max_iter=None, tol=None,
     log_evidence = psi - float(np.sum(np.log(np.diag(L))))
     posterior = _LaplacePosterior(K, W, W * f + d1, m0, sW, L, a, f)
 
-    def gradient_matrix():
-        return _gradient_matrix(K, W, sW, L, a, d1, d3)
-
+    gradient_matrix = functools.partial(_gradient_matrix, K, W, sW, L, a, d1, d3)
     return InferenceResult("laplace", None, likelihood, posterior, log_evidence, n_iter, converged,
                            gradient_matrix, info={"a": a, "f": f})
 
