@@ -147,3 +147,40 @@ def test_predict_checks_feature_count(cancer):
     clf = GaussianProcessClassifier(method="laplace", likelihood="logit", optimizer=None).fit(X[:50], y[:50])
     with pytest.raises(ValueError, match="features"):
         clf.predict(X[:5, :3])
+
+
+def test_partial_fit_streams_like_one_online_pass(cancer):
+    # ADF absorbs points one at a time, so feeding the data in three batches must give the same
+    # posterior as one pass over all of them (same order, same arithmetic up to rounding: 1e-10).
+    X, y = cancer
+    X, y = X[:150], y[:150]
+    kernel = ConstantKernel(2.0) * RBF(3.0)
+    whole = GaussianProcessClassifier(kernel=kernel, method="online", optimizer=None).fit(X, y)
+    stream = GaussianProcessClassifier(kernel=kernel, method="online", optimizer=None)
+    for rows in np.array_split(np.arange(150), 3):
+        stream.partial_fit(X[rows], y[rows], classes=np.unique(y))
+    np.testing.assert_allclose(stream.predict_proba(X), whole.predict_proba(X), atol=1e-10)
+    assert abs(stream.log_marginal_likelihood_value_ - whole.log_marginal_likelihood_value_) < 1e-9
+    assert not hasattr(GaussianProcessClassifier(method="laplace"), "partial_fit")
+    with pytest.raises(AttributeError, match="online"):
+        GaussianProcessClassifier(method="laplace").partial_fit(X, y)
+
+
+def test_methods_without_gradient_fall_back_to_finite_differences(cancer):
+    # online ADF has no analytic evidence gradient: the estimator differentiates numerically
+    # (central differences, step 1e-4: error O(h²) ~ 1e-8 relative); check against our own
+    # finite differences with another step, to 1e-4 relative.
+    X, y = cancer
+    X, y = X[:80], y[:80]
+    clf = GaussianProcessClassifier(kernel=ConstantKernel(2.0) * RBF(3.0), method="online",
+                                    optimizer=None).fit(X, y)
+    theta = clf.kernel_.theta
+    value, grad = clf.log_marginal_likelihood(theta, eval_gradient=True)
+    h = 1e-3
+    for k in range(2):
+        e = np.zeros(2)
+        e[k] = h
+        fd = (clf.log_marginal_likelihood(theta + e) - clf.log_marginal_likelihood(theta - e)) / (2 * h)
+        assert abs(grad[k] - fd) <= 1e-4 * abs(fd) + 1e-8
+    fitted = GaussianProcessClassifier(kernel=ConstantKernel(2.0) * RBF(3.0), method="online").fit(X, y)
+    assert fitted.log_marginal_likelihood_value_ >= value - 1e-9

@@ -67,6 +67,27 @@ except ImportError:  # pragma: no cover - exercised only without scikit-learn
         """The estimator is used before ``fit``."""
 
 
+class _OnlyForOnline:
+    """Descriptor: the method exists (``hasattr`` is True) only on estimators with method="online",
+    so tools that probe for ``partial_fit`` (scikit-learn's checks, incremental pipelines) see it
+    only where it works."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.__doc__ = fn.__doc__
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        if str(obj.method).lower() != "online":
+            raise AttributeError(f"partial_fit is available with method='online' only, not {obj.method!r}")
+        return self.fn.__get__(obj, owner)
+
+
+#: step in log θ of the central differences used for methods without an analytic evidence gradient
+FD_STEP = 1e-4
+
+
 def _default_kernel():
     # scikit-learn's default: 1.0 * RBF(1.0) with both hyperparameters fixed
     return ConstantKernel(1.0, constant_value_bounds="fixed") * RBF(1.0, length_scale_bounds="fixed")
@@ -103,9 +124,36 @@ class _BinaryGPC:
         if not eval_gradient:
             return result.log_evidence, result
         if result.gradient_matrix is None:
-            raise ValueError(f"method {self.method!r} has no evidence gradient; use optimizer=None")
+            # the method's evidence has no analytic gradient (e.g. online ADF): central differences
+            # of the evidence itself, step FD_STEP in log θ (documented in the estimator)
+            grad = np.empty(len(theta))
+            for k in range(len(theta)):
+                step = np.zeros(len(theta))
+                step[k] = FD_STEP
+                up = self._infer(self.kernel_.clone_with_theta(theta + step), check_kernel=False)
+                down = self._infer(self.kernel_.clone_with_theta(theta - step), check_kernel=False)
+                grad[k] = (up.log_evidence - down.log_evidence) / (2 * FD_STEP)
+            result.info["gradient"] = "finite-differences"
+            return result.log_evidence, grad, result
         grad = result.log_evidence_gradient(lambda M: kernel.gradient_contract(self.X_train_, M))
         return result.log_evidence, grad, result
+
+    def partial_fit(self, X, y):
+        """Absorb new points in one ADF pass (method "online"), the kernel as fitted."""
+        if not hasattr(self, "result_"):
+            self.X_train_, self.y_train_ = X, y
+            self.kernel_ = as_kernel(self.kernel).clone_with_theta(as_kernel(self.kernel).theta)
+            self.result_ = self._infer(self.kernel_)
+            return self
+        X_all = np.vstack([self.X_train_, X])
+        y_all = np.concatenate([self.y_train_, y])
+        K = self.kernel_(X_all)
+        options = dict(self.method_options)
+        options["warm_start"] = self.result_.info
+        self.result_ = infer(K, y_all, likelihood=self.likelihood, method=self.method,
+                             max_iter=self.max_iter, tol=self.tol, **options)
+        self.X_train_, self.y_train_ = X_all, y_all
+        return self
 
     def fit(self, X, y):
         self.X_train_ = X
@@ -156,7 +204,9 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
         "sequential" or "parallel" for EP and PL; None is the method's default.
     optimizer : "fmin_l_bfgs_b", callable or None, default "fmin_l_bfgs_b"
         Type-II maximum likelihood over the kernel's log-hyperparameters (see :mod:`gpc.optimize`);
-        None keeps the kernel's hyperparameters.
+        None keeps the kernel's hyperparameters.  Methods whose evidence has no analytic gradient
+        (``"online"``) are optimised with central differences of their evidence (step ``FD_STEP`` in
+        log θ, 2p extra evaluations per gradient); the result's ``info["gradient"]`` says so.
     n_restarts_optimizer : int, default 0
     max_iter, tol : int and float or None
         The inference method's iteration limit and tolerance (None: the method's defaults).
@@ -283,6 +333,43 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
         self.log_marginal_likelihood_value_ = float(np.mean([b.result_.log_evidence for b in fits]))
         self.n_iter_ = fits[0].result_.n_iter if len(fits) == 1 else np.array([b.result_.n_iter for b in fits])
         self.converged_ = bool(all(b.result_.converged for b in fits))
+        self.kernel_ = fits[0].kernel_ if len(fits) == 1 else [b.kernel_ for b in fits]
+        return self
+
+    @_OnlyForOnline
+    def partial_fit(self, X, y, classes=None):
+        """Streaming fit with the online ADF algorithm (``method="online"``, MF paper §5).
+
+        Each call absorbs the new points in one assumed-density-filtering pass, starting from the
+        posterior of the points seen so far; the kernel's hyperparameters are kept as given (no
+        optimiser: ADF sees each point once).  ``classes`` must list every class on the first call
+        unless the first batch contains them all.  One-vs-rest for more than two classes.
+        """
+        X = self._check_X(X, fitting=not hasattr(self, "base_estimators_"))
+        y = self._check_y(y, X.shape[0])
+        method, likelihood = self._resolve()
+        if not hasattr(self, "base_estimators_"):
+            self.classes_ = np.unique(y) if classes is None else np.unique(np.asarray(classes))
+            self.n_classes_ = len(self.classes_)
+            self.n_features_in_ = X.shape[1]
+            if self.n_classes_ < 2:
+                raise ValueError("partial_fit needs at least two classes: pass classes=[...] on the first call")
+            kernel = _default_kernel() if self.kernel is None else self.kernel
+            n_problems = 1 if self.n_classes_ == 2 else self.n_classes_
+            self._pairs = [(1, 0)] if n_problems == 1 else [(c, None) for c in range(self.n_classes_)]
+            self.base_estimators_ = [
+                _BinaryGPC(kernel, likelihood, method, None, None, 0, self.max_iter, self.tol,
+                           self._rng(), dict(self.method_options or {})) for _ in range(n_problems)]
+        unknown = np.setdiff1d(np.unique(y), self.classes_)
+        if unknown.size:
+            raise ValueError(f"y has classes {unknown.tolist()} not in classes_ {self.classes_.tolist()}")
+        index = np.searchsorted(self.classes_, y)
+        for (c, _), b in zip(self._pairs, self.base_estimators_):
+            b.partial_fit(X, np.where(index == c, 1.0, -1.0))
+        fits = self.base_estimators_
+        self.log_marginal_likelihood_value_ = float(np.mean([b.result_.log_evidence for b in fits]))
+        self.n_iter_ = fits[0].result_.n_iter
+        self.converged_ = True
         self.kernel_ = fits[0].kernel_ if len(fits) == 1 else [b.kernel_ for b in fits]
         return self
 

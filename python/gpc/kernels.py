@@ -199,8 +199,13 @@ class Kernel:
             raise ValueError(f"M must be {X.shape[0]}x{X.shape[0]}, got {M.shape}")
         return np.asarray(self._contract(X, M), dtype=np.float64)
 
-    def _contract(self, X, M):
+    def _contract(self, X, M, K=None):
+        """Σ_ij M_ij ∂K_ij/∂θ_k; ``K``, when the caller has it, is this kernel's own K(X, X)."""
         return np.array([np.vdot(M, d) for d in self._dK(X)])
+
+    def _constant(self):
+        """The value c if this kernel is a constant c (products then scale instead of multiplying)."""
+        return None
 
     def gradient_inputs(self, X, Y, M):
         """G[i, d] = Σ_j M_ij ∂k(x_i, y_j)/∂x_id (Y None means Y = X, the second argument held fixed)."""
@@ -290,11 +295,14 @@ class _Stationary(Kernel):
             return [G * _sqdist(X, None, ell)]
         return [G * ((X[:, d:d + 1] - X[:, d:d + 1].T) / ell[d]) ** 2 for d in range(X.shape[1])]
 
-    def _contract(self, X, M):
+    _g_is_kappa = False
+
+    def _contract(self, X, M, K=None):
         if not self._free_length():
             return np.empty(0)
         ell = self._scale(X)
-        A = M * self._g(_sqdist(X, None, ell))
+        G = K if (K is not None and self._g_is_kappa) else self._g(_sqdist(X, None, ell))
+        A = M * G
         per_dim = _weighted_sqdist_contract(A, X, None, ell if ell.size > 1 else np.full(X.shape[1], ell[0]))
         return per_dim if self.anisotropic else np.array([per_dim.sum()])
 
@@ -313,8 +321,7 @@ class RBF(_Stationary):
     def _g(self, D2):
         return np.exp(-0.5 * D2)
 
-    def _contract(self, X, M):
-        return super()._contract(X, M)
+    _g_is_kappa = True   # for the squared exponential −κ'(r)/r = κ(r): the contraction reuses K
 
 
 class Matern(_Stationary):
@@ -361,8 +368,11 @@ class ConstantKernel(Kernel):
     def _dK(self, X):
         return [self._K(X, None)] if self._free() else []
 
-    def _contract(self, X, M):
+    def _contract(self, X, M, K=None):
         return np.array([float(self.constant_value) * M.sum()]) if self._free() else np.empty(0)
+
+    def _constant(self):
+        return float(self.constant_value)
 
     def _grad_inputs(self, X, Y, M):
         return np.zeros_like(X)
@@ -389,7 +399,7 @@ class WhiteKernel(Kernel):
     def _dK(self, X):
         return [self._K(X, None)] if self._free() else []
 
-    def _contract(self, X, M):
+    def _contract(self, X, M, K=None):
         return np.array([float(self.noise_level) * np.trace(M)]) if self._free() else np.empty(0)
 
     def _grad_inputs(self, X, Y, M):
@@ -416,7 +426,7 @@ class Linear(Kernel):
     def _dK(self, X):
         return [self._K(X, None)] if self._free() else []
 
-    def _contract(self, X, M):
+    def _contract(self, X, M, K=None):
         return np.array([float(self.variance) * np.einsum("id,id->", X, M @ X)]) if self._free() else np.empty(0)
 
     def _grad_inputs(self, X, Y, M):
@@ -515,7 +525,7 @@ class Sum(_Binary):
     def _dK(self, X):
         return self.k1._dK(X) + self.k2._dK(X)
 
-    def _contract(self, X, M):
+    def _contract(self, X, M, K=None):
         return np.concatenate([self.k1._contract(X, M), self.k2._contract(X, M)])
 
     def _grad_inputs(self, X, Y, M):
@@ -535,12 +545,17 @@ class Product(_Binary):
         K1, K2 = self.k1._K(X, None), self.k2._K(X, None)
         return [d * K2 for d in self.k1._dK(X)] + [d * K1 for d in self.k2._dK(X)]
 
-    def _contract(self, X, M):
+    def _contract(self, X, M, K=None):
+        # each factor's own K is computed once and handed to its contraction; a constant factor
+        # scales M instead of being expanded into an n x n matrix
+        c1, c2 = self.k1._constant(), self.k2._constant()
+        K1 = None if c1 is not None else self.k1._K(X, None)
+        K2 = None if c2 is not None else self.k2._K(X, None)
         out = []
         if self.k1.n_dims:
-            out.append(self.k1._contract(X, M * self.k2._K(X, None)))
+            out.append(self.k1._contract(X, M * (c2 if K2 is None else K2), K=K1))
         if self.k2.n_dims:
-            out.append(self.k2._contract(X, M * self.k1._K(X, None)))
+            out.append(self.k2._contract(X, M * (c1 if K1 is None else K1), K=K2))
         return np.concatenate(out) if out else np.empty(0)
 
     def _grad_inputs(self, X, Y, M):
