@@ -9,7 +9,6 @@ import importlib
 import inspect
 
 import numpy as np
-import inspect
 
 from .._linalg import cholesky_lower
 from .._validation import (check_kernel_matrix, check_positive_float, check_positive_int,
