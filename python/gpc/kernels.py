@@ -264,7 +264,9 @@ class Kernel:
                              f"{self.n_dims} free hyperparameters {self.hyperparameter_names}")
         if not np.all(np.isfinite(theta)):
             raise ValueError(f"theta must be finite, got {theta}")
-        if np.any(np.exp(theta) == 0) or not np.all(np.isfinite(np.exp(theta))):
+        with np.errstate(over="ignore", under="ignore"):
+            values = np.exp(theta)
+        if np.any(values == 0) or not np.all(np.isfinite(values)):
             raise ValueError(f"theta = {theta} gives hyperparameters that are 0 or inf in float64")
         return theta
 
