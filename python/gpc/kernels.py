@@ -32,6 +32,7 @@ import numbers
 import warnings
 
 import numpy as np
+from scipy.linalg.blas import dsyrk as _dsyrk
 
 from ._validation import check_finite_array
 from .exceptions import ConvergenceWarning
@@ -69,20 +70,37 @@ def _check_M(M, shape):
     return M
 
 
+_BLOCK = 256
+
+
+def _mirror_lower(A):
+    """Copy the lower triangle of square A onto its upper triangle, in place, block by block."""
+    n = A.shape[0]
+    for i0 in range(0, n, _BLOCK):
+        i1 = min(i0 + _BLOCK, n)
+        D = A[i0:i1, i0:i1]
+        iu = np.triu_indices(i1 - i0, 1)
+        D[iu] = D.T[iu]
+        if i1 < n:
+            A[i0:i1, i1:] = A[i1:, i0:i1].T
+    return A
+
+
 def _sqdist(U, V=None):
     """Squared Euclidean distances between rows, by |u|^2 + |v|^2 - 2 u.v, clipped at 0.
 
-    With V None the result is exactly symmetric with an exactly zero diagonal.  Callers centre the
-    inputs first so the cancellation error stays at the scale of the data's spread.
+    With V None the Gram part comes from dsyrk (half the flops of gemm) and the result is exactly
+    symmetric with an exactly zero diagonal.  Callers centre the inputs first so the cancellation
+    error stays at the scale of the data's spread.
     """
     su = np.einsum("ij,ij->i", U, U)
     if V is None:
-        R2 = U @ U.T
-        R2 *= -2.0
+        # dsyrk on the Fortran-ordered U fills the upper triangle of a Fortran array; its transpose
+        # is a C-ordered array holding the lower triangle.
+        R2 = _dsyrk(-2.0, np.asfortranarray(U)).T
         R2 += su[:, None]
         R2 += su[None, :]
-        R2 += R2.T  # gemm need not be bitwise symmetric; numpy buffers the overlapping operand
-        R2 *= 0.5
+        _mirror_lower(R2)  # after the additions, which are not symmetric in rounding
         np.fill_diagonal(R2, 0.0)
     else:
         sv = np.einsum("ij,ij->i", V, V)
@@ -516,7 +534,9 @@ class RBF(_Stationary):
         self._validate()
 
     def _f(self, R2):
-        return np.exp(-0.5 * R2)
+        K = np.multiply(R2, -0.5)
+        np.exp(K, out=K)
+        return K
 
     def _w(self, R2, K):
         return self._f(R2) if K is None else K.copy()
