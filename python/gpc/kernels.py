@@ -64,10 +64,22 @@ def _check_XY(X, Y):
 
 
 def _check_M(M, shape):
-    M = check_finite_array(M, "M", ndim=2)
+    """Shape and dtype only: finiteness is checked on the (length-p) result, which NaN/inf in M
+    reaches, so the hot path skips an O(n^2) pass over M."""
+    try:
+        M = np.ascontiguousarray(M, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"M must be numeric: {exc}") from None
     if M.shape != shape:
         raise ValueError(f"M must have shape {shape}, got {M.shape}")
     return M
+
+
+def _check_result(out, M):
+    if not np.all(np.isfinite(out)):
+        check_finite_array(M, "M")  # names NaN / inf in M when that is the cause
+        raise ValueError("the gradient is not finite: hyperparameters out of floating-point range?")
+    return out
 
 
 _BLOCK = 256
@@ -368,7 +380,7 @@ class Kernel:
         """
         X = _check_X(X)
         M = _check_M(M, (X.shape[0], X.shape[0]))
-        return self._contract(X, M)
+        return _check_result(self._contract(X, M), M)
 
     def gradient_inputs(self, X, Y, M):
         """G[i, d] = sum_j M_ij d k(x_i, y_j) / d x_id (derivative in the first argument only).
@@ -386,7 +398,7 @@ class Kernel:
         X, Y = _check_XY(X, Y)
         m = X.shape[0] if Y is None else Y.shape[0]
         M = _check_M(M, (X.shape[0], m))
-        return self._grad_inputs(X, X if Y is None else Y, M)
+        return _check_result(self._grad_inputs(X, X if Y is None else Y, M), M)
 
     def _grad_inputs(self, X, Y, M):
         raise NotImplementedError(f"gradient_inputs is not implemented for {type(self).__name__}")
