@@ -186,12 +186,17 @@ class Kernel:
     (a (low, high) pair, an (n, 2) array, or ``"fixed"``).  Fixed hyperparameters are not part of
     ``theta``.
 
-    Subclasses implement ``_call(X, Y, eval_gradient)``, ``diag``, ``_contract(X, M)`` and
-    ``_grad_inputs(X, Y, M)`` on validated inputs (Y None means Y = X).
+    Subclasses implement ``_call(X, Y, eval_gradient)``, ``diag``, ``_contract(X, M, K=None)`` and
+    ``_grad_inputs(X, Y, M)`` on validated inputs (Y None means Y = X).  ``_contract`` may be handed
+    the kernel's own K(X, X) when the caller (a product) already computed it.
     """
 
     _hyper = ()
     requires_vector_input = True
+
+    def _constant(self):
+        """c when the kernel is the constant c (a product then scales instead of multiplying)."""
+        return None
 
     # -- parameters (constructor arguments) -----------------------------------------------------
 
@@ -455,6 +460,7 @@ class _Stationary(Kernel):
     """k = f(r), r^2 = sum_d (x_d - y_d)^2 / l_d^2.  Subclasses give f and W = -f'(r)/r of R2."""
 
     _hyper = ("length_scale",)
+    _w_is_f = False   # True where W = -f'(r)/r equals f itself (the squared exponential)
 
     def _length_scales(self, n_features):
         ls = _check_positive_values(self.length_scale, "length_scale")
@@ -501,20 +507,24 @@ class _Stationary(Kernel):
         self._length_scales(X.shape[1])
         return np.ones(X.shape[0])
 
-    def _contract(self, X, M):
+    def _contract(self, X, M, K=None):
         if not self._free():
             return np.empty(0)
         ls, U, _ = self._scaled(X, None)
-        R2 = _sqdist(U)
-        A = self._w(R2, None)
-        A *= M  # A = M o W
-        if ls.size == 1:
+        if K is not None and self._w_is_f:
+            A = K * M        # W = f for the squared exponential: reuse the caller's K
+            R2 = None
+        else:
+            R2 = _sqdist(U)
+            A = self._w(R2, None)
+            A *= M  # A = M o W
+        if ls.size == 1 and R2 is not None:
             return np.array([np.vdot(A, R2)])
         del R2
         # sum_ij A_ij (u_id - u_jd)^2 = sum_i u_id^2 (A 1)_i + sum_j u_jd^2 (A^T 1)_j - 2 sum_i u_id (A U)_id
         U2 = U * U
         g = A.sum(axis=1) @ U2 + A.sum(axis=0) @ U2 - 2.0 * np.einsum("id,id->d", U, A @ U)
-        return g
+        return g if ls.size > 1 else np.array([g.sum()])
 
     def _grad_inputs(self, X, Y, M):
         ls, U, V = self._scaled(X, Y)
@@ -552,6 +562,8 @@ class RBF(_Stationary):
 
     def _w(self, R2, K):
         return self._f(R2) if K is None else K.copy()
+
+    _w_is_f = True
 
 
 class Matern(_Stationary):
@@ -663,8 +675,11 @@ class ConstantKernel(Kernel):
     def _diag(self, X):
         return np.full(X.shape[0], float(self.constant_value))
 
-    def _contract(self, X, M):
+    def _contract(self, X, M, K=None):
         return np.array([float(self.constant_value) * M.sum()]) if self._free() else np.empty(0)
+
+    def _constant(self):
+        return float(self.constant_value)
 
     def _grad_inputs(self, X, Y, M):
         return np.zeros_like(X)
@@ -710,7 +725,7 @@ class WhiteKernel(Kernel):
     def _diag(self, X):
         return np.full(X.shape[0], float(self.noise_level))
 
-    def _contract(self, X, M):
+    def _contract(self, X, M, K=None):
         return np.array([float(self.noise_level) * np.trace(M)]) if self._free() else np.empty(0)
 
     def _grad_inputs(self, X, Y, M):
@@ -761,7 +776,7 @@ class Linear(Kernel):
     def _diag(self, X):
         return float(self.variance) * np.einsum("ij,ij->i", X, X)
 
-    def _contract(self, X, M):
+    def _contract(self, X, M, K=None):
         if not self._free():
             return np.empty(0)
         # sum_ij M_ij v x_i.x_j = v sum(X o (M X)): O(n^2 d), no n x n temporary
@@ -826,7 +841,7 @@ class Polynomial(Kernel):
     def _diag(self, X):
         return (1.0 + np.einsum("ij,ij->i", X, X) / self._s(X)) ** int(self.degree)
 
-    def _contract(self, X, M):
+    def _contract(self, X, M, K=None):
         return np.empty(0)
 
     def _grad_inputs(self, X, Y, M):
@@ -901,7 +916,7 @@ class Sum(_Binary):
     def _diag(self, X):
         return self._a.diag(X) + self._b.diag(X)
 
-    def _contract(self, X, M):
+    def _contract(self, X, M, K=None):
         return np.concatenate([self._a.gradient_contract(X, M), self._b.gradient_contract(X, M)])
 
     def _grad_inputs(self, X, Y, M):
@@ -932,18 +947,19 @@ class Product(_Binary):
     def _diag(self, X):
         return self._a.diag(X) * self._b.diag(X)
 
-    def _contract(self, X, M):
+    def _contract(self, X, M, K=None):
+        # each factor's own K is computed once and handed to its contraction (an RBF then reuses it
+        # instead of recomputing distances and exponentials); a constant factor scales M instead of
+        # being expanded into an n x n matrix
         a, b = self._a, self._b
+        ca, cb = a._constant(), b._constant()
+        Ka = None if ca is not None else a(X)
+        Kb = None if cb is not None else b(X)
         parts = []
         if a.n_dims:
-            MK = b(X)
-            MK *= M
-            parts.append(a.gradient_contract(X, MK))
-            del MK
+            parts.append(a._contract(X, M * (cb if Kb is None else Kb), K=Ka))
         if b.n_dims:
-            MK = a(X)
-            MK *= M
-            parts.append(b.gradient_contract(X, MK))
+            parts.append(b._contract(X, M * (ca if Ka is None else Ka), K=Kb))
         return np.concatenate(parts) if parts else np.empty(0)
 
     def _grad_inputs(self, X, Y, M):
@@ -1007,7 +1023,7 @@ class _ForeignKernel(Kernel):
     def _diag(self, X):
         return self.kernel.diag(X)
 
-    def _contract(self, X, M):
+    def _contract(self, X, M, K=None):
         _, dK = self.kernel(X, eval_gradient=True)
         return np.einsum("ij,ijk->k", M, dK)
 
