@@ -1,0 +1,159 @@
+"""Expectation propagation: the claims of R&W §3.6 / Alg. 3.5, 5.2, NR eq. (11)-(13) and the PL paper."""
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from gpc import NegativeVarianceError
+from gpc.datasets import load_breast_cancer
+
+# runs with tol=1e-300 make a fixed number of sweeps on purpose; their ConvergenceWarning is expected
+pytestmark = pytest.mark.filterwarnings("ignore:.*tol 1e-300:gpc.exceptions.ConvergenceWarning")
+from gpc.inference import infer
+from gpc.inference._sites import NegativeSitesWarning
+from gpc.likelihoods import Logit, NoisyThreshold, Probit
+from reference_ep_pl import ep_reference
+
+
+def rbf(X, ell=1.0, sf2=1.0):
+    d2 = ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1)
+    return sf2 * np.exp(-0.5 * d2 / ell**2)
+
+
+def toy(n, seed):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 2))
+    y = np.where(X[:, 0] + 0.7 * rng.normal(size=n) > 0, 1.0, -1.0)
+    return X, y
+
+
+@pytest.fixture(scope="module")
+def cancer():
+    X, y = load_breast_cancer(return_X_y=True)
+    X = (X - X.mean(0)) / X.std(0)
+    y = np.where(y == np.unique(y)[1], 1.0, -1.0)
+    return rbf(X[:250], 3.0, 4.0), y[:250]
+
+
+@pytest.mark.parametrize("n", [3, 4, 5, 6, 8])
+def test_probit_evidence_close_to_exact(n):
+    # For probit, Z = P(all y_i (f_i + e_i) > 0) = orthant probability of N(0, D(K + I)D), D = diag(y).
+    # scipy's multivariate_normal.cdf (Genz) is accurate to ~1e-6 here; EP must be within 0.03.
+    X, y = toy(n, n)
+    K = rbf(X, 1.0, 2.0)
+    D = np.diag(y)
+    exact = np.log(stats.multivariate_normal(np.zeros(n), D @ (K + np.eye(n)) @ D).cdf(np.zeros(n)))
+    r = infer(K, y, likelihood="probit", method="ep", tol=1e-10)
+    assert abs(r.log_evidence - exact) < 0.03
+
+
+@pytest.mark.parametrize("lik", [Probit(), Logit()], ids=["probit", "logit"])
+@pytest.mark.parametrize("schedule", ["sequential", "parallel"])
+def test_matches_slow_reference(lik, schedule):
+    # Same updates in the same order, same sweeps: only rounding separates the fast path from the
+    # explicit-inverse reference (K well conditioned here): 1e-8.
+    X, y = toy(12, 1)
+    K = rbf(X, 1.2, 2.0) + 1e-6 * np.eye(12)
+    m0 = np.linspace(-0.3, 0.3, 12)
+    mu, Sigma, tau, nu, lz = ep_reference(K, y, lik, m0, sweeps=6, parallel=schedule == "parallel")
+    r = infer(K, y, likelihood=lik, method="ep", schedule=schedule, prior_mean=m0, max_iter=6,
+              tol=1e-300)
+    np.testing.assert_allclose(r.site_precision, tau, atol=1e-8)
+    np.testing.assert_allclose(r.site_location, nu, atol=1e-8)
+    np.testing.assert_allclose(r.mean, mu, atol=1e-8)
+    np.testing.assert_allclose(r.cov, Sigma, atol=1e-8)
+    assert abs(r.log_evidence - lz) < 1e-8
+
+
+def test_sequential_and_parallel_reach_the_same_fixed_point(cancer):
+    K, y = cancer
+    a = infer(K, y, likelihood="probit", method="ep", schedule="sequential", tol=1e-10)
+    b = infer(K, y, likelihood="probit", method="ep", schedule="parallel", tol=1e-10)
+    assert a.converged and b.converged
+    assert abs(a.log_evidence - b.log_evidence) < 1e-6
+    np.testing.assert_allclose(a.mean, b.mean, atol=1e-5)
+
+
+def test_blocked_sweep_equals_plain_rank_one_sweep(cancer):
+    # the deferred block updates are the same arithmetic regrouped: equal to rounding (1e-10)
+    K, y = cancer
+    plain = infer(K, y, likelihood="logit", method="ep", max_iter=3, block=1, tol=1e-300)
+    for block in (7, 64, 250):
+        blocked = infer(K, y, likelihood="logit", method="ep", max_iter=3, block=block, tol=1e-300)
+        np.testing.assert_allclose(blocked.site_precision, plain.site_precision, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(blocked.mean, plain.mean, atol=1e-10)
+
+
+@pytest.mark.parametrize("lik", [Probit(), Logit()], ids=["probit", "logit"])
+def test_gradient_matches_finite_differences(lik):
+    # EP's evidence is stationary in the sites at the fixed point, so R&W Alg. 5.2's explicit
+    # gradient is the total derivative.  Central differences, h = 1e-5 on log θ, EP to tol 1e-12:
+    # agreement to 1e-6 relative.
+    X, y = toy(40, 2)
+    d2 = ((X[:, None] - X[None]) ** 2).sum(-1)
+
+    def K_of(t):
+        return np.exp(t[0]) * np.exp(-0.5 * d2 / np.exp(2 * t[1]))
+
+    t0 = np.array([np.log(2.0), np.log(0.9)])
+    K = K_of(t0)
+    dK = np.stack([K, K * d2 / np.exp(2 * t0[1])], axis=2)
+    r = infer(K, y, likelihood=lik, method="ep", tol=1e-12)
+    g = r.log_evidence_gradient(lambda M: np.einsum("ij,ijk->k", M, dK))
+    h = 1e-5
+    fd = [(infer(K_of(t0 + h * e), y, likelihood=lik, method="ep", tol=1e-12).log_evidence
+           - infer(K_of(t0 - h * e), y, likelihood=lik, method="ep", tol=1e-12).log_evidence) / (2 * h)
+          for e in np.eye(2)]
+    np.testing.assert_allclose(g, fd, rtol=1e-6)
+
+
+def test_online_adf_is_the_first_sequential_sweep(cancer):
+    # MF §5 / docs: one ADF pass in natural order = the first sequential EP sweep from zero sites
+    K, y = cancer
+    online = infer(K, y, likelihood="probit", method="online")
+    ep = infer(K, y, likelihood="probit", method="ep", max_iter=1, tol=1e-300)
+    np.testing.assert_allclose(online.mean, ep.mean, atol=1e-8)
+    np.testing.assert_allclose(online.posterior.site_precision, ep.site_precision, atol=1e-8)
+
+
+def test_supplement_example_ep_reports_the_negative_cavity():
+    # PL supplement: prior mean (−0.5, −3), unit variances, correlation 0.8, noisy threshold ε = 0.01,
+    # y = (1, 1).  EP without fixes meets a negative cavity variance.
+    K = np.array([[1.0, 0.8], [0.8, 1.0]])
+    m0 = np.array([-0.5, -3.0])
+    y = np.array([1.0, 1.0])
+    for schedule in ("sequential", "parallel"):
+        with pytest.raises(NegativeVarianceError) as err:
+            infer(K, y, likelihood=NoisyThreshold(0.01), method="ep", schedule=schedule, prior_mean=m0,
+                  on_negative="raise")
+        assert err.value.cavity_variance < 0 and err.value.index in (0, 1)
+    with pytest.warns(NegativeSitesWarning):
+        r = infer(K, y, likelihood=NoisyThreshold(0.01), method="ep", prior_mean=m0, on_negative="clip",
+                  max_iter=20)
+    assert np.all(np.isfinite(r.mean)) and np.all(r.site_precision >= 0)
+
+
+@pytest.mark.parametrize("bad", [{"damping": 0.0}, {"damping": 1.5}, {"on_negative": "ignore"},
+                                 {"order": "backwards"}, {"order": [0, 0, 1]}, {"schedule": "random"}])
+def test_bad_options_are_named(bad):
+    K = np.eye(3) + 0.5
+    y = np.array([1.0, -1.0, 1.0])
+    with pytest.raises(ValueError):
+        infer(K, y, likelihood="probit", method="ep", **bad)
+
+
+def test_random_order_and_damping_reach_the_same_fixed_point(cancer):
+    K, y = cancer
+    a = infer(K, y, likelihood="probit", method="ep", tol=1e-10)
+    b = infer(K, y, likelihood="probit", method="ep", order="random", random_state=3, damping=0.7,
+              tol=1e-10)
+    assert abs(a.log_evidence - b.log_evidence) < 1e-6
+
+
+def test_warm_start_from_previous_sites(cancer):
+    K, y = cancer
+    cold = infer(K, y, likelihood="probit", method="ep", tol=1e-9)
+    warm = infer(K * 1.02, y, likelihood="probit", method="ep", tol=1e-9, init=cold)
+    again = infer(K * 1.02, y, likelihood="probit", method="ep", tol=1e-9)
+    assert abs(warm.log_evidence - again.log_evidence) < 1e-6
+    assert warm.n_iter < again.n_iter
