@@ -65,6 +65,8 @@ def initial_sites(n, init, method):
 
 
 def _moments(K, tau, nu, m0):
+    if not np.any(tau) and not np.any(nu):      # the prior itself: no factorisation needed
+        return None, m0.copy(), np.diag(K).copy()
     post = SitePosterior(K, tau, nu, m0)
     return post, post.mean.copy(), post.diag_cov().copy()
 
@@ -90,7 +92,7 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
         block = min(DEFAULT_BLOCK if block is None else int(block), n)
         if block < 1:
             raise ValueError("block must be a positive integer")
-        Sigma = _lower_cov(post)
+        Sigma = K.copy() if post is None else _lower_cov(post)
         work = np.empty((2 * block + 3, n))
         log_z = np.zeros(n)
     for n_iter in range(1, max_iter + 1):
@@ -104,7 +106,7 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
             var = np.diag(Sigma).copy()
             if n_iter % RECOMPUTE_EVERY == 0:
                 post, mu, var = _moments(K, tau, nu, m0)
-                Sigma = _lower_cov(post)
+                Sigma = K.copy() if post is None else _lower_cov(post)
         else:
             tau, nu, fixed = _parallel_update(y, likelihood, mu, var, tau, nu, code_rule, damping,
                                               on_negative)
