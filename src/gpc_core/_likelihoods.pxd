@@ -27,3 +27,19 @@ cdef int tilted_moments(const LikelihoodSpec* spec, double y, double cav_mean, d
 # cov_fy = Cov[f, E(y|f)], var_y = Var[y] = 1 - mu_y^2 for labels in {-1, +1}.
 cdef int slr_moments(const LikelihoodSpec* spec, double mean, double var,
                      double* mu_y, double* cov_fy, double* var_y) noexcept nogil
+
+# ---- added declarations (issue 2): per-element kernels used by the vectorised entry points ----
+# log p(y|f) and its first three derivatives in f (probit, logit only: Laplace, R&W Alg. 3.1 / 5.1).
+cdef int log_prob_derivatives(const LikelihoodSpec* spec, double y, double f,
+                              double* lp, double* d1, double* d2, double* d3) noexcept nogil
+
+# log p(y|f) for every kind (-inf allowed for the noise-free step on the wrong side).
+cdef double log_prob(const LikelihoodSpec* spec, double y, double f) noexcept nogil
+
+# KL / SVI: E_q[log p(y|f)] and its derivatives in the mean and the variance of q = N(mean, var).
+cdef int expected_log_prob(const LikelihoodSpec* spec, double y, double mean, double var,
+                           double* e, double* de_dmean, double* de_dvar) noexcept nogil
+
+# P(y = +1) = int p(+1|f) N(f | mean, var) df.
+cdef int predictive_probability(const LikelihoodSpec* spec, double mean, double var,
+                                double* p) noexcept nogil

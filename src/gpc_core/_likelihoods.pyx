@@ -1,9 +1,536 @@
-# Likelihood kernels: see _likelihoods.pxd for the contract.  (Implementation lands with issue 2.)
+# Likelihood kernels: see _likelihoods.pxd for the contract and docs/derivations.md
+# ("Likelihood moments") for every formula used here.
+#
+# Status codes returned by the per-element kernels:
+#   0  success
+#   1  invalid input (variance <= 0, non-finite argument, kind not supported by the kernel)
+#   2  result not representable (e.g. Z underflows to 0, or a non-finite moment)
+
+from libc.math cimport exp, log, log1p, sqrt, fabs, isfinite, INFINITY, M_PI
+from scipy.special.cython_special cimport log_ndtr, ndtr, erfcx
+
+import numpy as np
+
+cdef double SQRT2 = 1.4142135623730951
+cdef double SQRT_2_OVER_PI = 0.7978845608028654     # sqrt(2/pi)
+cdef double LOG_SQRT_2PI = 0.9189385332046728       # log(sqrt(2 pi))
+
+# Below this z, z + phi(z)/Phi(z) is evaluated by Laplace's continued fraction instead of by
+# subtraction (which loses ~log10(z^2) digits).
+cdef double CF_SWITCH = -5.0
+cdef int CF_DEPTH = 80
+
+# Logit with a wide Gaussian: Gauss-Hermite cannot resolve the unit-scale transition of sigma(t)
+# when sqrt(v) >> 1 (poles of sigma at +-i pi are pi/sqrt(v) from the real axis in GH's variable).
+# Above LOGIT_SPLIT_VAR we write sigma(t) = H(t) + d(t): the step part is closed form and the
+# remainder d (odd, |d| ~ e^-|t|) is integrated by Gauss-Laguerre (docs/derivations.md).
+cdef enum:
+    LAG_N = 48
+cdef double LAG_X[LAG_N]
+cdef double LAG_W[LAG_N]
+cdef double LOGIT_SPLIT_VAR = 1.0
+
+def _init_laguerre():
+    x, w = np.polynomial.laguerre.laggauss(LAG_N)
+    for i in range(LAG_N):
+        LAG_X[i] = x[i]
+        LAG_W[i] = w[i]
+
+_init_laguerre()
+
+
+# ----------------------------------------------------------------------------- scalar helpers
+
+cdef inline double norm_pdf(double z) noexcept nogil:
+    return exp(-0.5 * z * z - LOG_SQRT_2PI)
+
+
+cdef inline double inv_mills(double z) noexcept nogil:
+    # r(z) = phi(z) / Phi(z) = sqrt(2/pi) / erfcx(-z/sqrt 2): no overflow, no 0/0 for any z.
+    # For z >~ 37, erfcx(-z/sqrt2) = inf and r = 0 (true value < 1e-300).
+    return SQRT_2_OVER_PI / erfcx(-z / SQRT2)
+
+
+cdef inline double z_plus_r(double z) noexcept nogil:
+    # z + r(z) > 0.  For z << 0 both terms are ~|z| and cancel; with t = -z, Laplace's continued
+    # fraction for the Mills ratio gives r - t = 1/(t + 2/(t + 3/(t + ...))), evaluated backwards.
+    cdef double t, k
+    cdef int j
+    if z >= CF_SWITCH:
+        return z + inv_mills(z)
+    t = -z
+    k = 0.0
+    for j in range(CF_DEPTH, 1, -1):
+        k = j / (t + k)
+    return 1.0 / (t + k)
+
+
+cdef inline double log_sigmoid(double t) noexcept nogil:
+    if t >= 0.0:
+        return -log1p(exp(-t))
+    return t - log1p(exp(t))
+
+
+cdef inline double sigmoid(double t) noexcept nogil:
+    cdef double e
+    if t >= 0.0:
+        return 1.0 / (1.0 + exp(-t))
+    e = exp(t)
+    return e / (1.0 + e)
+
+
+cdef inline double logaddexp(double a, double b) noexcept nogil:
+    if a == -INFINITY:
+        return b
+    if b == -INFINITY:
+        return a
+    if a > b:
+        return a + log1p(exp(b - a))
+    return b + log1p(exp(a - b))
+
+
+cdef inline bint bad_var(double v) noexcept nogil:
+    return not (v > 0.0 and isfinite(v))
+
+
+cdef inline double gauss_pdf(double t, double a, double v, double sd) noexcept nogil:
+    return exp(-0.5 * (t - a) * (t - a) / v - LOG_SQRT_2PI) / sd
+
+
+cdef void logit_split_moments(double a, double v, double* j0, double* j1, double* j2) noexcept nogil:
+    # J_k = int sigma(t) (t - a)^k N(t | a, v) dt, k = 0, 1, 2, via sigma = H + d:
+    #   step part: Phi(z), s phi(z), v (Phi(z) - z phi(z)), z = a / s;
+    #   remainder: int_0^inf sigma(-t) [g(-t) - g(t)] dt = sum_j W_j [g(-t_j) - g(t_j)] / (1 + e^-t_j)
+    #   (Gauss-Laguerre: e^t sigma(-t) = 1 / (1 + e^-t)).
+    cdef double sd = sqrt(v), z = a / sd, ph = norm_pdf(z), cdf = ndtr(z)
+    cdef double t, wg, gm, gp, dm, dp
+    cdef int j
+    j0[0] = cdf
+    j1[0] = sd * ph
+    j2[0] = v * (cdf - z * ph)
+    for j in range(LAG_N):
+        t = LAG_X[j]
+        wg = LAG_W[j] / (1.0 + exp(-t))
+        gm = gauss_pdf(-t, a, v, sd)
+        gp = gauss_pdf(t, a, v, sd)
+        dm = -t - a
+        dp = t - a
+        j0[0] += wg * (gm - gp)
+        j1[0] += wg * (dm * gm - dp * gp)
+        j2[0] += wg * (dm * dm * gm - dp * dp * gp)
+
+
+cdef double logit_split_elog(double a, double v) noexcept nogil:
+    # E[log sigma(t)], t ~ N(a, v), via log sigma(t) = min(t, 0) - log1p(e^-|t|):
+    #   E[min(t, 0)] = a Phi(-z) - s phi(z);  the even remainder by Gauss-Laguerre on [0, inf).
+    cdef double sd = sqrt(v), z = a / sd, acc, t
+    cdef int j
+    acc = a * ndtr(-z) - sd * norm_pdf(z)
+    for j in range(LAG_N):
+        t = LAG_X[j]
+        acc -= LAG_W[j] * exp(t) * log1p(exp(-t)) * (gauss_pdf(t, a, v, sd) + gauss_pdf(-t, a, v, sd))
+    return acc
+
+
+# ----------------------------------------------------------------------------- log p and derivatives
+
+cdef double log_prob(const LikelihoodSpec* spec, double y, double f) noexcept nogil:
+    cdef double t = y * f
+    if spec.kind == LIK_PROBIT:
+        return log_ndtr(t)                                 # PL eq. (1)
+    if spec.kind == LIK_LOGIT:
+        return log_sigmoid(t)                              # PL eq. (2)
+    # PL eq. (3), with H(0) = 1/2 so that p(+1|0) + p(-1|0) = 1.
+    if t > 0.0:
+        return log(1.0 - spec.eps) if spec.kind == LIK_NOISY_THRESHOLD else 0.0
+    if t < 0.0:
+        return log(spec.eps) if spec.kind == LIK_NOISY_THRESHOLD else -INFINITY
+    return log(0.5)
+
+
+cdef int log_prob_derivatives(const LikelihoodSpec* spec, double y, double f,
+                              double* lp, double* d1, double* d2, double* d3) noexcept nogil:
+    # d^k/df^k g(y f) = y^k g^(k)(t), t = y f, y^2 = 1.
+    cdef double t = y * f, r, zr, s, sm
+    if not isfinite(f):
+        return 1
+    if spec.kind == LIK_PROBIT:
+        # g = log Phi, g' = r, g'' = -r (t + r), g''' = r [(t + r)(t + 2 r) - 1]   (R&W eq. (3.16))
+        r = inv_mills(t)
+        zr = z_plus_r(t)
+        lp[0] = log_ndtr(t)
+        d1[0] = y * r
+        d2[0] = -r * zr
+        d3[0] = y * r * (zr * (zr + r) - 1.0)
+        return 0
+    if spec.kind == LIK_LOGIT:
+        # g = log sigma, g' = sigma(-t), g'' = -sigma(t) sigma(-t), g''' = g'' (1 - 2 sigma(t))
+        s = sigmoid(t)
+        sm = sigmoid(-t)
+        lp[0] = log_sigmoid(t)
+        d1[0] = y * sm
+        d2[0] = -s * sm
+        d3[0] = -y * s * sm * (sm - s)
+        return 0
+    return 1    # steps: gradient zero almost everywhere (PL Sec. I)
+
+
+# ----------------------------------------------------------------------------- tilted moments (EP / ADF)
+
+cdef bint _logit_split_tilted(double y, double m, double v,
+                              double* log_z, double* mean, double* var) noexcept nogil:
+    # t = y f ~ N(y m, v); Z = J0, E[f] = m + y J1/J0, Var[f] = J2/J0 - (J1/J0)^2.
+    # Returns False (caller falls back to log-space GH) when Z is too small to trust.
+    cdef double j0, j1, j2, e1
+    logit_split_moments(y * m, v, &j0, &j1, &j2)
+    if not (j0 > 1e-250):
+        return False
+    e1 = j1 / j0
+    log_z[0] = log(j0)
+    mean[0] = m + y * e1
+    var[0] = j2 / j0 - e1 * e1
+    return True
+
 
 cdef int tilted_moments(const LikelihoodSpec* spec, double y, double cav_mean, double cav_var,
                         double* log_z, double* mean, double* var) noexcept nogil:
-    return -1
+    cdef double z, r, zr, s, sd, lw, lmax, acc, pk, fk, m1, m2, la, a, lz
+    cdef int k
+    if bad_var(cav_var) or not isfinite(cav_mean):
+        return 1
+    if spec.kind == LIK_PROBIT:
+        # R&W eq. (3.58): z = y m / sqrt(1 + v)
+        s = sqrt(1.0 + cav_var)
+        z = y * cav_mean / s
+        r = inv_mills(z)
+        log_z[0] = log_ndtr(z)
+        mean[0] = cav_mean + y * cav_var * r / s
+        var[0] = cav_var - cav_var * cav_var * r * z_plus_r(z) / (1.0 + cav_var)
+    elif spec.kind == LIK_NOISY_THRESHOLD or spec.kind == LIK_HEAVISIDE:
+        # PL eq. (3) under N(m, v); u = (f - m)/sqrt v, z = y m / sqrt v.
+        # Z = eps + (1-2eps) Phi(z); E[u] = y a; Var[u] = 1 - a (z + a),
+        # a = (1-2eps) phi(z) / Z (in log space).  eps = 0: a = r(z).
+        sd = sqrt(cav_var)
+        z = y * cav_mean / sd
+        if spec.kind == LIK_HEAVISIDE:
+            lz = log_ndtr(z)
+            a = inv_mills(z)
+            zr = z_plus_r(z)
+        else:
+            lz = logaddexp(log(spec.eps), log1p(-2.0 * spec.eps) + log_ndtr(z))
+            la = log1p(-2.0 * spec.eps) - 0.5 * z * z - LOG_SQRT_2PI - lz
+            a = exp(la)
+            zr = z + a
+        if lz == -INFINITY:
+            return 2
+        log_z[0] = lz
+        mean[0] = cav_mean + sd * y * a
+        var[0] = cav_var * (1.0 - a * zr)
+    elif spec.kind == LIK_LOGIT and cav_var > LOGIT_SPLIT_VAR and _logit_split_tilted(
+            y, cav_mean, cav_var, log_z, mean, var):
+        pass
+    elif spec.kind == LIK_LOGIT:
+        # Gauss-Hermite in log space: l_k = log w_k + log sigma(y f_k), f_k = m + sqrt(v) x_k.
+        sd = sqrt(cav_var)
+        lmax = -INFINITY
+        for k in range(spec.gh_order):
+            if spec.gh_weights[k] > 0.0:
+                lw = log(spec.gh_weights[k]) + log_sigmoid(y * (cav_mean + sd * spec.gh_nodes[k]))
+                if lw > lmax:
+                    lmax = lw
+        if lmax == -INFINITY:
+            return 2
+        acc = 0.0
+        m1 = 0.0
+        for k in range(spec.gh_order):
+            if spec.gh_weights[k] > 0.0:
+                pk = exp(log(spec.gh_weights[k]) + log_sigmoid(y * (cav_mean + sd * spec.gh_nodes[k])) - lmax)
+                acc += pk
+                m1 += pk * spec.gh_nodes[k]
+        m1 /= acc
+        m2 = 0.0
+        for k in range(spec.gh_order):
+            if spec.gh_weights[k] > 0.0:
+                pk = exp(log(spec.gh_weights[k]) + log_sigmoid(y * (cav_mean + sd * spec.gh_nodes[k])) - lmax)
+                m2 += pk * (spec.gh_nodes[k] - m1) * (spec.gh_nodes[k] - m1)
+        m2 /= acc
+        log_z[0] = lmax + log(acc)
+        mean[0] = cav_mean + sd * m1
+        var[0] = cav_var * m2
+    else:
+        return 1
+    if not (isfinite(log_z[0]) and isfinite(mean[0]) and isfinite(var[0])) or var[0] < 0.0:
+        return 2
+    return 0
+
+
+# ----------------------------------------------------------------------------- SLR moments (PL)
 
 cdef int slr_moments(const LikelihoodSpec* spec, double mean, double var,
                      double* mu_y, double* cov_fy, double* var_y) noexcept nogil:
-    return -1
+    # PL eq. (15)-(16) and supplement.  E(y|f) = 2 p(+1|f) - 1.  var_y = Var[y] = 1 - mu_y^2
+    # = 4 P (1 - P) with P = P(y = +1), computed from P and 1 - P separately (no cancellation).
+    cdef double z, s, sd, c, p, q, fk, sk, smk, e1
+    cdef int k
+    if bad_var(var) or not isfinite(mean):
+        return 1
+    if spec.kind == LIK_PROBIT:
+        # P = Phi(z), z = m / sqrt(1 + v);  cov = 2 v / sqrt(1 + v) phi(z)   (R&W eq. (3.84))
+        s = sqrt(1.0 + var)
+        z = mean / s
+        p = ndtr(z)
+        q = ndtr(-z)
+        mu_y[0] = p - q
+        cov_fy[0] = 2.0 * var / s * norm_pdf(z)
+        var_y[0] = 4.0 * p * q
+    elif spec.kind == LIK_NOISY_THRESHOLD or spec.kind == LIK_HEAVISIDE:
+        # E(y|f) = (1 - 2 eps) sign f.  P = eps + (1-2eps) Phi(z), z = m / sqrt v;
+        # cov = 2 (1 - 2 eps) sqrt(v) phi(z)   (PL supplement, beta = P)
+        sd = sqrt(var)
+        z = mean / sd
+        c = 1.0 - 2.0 * spec.eps if spec.kind == LIK_NOISY_THRESHOLD else 1.0
+        e1 = spec.eps if spec.kind == LIK_NOISY_THRESHOLD else 0.0
+        p = e1 + c * ndtr(z)
+        q = e1 + c * ndtr(-z)
+        mu_y[0] = c * (ndtr(z) - ndtr(-z))
+        cov_fy[0] = 2.0 * c * sd * norm_pdf(z)
+        var_y[0] = 4.0 * p * q
+    elif spec.kind == LIK_LOGIT and var > LOGIT_SPLIT_VAR:
+        # split form: P = J0(m), 1 - P = J0(-m), Cov[f, tanh(f/2)] = J1(m) + J1(-m)
+        logit_split_moments(mean, var, &p, &c, &fk)
+        logit_split_moments(-mean, var, &q, &sk, &fk)
+        mu_y[0] = p - q
+        cov_fy[0] = c + sk
+        var_y[0] = 4.0 * p * q
+    elif spec.kind == LIK_LOGIT:
+        # E(y|f) = tanh(f/2) = sigma(f) - sigma(-f), by Gauss-Hermite (PL supplement)
+        sd = sqrt(var)
+        p = 0.0
+        q = 0.0
+        c = 0.0
+        for k in range(spec.gh_order):
+            fk = mean + sd * spec.gh_nodes[k]
+            sk = sigmoid(fk)
+            smk = sigmoid(-fk)
+            p += spec.gh_weights[k] * sk
+            q += spec.gh_weights[k] * smk
+            c += spec.gh_weights[k] * spec.gh_nodes[k] * (sk - smk)
+        mu_y[0] = p - q
+        cov_fy[0] = sd * c
+        var_y[0] = 4.0 * p * q
+    else:
+        return 1
+    if not (isfinite(mu_y[0]) and isfinite(cov_fy[0]) and isfinite(var_y[0])):
+        return 2
+    return 0
+
+
+# ----------------------------------------------------------------------------- expected log-likelihood
+
+cdef int expected_log_prob(const LikelihoodSpec* spec, double y, double mean, double var,
+                           double* e, double* de_dmean, double* de_dvar) noexcept nogil:
+    # d/dm E[g] = E[g'], d/dv E[g] = E[g''] / 2 (Bonnet / Price theorems).
+    cdef double sd, z, t, r, s, sm, a, b, ph, l1, l0
+    cdef int k
+    if bad_var(var) or not isfinite(mean):
+        return 1
+    sd = sqrt(var)
+    if spec.kind == LIK_NOISY_THRESHOLD:
+        # E = log(1-eps) Phi(z) + log(eps) Phi(-z), z = y m / sqrt v
+        z = y * mean / sd
+        l1 = log1p(-spec.eps)
+        l0 = log(spec.eps)
+        ph = norm_pdf(z)
+        e[0] = l1 * ndtr(z) + l0 * ndtr(-z)
+        de_dmean[0] = (l1 - l0) * ph * y / sd
+        de_dvar[0] = -(l1 - l0) * ph * z / (2.0 * var)
+        return 0
+    if spec.kind != LIK_PROBIT and spec.kind != LIK_LOGIT:
+        return 1
+    if spec.kind == LIK_LOGIT and var > LOGIT_SPLIT_VAR:
+        # split form; dE/dm = y E[sigma(-t)] = y J0(-a); dE/dv = -E[sigma'(t)]/2 = -J1(a) / (2 v)
+        a = y * mean
+        e[0] = logit_split_elog(a, var)
+        logit_split_moments(-a, var, &b, &r, &t)
+        de_dmean[0] = y * b
+        logit_split_moments(a, var, &b, &r, &t)
+        de_dvar[0] = -0.5 * r / var
+        return 0 if (isfinite(e[0]) and isfinite(de_dmean[0]) and isfinite(de_dvar[0])) else 2
+    a = 0.0
+    b = 0.0
+    s = 0.0
+    for k in range(spec.gh_order):
+        t = y * (mean + sd * spec.gh_nodes[k])
+        if spec.kind == LIK_PROBIT:
+            r = inv_mills(t)
+            a += spec.gh_weights[k] * log_ndtr(t)
+            b += spec.gh_weights[k] * r
+            s += spec.gh_weights[k] * (-r * z_plus_r(t))
+        else:
+            sm = sigmoid(-t)
+            a += spec.gh_weights[k] * log_sigmoid(t)
+            b += spec.gh_weights[k] * sm
+            s += spec.gh_weights[k] * (-sigmoid(t) * sm)
+    e[0] = a
+    de_dmean[0] = y * b
+    de_dvar[0] = 0.5 * s
+    if not (isfinite(a) and isfinite(b) and isfinite(s)):
+        return 2
+    return 0
+
+
+# ----------------------------------------------------------------------------- predictive probability
+
+cdef int predictive_probability(const LikelihoodSpec* spec, double mean, double var,
+                                double* p) noexcept nogil:
+    cdef double sd, acc
+    cdef int k
+    if bad_var(var) or not isfinite(mean):
+        return 1
+    if spec.kind == LIK_PROBIT:
+        p[0] = ndtr(mean / sqrt(1.0 + var))                  # R&W eq. (3.82)
+    elif spec.kind == LIK_NOISY_THRESHOLD:
+        p[0] = spec.eps + (1.0 - 2.0 * spec.eps) * ndtr(mean / sqrt(var))
+    elif spec.kind == LIK_HEAVISIDE:
+        p[0] = ndtr(mean / sqrt(var))
+    elif spec.kind == LIK_LOGIT and var > LOGIT_SPLIT_VAR:
+        logit_split_moments(mean, var, &acc, &sd, &sd)
+        p[0] = acc
+    elif spec.kind == LIK_LOGIT:
+        sd = sqrt(var)
+        acc = 0.0
+        for k in range(spec.gh_order):
+            acc += spec.gh_weights[k] * sigmoid(mean + sd * spec.gh_nodes[k])
+        p[0] = acc
+    else:
+        return 1
+    return 0
+
+
+# ----------------------------------------------------------------------------- vectorised entry points
+
+cdef int _make_spec(LikelihoodSpec* spec, int kind, double eps,
+                    const double[::1] gh_nodes, const double[::1] gh_weights) except -1:
+    if kind < LIK_PROBIT or kind > LIK_HEAVISIDE:
+        raise ValueError(f"unknown likelihood kind {kind}")
+    if gh_nodes.shape[0] != gh_weights.shape[0] or gh_nodes.shape[0] < 1:
+        raise ValueError("gh_nodes and gh_weights must be non-empty and of equal length")
+    if kind == LIK_NOISY_THRESHOLD and not (0.0 < eps < 0.5):
+        raise ValueError(f"eps must lie in (0, 0.5), got {eps}")
+    spec.kind = kind
+    spec.eps = eps
+    spec.gh_order = <int> gh_nodes.shape[0]
+    spec.gh_nodes = &gh_nodes[0]
+    spec.gh_weights = &gh_weights[0]
+    return 0
+
+
+cdef _check_len(Py_ssize_t n, tuple arrays):
+    for a in arrays:
+        if a.shape[0] != n:
+            raise ValueError(f"input arrays must have equal lengths, got {a.shape[0]} and {n}")
+
+
+def log_prob_vec(int kind, double eps, const double[::1] gh_nodes, const double[::1] gh_weights,
+                 const double[::1] y, const double[::1] f):
+    """log p(y_i | f_i) for every i.  Returns a float array."""
+    cdef LikelihoodSpec spec
+    _make_spec(&spec, kind, eps, gh_nodes, gh_weights)
+    cdef Py_ssize_t n = y.shape[0], i
+    _check_len(n, (f,))
+    out = np.empty(n)
+    cdef double[::1] o = out
+    with nogil:
+        for i in range(n):
+            o[i] = log_prob(&spec, y[i], f[i])
+    return out
+
+
+def log_prob_derivatives_vec(int kind, double eps, const double[::1] gh_nodes,
+                             const double[::1] gh_weights, const double[::1] y, const double[::1] f):
+    """(log p, d/df, d2/df2, d3/df3, first failing index or -1)."""
+    cdef LikelihoodSpec spec
+    _make_spec(&spec, kind, eps, gh_nodes, gh_weights)
+    cdef Py_ssize_t n = y.shape[0], i, bad = -1
+    _check_len(n, (f,))
+    a0 = np.empty(n); a1 = np.empty(n); a2 = np.empty(n); a3 = np.empty(n)
+    cdef double[::1] o0 = a0, o1 = a1, o2 = a2, o3 = a3
+    with nogil:
+        for i in range(n):
+            if log_prob_derivatives(&spec, y[i], f[i], &o0[i], &o1[i], &o2[i], &o3[i]) != 0 and bad < 0:
+                bad = i
+    return a0, a1, a2, a3, bad
+
+
+def tilted_moments_vec(int kind, double eps, const double[::1] gh_nodes, const double[::1] gh_weights,
+                       const double[::1] y, const double[::1] cav_mean, const double[::1] cav_var):
+    """(log Z, mean, var, first failing index or -1)."""
+    cdef LikelihoodSpec spec
+    _make_spec(&spec, kind, eps, gh_nodes, gh_weights)
+    cdef Py_ssize_t n = y.shape[0], i, bad = -1
+    _check_len(n, (cav_mean, cav_var))
+    a0 = np.empty(n); a1 = np.empty(n); a2 = np.empty(n)
+    cdef double[::1] o0 = a0, o1 = a1, o2 = a2
+    with nogil:
+        for i in range(n):
+            if tilted_moments(&spec, y[i], cav_mean[i], cav_var[i], &o0[i], &o1[i], &o2[i]) != 0 and bad < 0:
+                bad = i
+    return a0, a1, a2, bad
+
+
+def slr_moments_vec(int kind, double eps, const double[::1] gh_nodes, const double[::1] gh_weights,
+                    const double[::1] mean, const double[::1] var):
+    """(mu_y, cov_fy, var_y, first failing index or -1)."""
+    cdef LikelihoodSpec spec
+    _make_spec(&spec, kind, eps, gh_nodes, gh_weights)
+    cdef Py_ssize_t n = mean.shape[0], i, bad = -1
+    _check_len(n, (var,))
+    a0 = np.empty(n); a1 = np.empty(n); a2 = np.empty(n)
+    cdef double[::1] o0 = a0, o1 = a1, o2 = a2
+    with nogil:
+        for i in range(n):
+            if slr_moments(&spec, mean[i], var[i], &o0[i], &o1[i], &o2[i]) != 0 and bad < 0:
+                bad = i
+    return a0, a1, a2, bad
+
+
+def expected_log_prob_vec(int kind, double eps, const double[::1] gh_nodes,
+                          const double[::1] gh_weights, const double[::1] y,
+                          const double[::1] mean, const double[::1] var):
+    """(E log p, d/dmean, d/dvar, first failing index or -1)."""
+    cdef LikelihoodSpec spec
+    _make_spec(&spec, kind, eps, gh_nodes, gh_weights)
+    cdef Py_ssize_t n = y.shape[0], i, bad = -1
+    _check_len(n, (mean, var))
+    a0 = np.empty(n); a1 = np.empty(n); a2 = np.empty(n)
+    cdef double[::1] o0 = a0, o1 = a1, o2 = a2
+    with nogil:
+        for i in range(n):
+            if expected_log_prob(&spec, y[i], mean[i], var[i], &o0[i], &o1[i], &o2[i]) != 0 and bad < 0:
+                bad = i
+    return a0, a1, a2, bad
+
+
+def predictive_probability_vec(int kind, double eps, const double[::1] gh_nodes,
+                               const double[::1] gh_weights, const double[::1] mean,
+                               const double[::1] var):
+    """(P(y=+1), first failing index or -1)."""
+    cdef LikelihoodSpec spec
+    _make_spec(&spec, kind, eps, gh_nodes, gh_weights)
+    cdef Py_ssize_t n = mean.shape[0], i, bad = -1
+    _check_len(n, (var,))
+    a0 = np.empty(n)
+    cdef double[::1] o0 = a0
+    with nogil:
+        for i in range(n):
+            if predictive_probability(&spec, mean[i], var[i], &o0[i]) != 0 and bad < 0:
+                bad = i
+    return a0, bad
+
+
+def _set_logit_split_var(double v):
+    """Testing hook: the cavity variance above which logit moments use the step + Laguerre split."""
+    global LOGIT_SPLIT_VAR
+    old = LOGIT_SPLIT_VAR
+    LOGIT_SPLIT_VAR = v
+    return old
