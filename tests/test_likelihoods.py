@@ -194,11 +194,11 @@ def test_tail_log_z_in_log_space(lik):
 
 def test_heaviside_is_noisy_threshold_limit():
     # the limit holds where Phi(y m / sqrt v) >> eps; deeper on the wrong side Z ~ eps instead
-    y, m, v = as_arrays([g for g in GRID if g[0] * g[1] / np.sqrt(g[2]) > -5])
+    y, m, v = as_arrays([g for g in GRID if g[0] * g[1] / np.sqrt(g[2]) > -4])
     h = Heaviside()
-    nt = NoisyThreshold(1e-12)
+    nt = NoisyThreshold(1e-15)
     for a, b in zip(h.tilted_moments(y, m, v), nt.tilted_moments(y, m, v)):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-8)   # error ~ eps / Phi(z) <= 4e-6
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-8)   # error ~ eps / Phi(z) <= 4e-11, times <= 1e2 cancellation in var
     for a, b in zip(h.slr_moments(m, v), nt.slr_moments(m, v)):
         np.testing.assert_allclose(a, b, atol=1e-10)
     np.testing.assert_allclose(h.predictive_probability(m, v), nt.predictive_probability(m, v), atol=1e-10)
