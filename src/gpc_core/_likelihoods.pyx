@@ -3,95 +3,130 @@
 include "_moments.pxi"
 
 
-# --- Python entry points: check lengths, build the spec, loop without the GIL ------------------
+# ----------------------------------------------------------------------------- vectorised entry points
 
-cdef LikelihoodSpec make_spec(int kind, double eps, const double[::1] nodes,
-                              const double[::1] weights) except *:
-    cdef LikelihoodSpec spec
-    if kind < 0 or kind > 3:
+cdef int _make_spec(LikelihoodSpec* spec, int kind, double eps,
+                    const double[::1] gh_nodes, const double[::1] gh_weights) except -1:
+    if kind < LIK_PROBIT or kind > LIK_HEAVISIDE:
         raise ValueError(f"unknown likelihood kind {kind}")
-    if nodes.shape[0] != weights.shape[0] or nodes.shape[0] < 1:
-        raise ValueError("Gauss-Hermite nodes and weights must be non-empty and of equal length")
+    if gh_nodes.shape[0] != gh_weights.shape[0] or gh_nodes.shape[0] < 1:
+        raise ValueError("gh_nodes and gh_weights must be non-empty and of equal length")
+    if kind == LIK_NOISY_THRESHOLD and not (0.0 < eps < 0.5):
+        raise ValueError(f"eps must lie in (0, 0.5), got {eps}")
     spec.kind = kind
     spec.eps = eps
-    spec.gh_order = <int> nodes.shape[0]
-    spec.gh_nodes = &nodes[0]
-    spec.gh_weights = &weights[0]
-    return spec
+    spec.gh_order = <int> gh_nodes.shape[0]
+    spec.gh_nodes = &gh_nodes[0]
+    spec.gh_weights = &gh_weights[0]
+    return 0
 
 
-cdef void check_lengths(Py_ssize_t n, tuple arrays) except *:
+cdef _check_len(Py_ssize_t n, tuple arrays):
     for a in arrays:
         if a.shape[0] != n:
-            raise ValueError(f"all arrays must have length {n}, got {a.shape[0]}")
+            raise ValueError(f"input arrays must have equal lengths, got {a.shape[0]} and {n}")
 
 
-def log_prob_derivatives_into(int kind, const double[::1] y, const double[::1] f, double[::1] lp,
-                              double[::1] d1, double[::1] d2, double[::1] d3):
-    """Fill log p(y|f) and its first three f-derivatives (probit and logit only)."""
-    cdef Py_ssize_t i, n = y.shape[0]
-    cdef int status = 0
-    check_lengths(n, (f, lp, d1, d2, d3))
-    if kind != LIK_PROBIT and kind != LIK_LOGIT:
-        raise ValueError("derivatives exist only for probit and logit")
+def log_prob_vec(int kind, double eps, const double[::1] gh_nodes, const double[::1] gh_weights,
+                 const double[::1] y, const double[::1] f):
+    """log p(y_i | f_i) for every i.  Returns a float array."""
+    cdef LikelihoodSpec spec
+    _make_spec(&spec, kind, eps, gh_nodes, gh_weights)
+    cdef Py_ssize_t n = y.shape[0], i
+    _check_len(n, (f,))
+    out = np.empty(n)
+    cdef double[::1] o = out
     with nogil:
         for i in range(n):
-            status |= log_prob_derivs(kind, y[i], f[i], &lp[i], &d1[i], &d2[i], &d3[i])
-    return status
+            o[i] = log_prob(&spec, y[i], f[i])
+    return out
 
 
-def tilted_moments_into(int kind, double eps, const double[::1] nodes, const double[::1] weights,
-                        const double[::1] y, const double[::1] cav_mean, const double[::1] cav_var,
-                        double[::1] log_z, double[::1] mean, double[::1] var):
-    """Fill the tilted moments; returns the index of the first failure or -1."""
-    cdef LikelihoodSpec spec = make_spec(kind, eps, nodes, weights)
-    cdef Py_ssize_t i, n = y.shape[0], bad = -1
-    check_lengths(n, (cav_mean, cav_var, log_z, mean, var))
+def log_prob_derivatives_vec(int kind, double eps, const double[::1] gh_nodes,
+                             const double[::1] gh_weights, const double[::1] y, const double[::1] f):
+    """(log p, d/df, d2/df2, d3/df3, first failing index or -1)."""
+    cdef LikelihoodSpec spec
+    _make_spec(&spec, kind, eps, gh_nodes, gh_weights)
+    cdef Py_ssize_t n = y.shape[0], i, bad = -1
+    _check_len(n, (f,))
+    a0 = np.empty(n); a1 = np.empty(n); a2 = np.empty(n); a3 = np.empty(n)
+    cdef double[::1] o0 = a0, o1 = a1, o2 = a2, o3 = a3
     with nogil:
         for i in range(n):
-            if tilted_moments(&spec, y[i], cav_mean[i], cav_var[i], &log_z[i], &mean[i], &var[i]) != 0:
-                if bad < 0:
-                    bad = i
-    return bad
+            if log_prob_derivatives(&spec, y[i], f[i], &o0[i], &o1[i], &o2[i], &o3[i]) != 0 and bad < 0:
+                bad = i
+    return a0, a1, a2, a3, bad
 
 
-def slr_moments_into(int kind, double eps, const double[::1] nodes, const double[::1] weights,
-                     const double[::1] mean, const double[::1] var, double[::1] mu_y,
-                     double[::1] cov_fy, double[::1] var_y):
-    """Fill the SLR moments; returns the index of the first failure or -1."""
-    cdef LikelihoodSpec spec = make_spec(kind, eps, nodes, weights)
-    cdef Py_ssize_t i, n = mean.shape[0], bad = -1
-    check_lengths(n, (var, mu_y, cov_fy, var_y))
+def tilted_moments_vec(int kind, double eps, const double[::1] gh_nodes, const double[::1] gh_weights,
+                       const double[::1] y, const double[::1] cav_mean, const double[::1] cav_var):
+    """(log Z, mean, var, first failing index or -1)."""
+    cdef LikelihoodSpec spec
+    _make_spec(&spec, kind, eps, gh_nodes, gh_weights)
+    cdef Py_ssize_t n = y.shape[0], i, bad = -1
+    _check_len(n, (cav_mean, cav_var))
+    a0 = np.empty(n); a1 = np.empty(n); a2 = np.empty(n)
+    cdef double[::1] o0 = a0, o1 = a1, o2 = a2
     with nogil:
         for i in range(n):
-            if slr_moments(&spec, mean[i], var[i], &mu_y[i], &cov_fy[i], &var_y[i]) != 0:
-                if bad < 0:
-                    bad = i
-    return bad
+            if tilted_moments(&spec, y[i], cav_mean[i], cav_var[i], &o0[i], &o1[i], &o2[i]) != 0 and bad < 0:
+                bad = i
+    return a0, a1, a2, bad
 
 
-def expected_log_prob_into(int kind, double eps, const double[::1] nodes, const double[::1] weights,
-                           const double[::1] y, const double[::1] m, const double[::1] v,
-                           double[::1] e, double[::1] de_dm, double[::1] de_dv):
-    """Fill E[log p(y|f)] under N(m, v) and its m- and v-derivatives; first failure or -1."""
-    cdef LikelihoodSpec spec = make_spec(kind, eps, nodes, weights)
-    cdef Py_ssize_t i, n = y.shape[0], bad = -1
-    check_lengths(n, (m, v, e, de_dm, de_dv))
+def slr_moments_vec(int kind, double eps, const double[::1] gh_nodes, const double[::1] gh_weights,
+                    const double[::1] mean, const double[::1] var):
+    """(mu_y, cov_fy, var_y, first failing index or -1)."""
+    cdef LikelihoodSpec spec
+    _make_spec(&spec, kind, eps, gh_nodes, gh_weights)
+    cdef Py_ssize_t n = mean.shape[0], i, bad = -1
+    _check_len(n, (var,))
+    a0 = np.empty(n); a1 = np.empty(n); a2 = np.empty(n)
+    cdef double[::1] o0 = a0, o1 = a1, o2 = a2
     with nogil:
         for i in range(n):
-            if expected_log_prob(&spec, y[i], m[i], v[i], &e[i], &de_dm[i], &de_dv[i]) != 0:
-                if bad < 0:
-                    bad = i
-    return bad
+            if slr_moments(&spec, mean[i], var[i], &o0[i], &o1[i], &o2[i]) != 0 and bad < 0:
+                bad = i
+    return a0, a1, a2, bad
 
 
-def predictive_positive_into(int kind, double eps, const double[::1] nodes,
-                             const double[::1] weights, const double[::1] m, const double[::1] v,
-                             double[::1] out):
-    """Fill P(y = +1) = integral of p(+1|f) N(f | m, v) df."""
-    cdef LikelihoodSpec spec = make_spec(kind, eps, nodes, weights)
-    cdef Py_ssize_t i, n = m.shape[0]
-    check_lengths(n, (v, out))
+def expected_log_prob_vec(int kind, double eps, const double[::1] gh_nodes,
+                          const double[::1] gh_weights, const double[::1] y,
+                          const double[::1] mean, const double[::1] var):
+    """(E log p, d/dmean, d/dvar, first failing index or -1)."""
+    cdef LikelihoodSpec spec
+    _make_spec(&spec, kind, eps, gh_nodes, gh_weights)
+    cdef Py_ssize_t n = y.shape[0], i, bad = -1
+    _check_len(n, (mean, var))
+    a0 = np.empty(n); a1 = np.empty(n); a2 = np.empty(n)
+    cdef double[::1] o0 = a0, o1 = a1, o2 = a2
     with nogil:
         for i in range(n):
-            out[i] = predictive_positive(&spec, m[i], v[i])
+            if expected_log_prob(&spec, y[i], mean[i], var[i], &o0[i], &o1[i], &o2[i]) != 0 and bad < 0:
+                bad = i
+    return a0, a1, a2, bad
+
+
+def predictive_probability_vec(int kind, double eps, const double[::1] gh_nodes,
+                               const double[::1] gh_weights, const double[::1] mean,
+                               const double[::1] var):
+    """(P(y=+1), first failing index or -1)."""
+    cdef LikelihoodSpec spec
+    _make_spec(&spec, kind, eps, gh_nodes, gh_weights)
+    cdef Py_ssize_t n = mean.shape[0], i, bad = -1
+    _check_len(n, (var,))
+    a0 = np.empty(n)
+    cdef double[::1] o0 = a0
+    with nogil:
+        for i in range(n):
+            if predictive_probability(&spec, mean[i], var[i], &o0[i]) != 0 and bad < 0:
+                bad = i
+    return a0, bad
+
+
+def _set_logit_split_var(double v):
+    """Testing hook: the cavity variance above which logit moments use the step + Laguerre split."""
+    global LOGIT_SPLIT_VAR
+    old = LOGIT_SPLIT_VAR
+    LOGIT_SPLIT_VAR = v
+    return old

@@ -1,12 +1,11 @@
-# Per-datum likelihood integrals, included (textually) by every Cython module that needs them:
-# gpc._likelihoods wraps them for Python, gpc._sweeps calls them inside its site loops.  (A cimport
-# across modules would need the .pxd under the package name; an include keeps one source.)
+# Per-datum likelihood integrals (the likelihood engineer's kernels; formulas in docs/derivations.md,
+# "Likelihood moments"), included textually by every Cython module that needs them: gpc._likelihoods
+# wraps them for Python and gpc._sweeps calls them inside its site loops.  (A cimport across modules
+# would need the .pxd under the package name; an include keeps one source.)
 #
-# A likelihood is described to C code by a LikelihoodSpec: its kind, its parameter (eps of the
-# noisy threshold, PL eq. (3)) and, for integrals without closed forms, probabilists' Gauss-Hermite
-# nodes x_k and weights w_k normalised so that sum_k w_k = 1, i.e. E[g(f)] ~ sum_k w_k g(m + sqrt(v) x_k)
-# for f ~ N(m, v).  Labels y are -1.0 or +1.0.  The int functions return 0 on success and a
-# non-zero status when the result is not representable.
+# A LikelihoodSpec describes a likelihood to C code: its kind, its parameter (eps of the noisy
+# threshold, PL eq. (3)) and probabilists' Gauss-Hermite nodes x_k and weights w_k normalised so that
+# sum_k w_k = 1, i.e. E[g(f)] ~ sum_k w_k g(m + sqrt(v) x_k) for f ~ N(m, v).  Labels are -1.0 or +1.0.
 
 cdef enum:
     LIK_PROBIT = 0
@@ -21,65 +20,87 @@ ctypedef struct LikelihoodSpec:
     const double* gh_nodes
     const double* gh_weights
 
-## p(y|f), y in {-1, +1}:
-#   probit           Phi(y f)                                   (PL eq. (1), NR eq. (1))
-#   logit            1 / (1 + exp(-y f))                         (PL eq. (2))
-#   noisy threshold  eps + (1 - 2 eps) H(y f)                    (PL eq. (3))
-#   Heaviside        H(y f)  (eps = 0; MF paper)
-# Closed forms where they exist; Gauss-Hermite (probabilists' nodes, weights summing to one)
-# otherwise.  Everything is evaluated in log space where a ratio or a tail could under/overflow:
-# phi(z)/Phi(z) = sqrt(2/pi) / erfcx(-z/sqrt(2)) is finite for every finite z.
+## Status codes returned by the per-element kernels:
+#   0  success
+#   1  invalid input (variance <= 0, non-finite argument, kind not supported by the kernel)
+#   2  result not representable (e.g. Z underflows to 0, or a non-finite moment)
 
-from libc.math cimport exp, log, log1p, sqrt, fabs, INFINITY, M_PI
+from libc.math cimport exp, log, log1p, sqrt, fabs, isfinite, INFINITY, M_PI
 from scipy.special.cython_special cimport log_ndtr, ndtr, erfcx
 
-cdef double SQRT2 = 1.4142135623730951
-cdef double LOG_SQRT_2PI = 0.9189385332046727
+import numpy as np
 
-# Gauss-Legendre rule on [-1, 1] for the logit correction integrals (filled at import).
-DEF GL_ORDER = 12
-cdef double GL_X[GL_ORDER]
-cdef double GL_W[GL_ORDER]
-import numpy as _np
-_glx, _glw = _np.polynomial.legendre.leggauss(GL_ORDER)
-for _k in range(GL_ORDER):
-    GL_X[_k] = _glx[_k]
-    GL_W[_k] = _glw[_k]
-# Panels [a, b] of |u| for the correction c(u) = sigma(u) - H(u), which decays like e^-|u|;
-# beyond 40, |c| < 5e-18.
-DEF N_PANELS = 7
-cdef double PANEL_EDGES[N_PANELS + 1]
-for _k, _e in enumerate((0.0, 1.0, 2.0, 4.0, 8.0, 14.0, 24.0, 40.0)):
-    PANEL_EDGES[_k] = _e
-#: cavity variance above which the logit tilted moments use the step + correction split
+cdef double SQRT2 = 1.4142135623730951
+cdef double SQRT_2_OVER_PI = 0.7978845608028654     # sqrt(2/pi)
+cdef double LOG_SQRT_2PI = 0.9189385332046728       # log(sqrt(2 pi))
+
+# Below this z, z + phi(z)/Phi(z) is evaluated by Laplace's continued fraction instead of by
+# subtraction (which loses ~log10(z^2) digits).
+cdef double CF_SWITCH = -5.0
+cdef int CF_DEPTH = 80
+
+# Logit with a wide Gaussian: Gauss-Hermite cannot resolve the unit-scale transition of sigma(t)
+# when sqrt(v) >> 1 (poles of sigma at +-i pi are pi/sqrt(v) from the real axis in GH's variable).
+# Above LOGIT_SPLIT_VAR we write sigma(t) = H(t) + d(t): the step part is closed form and the
+# remainder d (odd, |d| ~ e^-|t|) is integrated by Gauss-Laguerre (docs/derivations.md).
+# Measured max error vs quad (means in [-5, 5]): 48 nodes 1.4e-9 at v = 1, 64 nodes 5e-11,
+# 96 nodes 7e-14 (quad level) for every v >= 1, so 96.
+cdef enum:
+    LAG_N = 96
+cdef double LAG_X[LAG_N]
+cdef double LAG_W[LAG_N]
 cdef double LOGIT_SPLIT_VAR = 1.0
+
+def _init_laguerre():
+    x, w = np.polynomial.laguerre.laggauss(LAG_N)
+    for i in range(LAG_N):
+        LAG_X[i] = x[i]
+        LAG_W[i] = w[i]
+
+_init_laguerre()
+
+
+# ----------------------------------------------------------------------------- scalar helpers
+
+cdef inline double norm_pdf(double z) noexcept nogil:
+    return exp(-0.5 * z * z - LOG_SQRT_2PI)
 
 
 cdef inline double inv_mills(double z) noexcept nogil:
-    """phi(z) / Phi(z), stable for all z (erfcx(x) = exp(x^2) erfc(x))."""
-    return sqrt(2.0 / M_PI) / erfcx(-z / SQRT2)
+    # r(z) = phi(z) / Phi(z) = sqrt(2/pi) / erfcx(-z/sqrt 2): no overflow, no 0/0 for any z.
+    # For z >~ 37, erfcx(-z/sqrt2) = inf and r = 0 (true value < 1e-300).
+    return SQRT_2_OVER_PI / erfcx(-z / SQRT2)
 
 
-cdef inline double log_phi(double z) noexcept nogil:
-    return -0.5 * z * z - LOG_SQRT_2PI
+cdef inline double z_plus_r(double z) noexcept nogil:
+    # z + r(z) > 0.  For z << 0 both terms are ~|z| and cancel; with t = -z, Laplace's continued
+    # fraction for the Mills ratio gives r - t = 1/(t + 2/(t + 3/(t + ...))), evaluated backwards.
+    cdef double t, k
+    cdef int j
+    if z >= CF_SWITCH:
+        return z + inv_mills(z)
+    t = -z
+    k = 0.0
+    for j in range(CF_DEPTH, 1, -1):
+        k = j / (t + k)
+    return 1.0 / (t + k)
 
 
-cdef inline double log_sigmoid(double z) noexcept nogil:
-    """log(1 / (1 + exp(-z))) without overflow."""
-    if z >= 0:
-        return -log1p(exp(-z))
-    return z - log1p(exp(z))
+cdef inline double log_sigmoid(double t) noexcept nogil:
+    if t >= 0.0:
+        return -log1p(exp(-t))
+    return t - log1p(exp(t))
 
 
-cdef inline double sigmoid(double z) noexcept nogil:
+cdef inline double sigmoid(double t) noexcept nogil:
     cdef double e
-    if z >= 0:
-        return 1.0 / (1.0 + exp(-z))
-    e = exp(z)
+    if t >= 0.0:
+        return 1.0 / (1.0 + exp(-t))
+    e = exp(t)
     return e / (1.0 + e)
 
 
-cdef inline double log_add_exp(double a, double b) noexcept nogil:
+cdef inline double logaddexp(double a, double b) noexcept nogil:
     if a == -INFINITY:
         return b
     if b == -INFINITY:
@@ -89,231 +110,321 @@ cdef inline double log_add_exp(double a, double b) noexcept nogil:
     return b + log1p(exp(a - b))
 
 
-# --- Laplace: log p and its first three derivatives in f (R&W §3.4, Alg. 5.1) ------------------
+cdef inline bint bad_var(double v) noexcept nogil:
+    return not (v > 0.0 and isfinite(v))
 
-cdef int log_prob_derivs(int kind, double y, double f, double* lp, double* d1, double* d2,
-                         double* d3) noexcept nogil:
-    cdef double z = y * f, r, s, w
-    if kind == LIK_PROBIT:
-        # g(z) = log Phi(z): g' = r, g'' = -r (z + r), g''' = r (z^2 + 3 z r + 2 r^2 - 1)
-        r = inv_mills(z)
-        lp[0] = log_ndtr(z)
+
+cdef inline double gauss_pdf(double t, double a, double v, double sd) noexcept nogil:
+    return exp(-0.5 * (t - a) * (t - a) / v - LOG_SQRT_2PI) / sd
+
+
+cdef void logit_split_moments(double a, double v, double* j0, double* j1, double* j2) noexcept nogil:
+    # J_k = int sigma(t) (t - a)^k N(t | a, v) dt, k = 0, 1, 2, via sigma = H + d:
+    #   step part: Phi(z), s phi(z), v (Phi(z) - z phi(z)), z = a / s;
+    #   remainder: int_0^inf sigma(-t) [g(-t) - g(t)] dt = sum_j W_j [g(-t_j) - g(t_j)] / (1 + e^-t_j)
+    #   (Gauss-Laguerre: e^t sigma(-t) = 1 / (1 + e^-t)).
+    cdef double sd = sqrt(v), z = a / sd, ph = norm_pdf(z), cdf = ndtr(z)
+    cdef double t, wg, gm, gp, dm, dp
+    cdef int j
+    j0[0] = cdf
+    j1[0] = sd * ph
+    j2[0] = v * (cdf - z * ph)
+    for j in range(LAG_N):
+        t = LAG_X[j]
+        wg = LAG_W[j] / (1.0 + exp(-t))
+        gm = gauss_pdf(-t, a, v, sd)
+        gp = gauss_pdf(t, a, v, sd)
+        dm = -t - a
+        dp = t - a
+        j0[0] += wg * (gm - gp)
+        j1[0] += wg * (dm * gm - dp * gp)
+        j2[0] += wg * (dm * dm * gm - dp * dp * gp)
+
+
+cdef double logit_split_elog(double a, double v) noexcept nogil:
+    # E[log sigma(t)], t ~ N(a, v), via log sigma(t) = min(t, 0) - log1p(e^-|t|):
+    #   E[min(t, 0)] = a Phi(-z) - s phi(z);  the even remainder by Gauss-Laguerre on [0, inf).
+    cdef double sd = sqrt(v), z = a / sd, acc, t
+    cdef int j
+    acc = a * ndtr(-z) - sd * norm_pdf(z)
+    for j in range(LAG_N):
+        t = LAG_X[j]
+        acc -= LAG_W[j] * exp(t) * log1p(exp(-t)) * (gauss_pdf(t, a, v, sd) + gauss_pdf(-t, a, v, sd))
+    return acc
+
+
+# ----------------------------------------------------------------------------- log p and derivatives
+
+cdef double log_prob(const LikelihoodSpec* spec, double y, double f) noexcept nogil:
+    cdef double t = y * f
+    if spec.kind == LIK_PROBIT:
+        return log_ndtr(t)                                 # PL eq. (1)
+    if spec.kind == LIK_LOGIT:
+        return log_sigmoid(t)                              # PL eq. (2)
+    # PL eq. (3), with H(0) = 1/2 so that p(+1|0) + p(-1|0) = 1.
+    if t > 0.0:
+        return log(1.0 - spec.eps) if spec.kind == LIK_NOISY_THRESHOLD else 0.0
+    if t < 0.0:
+        return log(spec.eps) if spec.kind == LIK_NOISY_THRESHOLD else -INFINITY
+    return log(0.5)
+
+
+cdef int log_prob_derivatives(const LikelihoodSpec* spec, double y, double f,
+                              double* lp, double* d1, double* d2, double* d3) noexcept nogil:
+    # d^k/df^k g(y f) = y^k g^(k)(t), t = y f, y^2 = 1.
+    cdef double t = y * f, r, zr, s, sm
+    if not isfinite(f):
+        return 1
+    if spec.kind == LIK_PROBIT:
+        # g = log Phi, g' = r, g'' = -r (t + r), g''' = r [(t + r)(t + 2 r) - 1]   (R&W eq. (3.16))
+        r = inv_mills(t)
+        zr = z_plus_r(t)
+        lp[0] = log_ndtr(t)
         d1[0] = y * r
-        d2[0] = -r * (z + r)
-        d3[0] = y * r * (z * z + 3.0 * z * r + 2.0 * r * r - 1.0)
+        d2[0] = -r * zr
+        d3[0] = y * r * (zr * (zr + r) - 1.0)
         return 0
-    if kind == LIK_LOGIT:
-        # g(z) = log sigma(z): g' = sigma(-z), g'' = -sigma(z) sigma(-z), g''' = g'' (1 - 2 sigma(z))
-        s = sigmoid(z)
-        w = s * sigmoid(-z)
-        lp[0] = log_sigmoid(z)
-        d1[0] = y * sigmoid(-z)
-        d2[0] = -w
-        d3[0] = -y * w * (1.0 - 2.0 * s)
+    if spec.kind == LIK_LOGIT:
+        # g = log sigma, g' = sigma(-t), g'' = -sigma(t) sigma(-t), g''' = g'' (1 - 2 sigma(t))
+        s = sigmoid(t)
+        sm = sigmoid(-t)
+        lp[0] = log_sigmoid(t)
+        d1[0] = y * sm
+        d2[0] = -s * sm
+        d3[0] = -y * s * sm * (sm - s)
         return 0
-    return -1
+    return 1    # steps: gradient zero almost everywhere (PL Sec. I)
 
 
-# --- EP / ADF: tilted moments against a Gaussian cavity ----------------------------------------
+# ----------------------------------------------------------------------------- tilted moments (EP / ADF)
+
+cdef bint _logit_split_tilted(double y, double m, double v,
+                              double* log_z, double* mean, double* var) noexcept nogil:
+    # t = y f ~ N(y m, v); Z = J0, E[f] = m + y J1/J0, Var[f] = J2/J0 - (J1/J0)^2.
+    # Returns False (caller falls back to log-space GH) when Z is too small to trust.
+    cdef double j0, j1, j2, e1
+    logit_split_moments(y * m, v, &j0, &j1, &j2)
+    if not (j0 > 1e-250):
+        return False
+    e1 = j1 / j0
+    log_z[0] = log(j0)
+    mean[0] = m + y * e1
+    var[0] = j2 / j0 - e1 * e1
+    return True
+
 
 cdef int tilted_moments(const LikelihoodSpec* spec, double y, double cav_mean, double cav_var,
                         double* log_z, double* mean, double* var) noexcept nogil:
-    cdef double z, r, a, s, lz, lzk, m1, m2, fk, pk, lmax
+    cdef double z, r, zr, s, sd, lw, lmax, acc, pk, fk, m1, m2, la, a, lz
     cdef int k
-    if not (cav_var > 0.0):
+    if bad_var(cav_var) or not isfinite(cav_mean):
         return 1
     if spec.kind == LIK_PROBIT:
-        # Z = Phi(z), z = y m / sqrt(1 + v)  (R&W eq. (3.58)); moments from d log Z / d m
+        # R&W eq. (3.58): z = y m / sqrt(1 + v)
         s = sqrt(1.0 + cav_var)
         z = y * cav_mean / s
         r = inv_mills(z)
         log_z[0] = log_ndtr(z)
         mean[0] = cav_mean + y * cav_var * r / s
-        var[0] = cav_var - cav_var * cav_var * r * (z + r) / (1.0 + cav_var)
-        return 0
-    if spec.kind == LIK_NOISY_THRESHOLD or spec.kind == LIK_HEAVISIDE:
-        # Z = eps + (1 - 2 eps) Phi(z), z = y m / sqrt(v); a = (1 - 2 eps) phi(z) / Z
-        s = sqrt(cav_var)
-        z = y * cav_mean / s
-        if spec.kind == LIK_HEAVISIDE or spec.eps == 0.0:
+        var[0] = cav_var - cav_var * cav_var * r * z_plus_r(z) / (1.0 + cav_var)
+    elif spec.kind == LIK_NOISY_THRESHOLD or spec.kind == LIK_HEAVISIDE:
+        # PL eq. (3) under N(m, v); u = (f - m)/sqrt v, z = y m / sqrt v.
+        # Z = eps + (1-2eps) Phi(z); E[u] = y a; Var[u] = 1 - a (z + a),
+        # a = (1-2eps) phi(z) / Z (in log space).  eps = 0: a = r(z).
+        sd = sqrt(cav_var)
+        z = y * cav_mean / sd
+        if spec.kind == LIK_HEAVISIDE:
             lz = log_ndtr(z)
             a = inv_mills(z)
+            zr = z_plus_r(z)
         else:
-            lz = log_add_exp(log(spec.eps), log1p(-2.0 * spec.eps) + log_ndtr(z))
-            a = exp(log1p(-2.0 * spec.eps) + log_phi(z) - lz)
+            lz = logaddexp(log(spec.eps), log1p(-2.0 * spec.eps) + log_ndtr(z))
+            la = log1p(-2.0 * spec.eps) - 0.5 * z * z - LOG_SQRT_2PI - lz
+            a = exp(la)
+            zr = z + a
         if lz == -INFINITY:
             return 2
         log_z[0] = lz
-        mean[0] = cav_mean + y * s * a
-        var[0] = cav_var * (1.0 - a * (z + a))
-        if var[0] <= 0.0:   # rounding in the far tail, where the tilted variance is ~ v / z^2
-            var[0] = cav_var / (z * z + 2.0) if z < 0 else cav_var
-        return 0
-    if spec.kind == LIK_LOGIT:
-        if cav_var > LOGIT_SPLIT_VAR and y * cav_mean + cav_var > -30.0:
-            return logit_tilted_split(y, cav_mean, cav_var, log_z, mean, var)
-        # Gauss-Hermite in log space: p_k ∝ w_k sigma(y f_k), f_k = m + sqrt(v) x_k.  For a
-        # cavity variance <= 4 the integrand is smooth on the scale of the nodes.
-        s = sqrt(cav_var)
+        mean[0] = cav_mean + sd * y * a
+        var[0] = cav_var * (1.0 - a * zr)
+    elif spec.kind == LIK_LOGIT and cav_var > LOGIT_SPLIT_VAR and _logit_split_tilted(
+            y, cav_mean, cav_var, log_z, mean, var):
+        pass
+    elif spec.kind == LIK_LOGIT:
+        # Gauss-Hermite in log space: l_k = log w_k + log sigma(y f_k), f_k = m + sqrt(v) x_k.
+        sd = sqrt(cav_var)
         lmax = -INFINITY
         for k in range(spec.gh_order):
-            lzk = log(spec.gh_weights[k]) + log_sigmoid(y * (cav_mean + s * spec.gh_nodes[k]))
-            if lzk > lmax:
-                lmax = lzk
-        lz = 0.0
+            if spec.gh_weights[k] > 0.0:
+                lw = log(spec.gh_weights[k]) + log_sigmoid(y * (cav_mean + sd * spec.gh_nodes[k]))
+                if lw > lmax:
+                    lmax = lw
+        if lmax == -INFINITY:
+            return 2
+        acc = 0.0
         m1 = 0.0
+        for k in range(spec.gh_order):
+            if spec.gh_weights[k] > 0.0:
+                pk = exp(log(spec.gh_weights[k]) + log_sigmoid(y * (cav_mean + sd * spec.gh_nodes[k])) - lmax)
+                acc += pk
+                m1 += pk * spec.gh_nodes[k]
+        m1 /= acc
         m2 = 0.0
         for k in range(spec.gh_order):
-            fk = s * spec.gh_nodes[k]           # centred at the cavity mean for accuracy
-            pk = exp(log(spec.gh_weights[k]) + log_sigmoid(y * (cav_mean + fk)) - lmax)
-            lz += pk
-            m1 += pk * fk
-            m2 += pk * fk * fk
-        m1 /= lz
-        m2 /= lz
-        log_z[0] = lmax + log(lz)
-        mean[0] = cav_mean + m1
-        var[0] = m2 - m1 * m1
-        if not (var[0] > 0.0):
-            return 3
-        return 0
-    return -1
-
-
-cdef int logit_tilted_split(double y, double cav_mean, double cav_var, double* log_z,
-                            double* mean, double* var) noexcept nogil:
-    """Logit tilted moments for a wide cavity: sigma(u) = H(u) + c(u), u = y f ~ N(m, v).
-
-    The step part has closed-form truncated-normal moments; c(u) = sigma(u) - H(u) is concentrated
-    within |u| < 40, where N(u | m, v) is smooth on the scale sqrt(v) > 2, so composite
-    Gauss-Legendre on panels of |u| integrates it to rounding.  Moments are taken about m:
-    M_k = E[(u - m)^k sigma(u)].
-    """
-    cdef double m = y * cav_mean, s = sqrt(cav_var), z = m / s
-    cdef double Phi = ndtr(z), phi = exp(log_phi(z))
-    cdef double Z = Phi, M1 = s * phi, M2 = cav_var * (Phi - z * phi)
-    cdef double a, b, half, mid, u, c, w, d
-    cdef int p, k, side
-    for side in range(2):
-        for p in range(N_PANELS):
-            a = PANEL_EDGES[p]
-            b = PANEL_EDGES[p + 1]
-            half = 0.5 * (b - a)
-            mid = 0.5 * (a + b)
-            for k in range(GL_ORDER):
-                u = mid + half * GL_X[k]
-                if side == 0:
-                    c = -sigmoid(-u)         # u > 0: sigma(u) - 1
-                else:
-                    u = -u
-                    c = sigmoid(u)           # u < 0: sigma(u) - 0
-                d = u - m
-                w = half * GL_W[k] * c * exp(log_phi(d / s)) / s
-                Z += w
-                M1 += w * d
-                M2 += w * d * d
-    if not (Z > 0.0):
+            if spec.gh_weights[k] > 0.0:
+                pk = exp(log(spec.gh_weights[k]) + log_sigmoid(y * (cav_mean + sd * spec.gh_nodes[k])) - lmax)
+                m2 += pk * (spec.gh_nodes[k] - m1) * (spec.gh_nodes[k] - m1)
+        m2 /= acc
+        log_z[0] = lmax + log(acc)
+        mean[0] = cav_mean + sd * m1
+        var[0] = cav_var * m2
+    else:
+        return 1
+    if not (isfinite(log_z[0]) and isfinite(mean[0]) and isfinite(var[0])) or var[0] < 0.0:
         return 2
-    log_z[0] = log(Z)
-    mean[0] = cav_mean + y * M1 / Z
-    var[0] = M2 / Z - (M1 / Z) * (M1 / Z)
-    if not (var[0] > 0.0):
-        return 3
     return 0
 
 
-# --- PL: statistical linear regression moments (PL eq. (15)-(16), supplement) ------------------
+# ----------------------------------------------------------------------------- SLR moments (PL)
 
 cdef int slr_moments(const LikelihoodSpec* spec, double mean, double var,
                      double* mu_y, double* cov_fy, double* var_y) noexcept nogil:
-    cdef double s, z, c, e1, e2, fk, sk
+    # PL eq. (15)-(16) and supplement.  E(y|f) = 2 p(+1|f) - 1.  var_y = Var[y] = 1 - mu_y^2
+    # = 4 P (1 - P) with P = P(y = +1), computed from P and 1 - P separately (no cancellation).
+    cdef double z, s, sd, c, p, q, fk, sk, smk, e1
     cdef int k
-    if not (var > 0.0):
+    if bad_var(var) or not isfinite(mean):
         return 1
     if spec.kind == LIK_PROBIT:
-        # E(y|f) = 2 Phi(f) - 1; E[Phi(f)] = Phi(m / sqrt(1 + v)); Cov[f, g(f)] = v E[g'(f)] (Stein)
+        # P = Phi(z), z = m / sqrt(1 + v);  cov = 2 v / sqrt(1 + v) phi(z)   (R&W eq. (3.84))
         s = sqrt(1.0 + var)
         z = mean / s
-        mu_y[0] = 2.0 * ndtr(z) - 1.0
-        cov_fy[0] = 2.0 * var * exp(log_phi(z)) / s
+        p = ndtr(z)
+        q = ndtr(-z)
+        mu_y[0] = p - q
+        cov_fy[0] = 2.0 * var / s * norm_pdf(z)
+        var_y[0] = 4.0 * p * q
     elif spec.kind == LIK_NOISY_THRESHOLD or spec.kind == LIK_HEAVISIDE:
-        # E(y|f) = (1 - 2 eps) sign(f); Cov[f, sign f] = 2 v N(0 | m, v)
-        c = 1.0 if spec.kind == LIK_HEAVISIDE else 1.0 - 2.0 * spec.eps
-        s = sqrt(var)
-        z = mean / s
-        mu_y[0] = c * (2.0 * ndtr(z) - 1.0)
-        cov_fy[0] = 2.0 * c * s * exp(log_phi(z))
+        # E(y|f) = (1 - 2 eps) sign f.  P = eps + (1-2eps) Phi(z), z = m / sqrt v;
+        # cov = 2 (1 - 2 eps) sqrt(v) phi(z)   (PL supplement, beta = P)
+        sd = sqrt(var)
+        z = mean / sd
+        c = 1.0 - 2.0 * spec.eps if spec.kind == LIK_NOISY_THRESHOLD else 1.0
+        e1 = spec.eps if spec.kind == LIK_NOISY_THRESHOLD else 0.0
+        p = e1 + c * ndtr(z)
+        q = e1 + c * ndtr(-z)
+        mu_y[0] = c * (ndtr(z) - ndtr(-z))
+        cov_fy[0] = 2.0 * c * sd * norm_pdf(z)
+        var_y[0] = 4.0 * p * q
+    elif spec.kind == LIK_LOGIT and var > LOGIT_SPLIT_VAR:
+        # split form: P = J0(m), 1 - P = J0(-m), Cov[f, tanh(f/2)] = J1(m) + J1(-m)
+        logit_split_moments(mean, var, &p, &c, &fk)
+        logit_split_moments(-mean, var, &q, &sk, &fk)
+        mu_y[0] = p - q
+        cov_fy[0] = c + sk
+        var_y[0] = 4.0 * p * q
     elif spec.kind == LIK_LOGIT:
-        # E(y|f) = 2 sigma(f) - 1; its derivative is 2 sigma(f) sigma(-f)
-        s = sqrt(var)
-        e1 = 0.0
-        e2 = 0.0
+        # E(y|f) = tanh(f/2) = sigma(f) - sigma(-f), by Gauss-Hermite (PL supplement)
+        sd = sqrt(var)
+        p = 0.0
+        q = 0.0
+        c = 0.0
         for k in range(spec.gh_order):
-            fk = mean + s * spec.gh_nodes[k]
+            fk = mean + sd * spec.gh_nodes[k]
             sk = sigmoid(fk)
-            e1 += spec.gh_weights[k] * (2.0 * sk - 1.0)
-            e2 += spec.gh_weights[k] * 2.0 * sk * sigmoid(-fk)
-        mu_y[0] = e1
-        cov_fy[0] = var * e2
+            smk = sigmoid(-fk)
+            p += spec.gh_weights[k] * sk
+            q += spec.gh_weights[k] * smk
+            c += spec.gh_weights[k] * spec.gh_nodes[k] * (sk - smk)
+        mu_y[0] = p - q
+        cov_fy[0] = sd * c
+        var_y[0] = 4.0 * p * q
     else:
-        return -1
-    # a label in {-1, +1} has y^2 = 1, so Var[y] = 1 - E[y]^2 (docs/derivations.md)
-    var_y[0] = 1.0 - mu_y[0] * mu_y[0]
+        return 1
+    if not (isfinite(mu_y[0]) and isfinite(cov_fy[0]) and isfinite(var_y[0])):
+        return 2
     return 0
 
 
-# --- KL / VB / SVI: expected log-likelihood under N(m, v) and its derivatives ------------------
+# ----------------------------------------------------------------------------- expected log-likelihood
 
-cdef int expected_log_prob(const LikelihoodSpec* spec, double y, double m, double v,
-                           double* e, double* de_dm, double* de_dv) noexcept nogil:
-    cdef double s, z, lp, d1, d2, d3, fk, diff
+cdef int expected_log_prob(const LikelihoodSpec* spec, double y, double mean, double var,
+                           double* e, double* de_dmean, double* de_dvar) noexcept nogil:
+    # d/dm E[g] = E[g'], d/dv E[g] = E[g''] / 2 (Bonnet / Price theorems).
+    cdef double sd, z, t, r, s, sm, a, b, ph, l1, l0
     cdef int k
-    if not (v > 0.0):
+    if bad_var(var) or not isfinite(mean):
         return 1
+    sd = sqrt(var)
     if spec.kind == LIK_NOISY_THRESHOLD:
-        # E = log(1-eps) Phi(z) + log(eps) Phi(-z), z = y m / sqrt(v)
-        s = sqrt(v)
-        z = y * m / s
-        diff = log1p(-spec.eps) - log(spec.eps)
-        e[0] = log(spec.eps) + diff * ndtr(z)
-        de_dm[0] = diff * exp(log_phi(z)) * y / s
-        de_dv[0] = -diff * exp(log_phi(z)) * z / (2.0 * v)
+        # E = log(1-eps) Phi(z) + log(eps) Phi(-z), z = y m / sqrt v
+        z = y * mean / sd
+        l1 = log1p(-spec.eps)
+        l0 = log(spec.eps)
+        ph = norm_pdf(z)
+        e[0] = l1 * ndtr(z) + l0 * ndtr(-z)
+        de_dmean[0] = (l1 - l0) * ph * y / sd
+        de_dvar[0] = -(l1 - l0) * ph * z / (2.0 * var)
         return 0
     if spec.kind != LIK_PROBIT and spec.kind != LIK_LOGIT:
-        return -1
-    # Gauss-Hermite; d/dm E[g] = E[g'], d/dv E[g] = E[g''] / 2 (Bonnet's and Price's theorems)
-    s = sqrt(v)
-    e[0] = 0.0
-    de_dm[0] = 0.0
-    de_dv[0] = 0.0
+        return 1
+    if spec.kind == LIK_LOGIT and var > LOGIT_SPLIT_VAR:
+        # split form; dE/dm = y E[sigma(-t)] = y J0(-a); dE/dv = -E[sigma'(t)]/2 = -J1(a) / (2 v)
+        a = y * mean
+        e[0] = logit_split_elog(a, var)
+        logit_split_moments(-a, var, &b, &r, &t)
+        de_dmean[0] = y * b
+        logit_split_moments(a, var, &b, &r, &t)
+        de_dvar[0] = -0.5 * r / var
+        return 0 if (isfinite(e[0]) and isfinite(de_dmean[0]) and isfinite(de_dvar[0])) else 2
+    a = 0.0
+    b = 0.0
+    s = 0.0
     for k in range(spec.gh_order):
-        fk = m + s * spec.gh_nodes[k]
-        log_prob_derivs(spec.kind, y, fk, &lp, &d1, &d2, &d3)
-        e[0] += spec.gh_weights[k] * lp
-        de_dm[0] += spec.gh_weights[k] * d1
-        de_dv[0] += spec.gh_weights[k] * 0.5 * d2
+        t = y * (mean + sd * spec.gh_nodes[k])
+        if spec.kind == LIK_PROBIT:
+            r = inv_mills(t)
+            a += spec.gh_weights[k] * log_ndtr(t)
+            b += spec.gh_weights[k] * r
+            s += spec.gh_weights[k] * (-r * z_plus_r(t))
+        else:
+            sm = sigmoid(-t)
+            a += spec.gh_weights[k] * log_sigmoid(t)
+            b += spec.gh_weights[k] * sm
+            s += spec.gh_weights[k] * (-sigmoid(t) * sm)
+    e[0] = a
+    de_dmean[0] = y * b
+    de_dvar[0] = 0.5 * s
+    if not (isfinite(a) and isfinite(b) and isfinite(s)):
+        return 2
     return 0
 
 
-# --- prediction: P(y = +1) = integral of p(+1|f) N(f | m, v) ---------------------------------
+# ----------------------------------------------------------------------------- predictive probability
 
-cdef double predictive_positive(const LikelihoodSpec* spec, double m, double v) noexcept nogil:
-    cdef double s, acc
+cdef int predictive_probability(const LikelihoodSpec* spec, double mean, double var,
+                                double* p) noexcept nogil:
+    cdef double sd, acc
     cdef int k
+    if bad_var(var) or not isfinite(mean):
+        return 1
     if spec.kind == LIK_PROBIT:
-        return ndtr(m / sqrt(1.0 + v))
-    if spec.kind == LIK_NOISY_THRESHOLD or spec.kind == LIK_HEAVISIDE:
-        if v <= 0.0:
-            acc = 1.0 if m > 0 else 0.0
-        else:
-            acc = ndtr(m / sqrt(v))
-        if spec.kind == LIK_HEAVISIDE:
-            return acc
-        return spec.eps + (1.0 - 2.0 * spec.eps) * acc
-    s = sqrt(v) if v > 0 else 0.0
-    acc = 0.0
-    for k in range(spec.gh_order):
-        acc += spec.gh_weights[k] * sigmoid(m + s * spec.gh_nodes[k])
-    return acc
+        p[0] = ndtr(mean / sqrt(1.0 + var))                  # R&W eq. (3.82)
+    elif spec.kind == LIK_NOISY_THRESHOLD:
+        p[0] = spec.eps + (1.0 - 2.0 * spec.eps) * ndtr(mean / sqrt(var))
+    elif spec.kind == LIK_HEAVISIDE:
+        p[0] = ndtr(mean / sqrt(var))
+    elif spec.kind == LIK_LOGIT and var > LOGIT_SPLIT_VAR:
+        logit_split_moments(mean, var, &acc, &sd, &sd)
+        p[0] = acc
+    elif spec.kind == LIK_LOGIT:
+        sd = sqrt(var)
+        acc = 0.0
+        for k in range(spec.gh_order):
+            acc += spec.gh_weights[k] * sigmoid(mean + sd * spec.gh_nodes[k])
+        p[0] = acc
+    else:
+        return 1
+    return 0
 
 
