@@ -150,38 +150,30 @@ def plot_mf_online(records, directory):
 def plot_nr_bounds(records, directory):
     """Contours over (ln ℓ, ln σ_f): ln Z per method with AIS, ln Z − ln Z_AIS, test error, test log-lik."""
     plt = _pyplot()
-    from .nr_bounds import _grid_values
+    from .nr_bounds import _grid_values, reliable_reference
 
     methods = list(dict.fromkeys(r["method"] for r in records if r["method"] != "ais"))
-    ells, sfs, ref = _grid_values(records, "ais", "log_evidence")
+    ells, sfs, ref = reliable_reference(records)
     paths = []
     if len(ells) < 2 or len(sfs) < 2:
         return paths
 
-    def panels(key, fname, title, diff=False, cmap="viridis"):
+    def panels(key, fname, title, levels, diff=False, cmap="viridis", mark_max=False):
         names = (["ais"] if not diff and key == "log_evidence" else []) + methods
         ncol = min(4, len(names))
         nrow = int(np.ceil(len(names) / ncol))
-        fig, axes = plt.subplots(nrow, ncol, figsize=(2.6 * ncol, 2.3 * nrow), squeeze=False,
+        fig, axes = plt.subplots(nrow, ncol, figsize=(2.5 * ncol + 0.8, 2.2 * nrow + 0.4), squeeze=False,
                                  sharex=True, sharey=True)
-        vals = {m: _grid_values(records, m, key)[2] - (ref if diff else 0.0) for m in names}
-        finite = np.concatenate([v[np.isfinite(v)] for v in vals.values()] + [np.zeros(0)])
-        if finite.size == 0:
-            plt.close(fig)
-            return None
-        if diff:
-            lo = max(np.percentile(finite, 2), -60.0)
-            levels = np.linspace(lo, max(finite.max(), 1.0), 12)
-        else:
-            levels = np.linspace(finite.min(), finite.max() + 1e-9, 12)
+        from matplotlib.colors import BoundaryNorm
+        norm = BoundaryNorm(levels, plt.get_cmap(cmap).N, extend="both")
         for ax, m in zip(axes.ravel(), names):
-            v = np.ma.masked_invalid(vals[m])
-            cs = ax.contourf(ells, sfs, np.clip(v, levels[0], levels[-1]), levels=levels, cmap=cmap,
-                             extend="neither")
-            ax.contour(ells, sfs, np.clip(v, levels[0], levels[-1]), levels=levels, colors="k",
-                       linewidths=0.3)
-            if diff:
-                ax.contour(ells, sfs, v, levels=[0.0], colors="r", linewidths=1.2)
+            v = (ref if m == "ais" else _grid_values(records, m, key)[2]) - (ref if diff else 0.0)
+            v = np.ma.masked_invalid(v)
+            cs = ax.contourf(ells, sfs, v, levels=levels, cmap=cmap, norm=norm, extend="both")
+            ax.contour(ells, sfs, v, levels=levels, colors="k", linewidths=0.3)
+            if mark_max and v.count():
+                i, j = np.unravel_index(np.ma.argmax(v), v.shape)
+                ax.plot(ells[j], sfs[i], "w*", ms=9, mec="k")
             ax.set_title(m if m != "ais" else "AIS (reference)", fontsize=8)
         for ax in axes.ravel()[len(names):]:
             ax.axis("off")
@@ -189,18 +181,30 @@ def plot_nr_bounds(records, directory):
             ax.set_xlabel("ln ℓ", fontsize=8)
         for ax in axes[:, 0]:
             ax.set_ylabel("ln σ_f", fontsize=8)
-        fig.colorbar(cs, ax=axes.ravel().tolist(), shrink=0.8)
+        fig.colorbar(cs, ax=axes.ravel().tolist(), shrink=0.85)
         fig.suptitle(title, fontsize=9)
-        fig.savefig(os.path.join(directory, fname), dpi=DPI)
+        path = os.path.join(directory, fname)
+        fig.savefig(path, dpi=DPI)
         plt.close(fig)
-        return os.path.join(directory, fname)
+        return path
 
-    for args in (("log_evidence", "nr-bounds-evidence.png", "ln Z over (ln ℓ, ln σ_f), digits 3 vs 5"),
-                 ("log_evidence", "nr-bounds-gap.png",
-                  "ln Z − ln Z_AIS (red: 0; below 0 = under the reference)", True, "RdBu_r"),
-                 ("test_error", "nr-bounds-error.png", "test error", False, "magma_r"),
-                 ("test_loglik", "nr-bounds-testll.png", "mean test log predictive probability")):
-        p = panels(*args)
-        if p:
-            paths.append(p)
+    top = float(np.nanmax(ref)) if np.isfinite(ref).any() else 0.0
+    low = float(np.nanmin(ref)) if np.isfinite(ref).any() else -1.0
+    ev_levels = np.linspace(max(low, top - 100.0), top + 1.0, 12)
+    gap_levels = np.array([-50.0, -20.0, -10.0, -5.0, -2.0, -1.0, -0.3, 0.3, 1.0])
+    errs = [r["test_error"] for r in records if r.get("test_error") is not None]
+    tlls = [r["test_loglik"] for r in records if r.get("test_loglik") is not None]
+    err_levels = np.linspace(0.0, max(max(errs, default=0.5), 0.05), 11)
+    tll_levels = np.linspace(max(min(tlls, default=-1.0), -0.7), max(tlls, default=0.0) + 1e-6, 11)
+    specs = (("log_evidence", "nr-bounds-evidence.png",
+              "ln Z over (ln ℓ, ln σ_f), digits 3 vs 5 (★ maximum; blank: AIS unreliable)", ev_levels,
+              False, "viridis", True),
+             ("log_evidence", "nr-bounds-gap.png",
+              "ln Z − ln Z_AIS (0 = the reference; blank: AIS unreliable)", gap_levels, True, "RdBu_r"),
+             ("test_error", "nr-bounds-error.png", "test error (★ minimum error is darkest)", err_levels,
+              False, "magma_r"),
+             ("test_loglik", "nr-bounds-testll.png", "mean test log predictive probability (★ maximum)",
+              tll_levels, False, "viridis", True))
+    for spec in specs:
+        paths.append(panels(*spec))
     return paths
