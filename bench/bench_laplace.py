@@ -72,3 +72,20 @@ def bench_cholesky_baseline(n, record, benchmark):
         lapack.dpotrf(A, lower=True, overwrite_a=True)
 
     record("lapack dpotrf", chol, rounds=7)
+
+
+@pytest.mark.parametrize("n", [1000])
+def bench_fit_with_optimizer(n, record, benchmark):
+    """Whole type-II ML fit (L-BFGS-B from the same θ0): warm starts across evaluations count here."""
+    benchmark.group = f"laplace fit n={n}"
+    X, y = data(n)
+    record("gpc fit", lambda: GaussianProcessClassifier(kernel=ConstantKernel(1.0) * RBF(1.0),
+                                                        likelihood="logit", method="laplace").fit(X, y),
+           rounds=3)
+
+
+@pytest.mark.parametrize("n", [1000])
+def bench_sklearn_fit(n, record, benchmark):
+    benchmark.group = f"laplace fit n={n}"
+    X, y = data(n)
+    record("sklearn fit", lambda: SkGPC(kernel=SkC(1.0) * SkRBF(1.0)).fit(X, y), rounds=3)

@@ -1,356 +1,653 @@
-"""Covariance functions with log-space hyperparameters, their θ-gradients as a contraction, and
-their input gradients.
+"""Covariance functions for gpc.
 
-The interface follows scikit-learn's kernels (``theta``, ``bounds``, ``__call__(X, Y=None,
-eval_gradient=False)``, ``diag``, ``clone_with_theta``, ``get_params``), so either kind can be given
-to the estimator; :func:`as_kernel` adapts a scikit-learn kernel.  What gpc's own code uses is
+Every kernel keeps its positive hyperparameters as plain attributes (the constructor arguments)
+and exposes them to optimisers as ``theta``: the natural logarithm of the free (not fixed)
+hyperparameters, concatenated in a flat array, with log-space ``bounds`` of shape (p, 2).  The
+interface follows scikit-learn's kernel API (``theta``, ``bounds``, ``__call__``, ``diag``,
+``clone_with_theta``, ``get_params``/``set_params``, ``+`` and ``*``) so that a gpc kernel can stand
+in for a scikit-learn kernel and ``sklearn.base.clone`` rebuilds it.
 
-    gradient_contract(X, M)[k] = Σ_ij M_ij ∂K_ij/∂θ_k        (θ = log hyperparameters)
+What gpc's own inference code uses instead of the (n, n, p) gradient tensor is the contraction
 
-which never forms the n × n × p tensor, and ``gradient_inputs(X, Y, M)`` for inducing inputs.
+    gradient_contract(X, M)[k] = sum_ij M_ij dK_ij / d theta_k        (theta = log hyperparameters)
 
-Kernels (r² = Σ_d (x_d − x'_d)²/ℓ_d², scalar ℓ or one per dimension):
+which each kernel computes in O(n^2) memory without forming the tensor, and
 
-- ``RBF(ℓ)``:            exp(−r²/2)
-- ``Matern(ℓ, ν)``:      ν = 1.5: (1 + √3 r) e^{−√3 r};  ν = 2.5: (1 + √5 r + 5r²/3) e^{−√5 r}
-- ``ConstantKernel(c)``: c
-- ``WhiteKernel(σ²)``:   σ² δ(x, x') (only on the diagonal of K(X, X); the PL paper's σ₂² δ)
-- ``Linear(v)``:         v x·x'
-- ``Polynomial(k, s)``:  (1 + x·x'/s)^k with s = number of features by default (MF paper); no
-                         hyperparameter (k and s are fixed)
-- sums and products, also written ``k1 + k2``, ``k1 * k2``, ``2.0 * k``.
+    gradient_inputs(X, Y, M)[i, d] = sum_j M_ij d k(x_i, y_j) / d x_id
+
+(the derivative with respect to the *first* argument only) for optimising inducing inputs.  The
+derivative of sum_ij M_ij k(z_i, z_j) with respect to Z is therefore
+``gradient_inputs(Z, Z, M) + gradient_inputs(Z, Z, M.T)``.
+
+Stationary kernels write k = f(r) with the scaled distance r^2 = sum_d (x_d - y_d)^2 / l_d^2 and
+share one identity: with W(r) = -f'(r) / r,
+
+    d k / d log l_d = W(r) (x_d - y_d)^2 / l_d^2,      d k / d x_d = -W(r) (x_d - y_d) / l_d^2,
+
+so a single n x n weight matrix W serves every length scale (isotropic: d k / d log l = W r^2).
 """
 
-import copy
 import inspect
+import numbers
+import warnings
 
 import numpy as np
+from scipy.linalg.blas import dsyrk as _dsyrk
+
+from ._validation import check_finite_array
+from .exceptions import ConvergenceWarning
+
+__all__ = [
+    "Kernel", "RBF", "Matern", "Polynomial", "Linear", "ConstantKernel", "WhiteKernel",
+    "Sum", "Product", "as_kernel",
+]
 
 
-def _as_2d(X, name):
-    if hasattr(X, "toarray"):
-        raise TypeError(f"{name} is sparse; kernels need dense arrays")
-    X = np.asarray(X, dtype=np.float64)
-    if X.ndim != 2:
-        raise ValueError(f"{name} must be 2-dimensional (n_samples, n_features), got shape {X.shape}")
-    if not np.all(np.isfinite(X)):
-        raise ValueError(f"{name} contains NaN or inf")
-    return X
+# ----------------------------------------------------------------------------------------------
+# helpers
+
+
+def _check_X(X, name="X"):
+    return check_finite_array(X, name, ndim=2)
 
 
 def _check_XY(X, Y):
-    X = _as_2d(X, "X")
-    if Y is None:
-        return X, None
-    Y = _as_2d(Y, "Y")
-    if Y.shape[1] != X.shape[1]:
-        raise ValueError(f"X has {X.shape[1]} features but Y has {Y.shape[1]}")
+    """Validate X and Y; return (X, Y) with Y None meaning 'Y is X'."""
+    if Y is X:
+        Y = None
+    X = _check_X(X)
+    if Y is not None:
+        Y = _check_X(Y, "Y")
+        if Y.shape[1] != X.shape[1]:
+            raise ValueError(f"X has {X.shape[1]} features but Y has {Y.shape[1]}")
     return X, Y
 
 
-def _positive(value, name):
-    arr = np.asarray(value, dtype=np.float64)
-    if arr.ndim > 1 or arr.size == 0 or not np.all(np.isfinite(arr)) or np.any(arr <= 0):
-        raise ValueError(f"{name} must be positive and finite, got {value!r}")
-    return arr
+def _check_M(M, shape):
+    """Shape and dtype only: finiteness is checked on the (length-p) result, which NaN/inf in M
+    reaches, so the hot path skips an O(n^2) pass over M."""
+    try:
+        M = np.ascontiguousarray(M, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"M must be numeric: {exc}") from None
+    if M.shape != shape:
+        raise ValueError(f"M must have shape {shape}, got {M.shape}")
+    return M
 
 
-def _bounds(bounds, name, size):
+def _check_result(out, M):
+    if not np.all(np.isfinite(out)):
+        check_finite_array(M, "M")  # names NaN / inf in M when that is the cause
+        raise ValueError("the gradient is not finite: hyperparameters out of floating-point range?")
+    return out
+
+
+_BLOCK = 256
+
+
+def _mirror_lower(A):
+    """Copy the lower triangle of square A onto its upper triangle, in place, block by block."""
+    n = A.shape[0]
+    for i0 in range(0, n, _BLOCK):
+        i1 = min(i0 + _BLOCK, n)
+        D = A[i0:i1, i0:i1]
+        iu = np.triu_indices(i1 - i0, 1)
+        D[iu] = D.T[iu]
+        if i1 < n:
+            A[i0:i1, i1:] = A[i1:, i0:i1].T
+    return A
+
+
+def _sqdist(U, V=None):
+    """Squared Euclidean distances between rows, by |u|^2 + |v|^2 - 2 u.v, clipped at 0.
+
+    With V None the Gram part comes from dsyrk (half the flops of gemm) and the result is exactly
+    symmetric with an exactly zero diagonal.  Callers centre the inputs first so the cancellation
+    error stays at the scale of the data's spread.
+    """
+    su = np.einsum("ij,ij->i", U, U)
+    if V is None:
+        # dsyrk on the Fortran-ordered U fills the upper triangle of a Fortran array; its transpose
+        # is a C-ordered array holding the lower triangle.
+        R2 = _dsyrk(-2.0, np.asfortranarray(U)).T
+        R2 += su[:, None]
+        R2 += su[None, :]
+        _mirror_lower(R2)  # after the additions, which are not symmetric in rounding
+        np.fill_diagonal(R2, 0.0)
+    else:
+        sv = np.einsum("ij,ij->i", V, V)
+        R2 = U @ V.T
+        R2 *= -2.0
+        R2 += su[:, None]
+        R2 += sv[None, :]
+    np.maximum(R2, 0.0, out=R2)
+    return R2
+
+
+def _check_positive_values(value, name):
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a positive number or array of them, got {value!r}") from None
+    if arr.ndim > 1 or arr.size == 0:
+        raise ValueError(f"{name} must be a scalar or a non-empty 1-D array, got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    if not np.all(arr > 0):
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+    return np.atleast_1d(arr)
+
+
+def _check_bounds(bounds, name, n):
+    """Return log-bounds of shape (n, 2), or None when fixed."""
     if isinstance(bounds, str):
-        if bounds != "fixed":
-            raise ValueError(f"{name}_bounds must be a (low, high) pair or 'fixed', got {bounds!r}")
-        return None
-    b = np.asarray(bounds, dtype=np.float64)
+        if bounds == "fixed":
+            return None
+        raise ValueError(f"{name} must be a (low, high) pair or 'fixed', got {bounds!r}")
+    try:
+        b = np.asarray(bounds, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a (low, high) pair or 'fixed', got {bounds!r}") from None
     if b.shape == (2,):
-        b = np.tile(b, (size, 1))
-    if b.shape != (size, 2) or np.any(~(b > 0)) or np.any(np.isnan(b)) or np.any(b[:, 0] > b[:, 1]):
-        raise ValueError(f"{name}_bounds must be positive (low, high) pairs with low <= high, got {bounds!r}")
-    return b
+        b = np.tile(b, (n, 1))
+    if b.shape != (n, 2):
+        raise ValueError(f"{name} must have shape (2,) or ({n}, 2), got {b.shape}")
+    if not np.all(np.isfinite(b)):
+        raise ValueError(f"{name} must be finite, got {bounds!r}")
+    if not np.all(b > 0):
+        raise ValueError(f"{name} must be > 0 (they are bounds of a positive quantity), got {bounds!r}")
+    if not np.all(b[:, 0] <= b[:, 1]):
+        raise ValueError(f"{name} must have low <= high, got {bounds!r}")
+    return np.log(b)
 
 
-def _sqdist(X, Y, scale):
-    """Σ_d (x_d − y_d)²/scale_d² via ‖x‖² + ‖y‖² − 2 x·y, clipped at 0 (rounding)."""
-    Xs = X / scale
-    Ys = Xs if Y is None else Y / scale
-    xx = np.einsum("ij,ij->i", Xs, Xs)
-    yy = xx if Y is None else np.einsum("ij,ij->i", Ys, Ys)
-    D = Xs @ Ys.T
-    D *= -2.0
-    D += xx[:, None]
-    D += yy[None, :]
-    np.maximum(D, 0.0, out=D)
-    if Y is None:
-        D.flat[:: D.shape[0] + 1] = 0.0
-    return D
+def _params_equal(a, b):
+    if isinstance(a, Kernel) or isinstance(b, Kernel):
+        return a == b
+    if isinstance(a, str) or isinstance(b, str):
+        return isinstance(a, str) and isinstance(b, str) and a == b
+    if a is None or b is None:
+        return a is b
+    try:
+        return np.array_equal(np.asarray(a, dtype=float), np.asarray(b, dtype=float))
+    except (TypeError, ValueError):
+        return a == b
 
 
-def _weighted_sqdist_contract(A, X, Y, scale):
-    """For each d: Σ_ij A_ij (x_id − y_jd)²/scale_d², without forming per-dimension matrices."""
-    Y = X if Y is None else Y
-    r, c = A.sum(axis=1), A.sum(axis=0)
-    out = (X**2).T @ r + (Y**2).T @ c - 2.0 * np.einsum("id,id->d", X, A @ Y)
-    return out / scale**2
+# ----------------------------------------------------------------------------------------------
+# base class
 
 
 class Kernel:
-    """Base class.  Subclasses list their positive hyperparameters in ``_hyper`` and implement
-    ``_K(X, Y)``, ``_dK(X)`` (list of n × n matrices ∂K/∂θ_k for the free ones), ``diag`` and, for
-    speed, ``_contract(X, M)``."""
+    """Base class of gpc covariance functions.
+
+    Leaf kernels list their positive hyperparameters in the class attribute ``_hyper``; each name
+    ``h`` is a constructor argument stored as attribute ``h`` with bounds in attribute ``h_bounds``
+    (a (low, high) pair, an (n, 2) array, or ``"fixed"``).  Fixed hyperparameters are not part of
+    ``theta``.
+
+    Subclasses implement ``_call(X, Y, eval_gradient)``, ``diag``, ``_contract(X, M, K=None)`` and
+    ``_grad_inputs(X, Y, M)`` on validated inputs (Y None means Y = X).  ``_contract`` may be handed
+    the kernel's own K(X, X) when the caller (a product) already computed it.
+    """
 
     _hyper = ()
     requires_vector_input = True
 
-    # -- parameters ------------------------------------------------------------------------------
+    def _constant(self):
+        """c when the kernel is the constant c (a product then scales instead of multiplying)."""
+        return None
+
+    # -- parameters (constructor arguments) -----------------------------------------------------
+
     @classmethod
     def _param_names(cls):
         sig = inspect.signature(cls.__init__)
-        return [p for p in sig.parameters if p != "self"]
+        return [p.name for p in sig.parameters.values()
+                if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
 
     def get_params(self, deep=True):
-        params = {name: getattr(self, name) for name in self._param_names()}
-        if deep:
-            for name, value in list(params.items()):
-                if isinstance(value, Kernel):
-                    params.update((f"{name}__{k}", v) for k, v in value.get_params().items())
+        """Constructor arguments as a dict; with ``deep`` also ``k1__name`` entries of sub-kernels."""
+        params = {}
+        for name in self._param_names():
+            value = getattr(self, name)
+            params[name] = value
+            if deep and hasattr(value, "get_params") and not isinstance(value, type):
+                for sub, subval in value.get_params(deep=True).items():
+                    params[f"{name}__{sub}"] = subval
         return params
 
     def set_params(self, **params):
+        """Set constructor arguments (``k1__length_scale=...`` reaches into sub-kernels)."""
+        if not params:
+            return self
+        valid = self._param_names()
+        nested = {}
         for key, value in params.items():
-            name, _, sub = key.partition("__")
-            if name not in self._param_names():
-                raise ValueError(f"invalid parameter {name!r} for kernel {type(self).__name__}")
-            if sub:
-                getattr(self, name).set_params(**{sub: value})
+            head, sep, sub = key.partition("__")
+            if head not in valid:
+                raise ValueError(f"invalid parameter {head!r} for kernel {type(self).__name__}; "
+                                 f"valid parameters are {valid}")
+            if sep:
+                nested.setdefault(head, {})[sub] = value
             else:
-                setattr(self, name, value)
+                setattr(self, head, value)
+        for head, sub in nested.items():
+            getattr(self, head).set_params(**sub)
         self._validate()
         return self
 
     def _validate(self):
+        """Check hyperparameters and bounds; raise ValueError naming the problem."""
         for h in self._hyper:
-            value = _positive(getattr(self, h), h)
-            _bounds(getattr(self, h + "_bounds"), h, value.size)
+            vals = _check_positive_values(getattr(self, h), h)
+            _check_bounds(getattr(self, h + "_bounds"), h + "_bounds", vals.size)
 
-    def _free(self):
-        """[(name, value array, log-bounds)] of the hyperparameters that are not fixed."""
+    def clone_with_theta(self, theta):
+        """A copy of this kernel (rebuilt from its parameters) with ``theta`` set."""
+        new = self._clone()
+        new.theta = theta
+        return new
+
+    def _clone(self):
+        params = {}
+        for name, value in self.get_params(deep=False).items():
+            if isinstance(value, Kernel):
+                value = value._clone()
+            elif isinstance(value, np.ndarray):
+                value = value.copy()
+            params[name] = value
+        return type(self)(**params)
+
+    # -- hyperparameters in log space ----------------------------------------------------------
+
+    def _hyper_entries(self):
+        """List of (name, values 1-D, log-bounds (n,2) or None) for each leaf hyperparameter."""
         out = []
         for h in self._hyper:
-            value = np.atleast_1d(_positive(getattr(self, h), h))
-            b = _bounds(getattr(self, h + "_bounds"), h, value.size)
-            if b is not None:
-                out.append((h, value, np.log(b)))
+            vals = _check_positive_values(getattr(self, h), h)
+            out.append((h, vals, _check_bounds(getattr(self, h + "_bounds"), h + "_bounds", vals.size)))
         return out
 
     @property
-    def hyperparameter_names(self):
-        return [f"{h}[{i}]" if v.size > 1 else h for h, v, _ in self._free() for i in range(v.size)]
-
-    @property
-    def n_dims(self):
-        return len(self.theta)
-
-    @property
     def theta(self):
-        free = self._free()
-        return np.concatenate([np.log(v) for _, v, _ in free]) if free else np.empty(0)
+        """Natural log of the free hyperparameters, flattened (length ``n_dims``)."""
+        parts = [np.log(v) for _, v, b in self._hyper_entries() if b is not None]
+        return np.concatenate(parts) if parts else np.empty(0)
 
     @theta.setter
     def theta(self, theta):
-        theta = np.asarray(theta, dtype=np.float64).ravel()
-        if theta.shape != (self.n_dims,):
-            raise ValueError(f"theta must have {self.n_dims} entries, got {theta.shape[0]}")
-        if not np.all(np.isfinite(theta)):
-            raise ValueError("theta contains NaN or inf")
+        theta = self._check_theta(theta)
         i = 0
-        for h, v, _ in self._free():
-            vals = np.exp(theta[i:i + v.size])
-            scalar = np.ndim(getattr(self, h)) == 0
-            setattr(self, h, float(vals[0]) if scalar else vals)
-            i += v.size
+        for h, vals, b in self._hyper_entries():
+            if b is None:
+                continue
+            new = np.exp(theta[i:i + vals.size])
+            i += vals.size
+            if np.ndim(getattr(self, h)) == 0:
+                setattr(self, h, float(new[0]))
+            else:
+                setattr(self, h, new)
+
+    def _check_theta(self, theta):
+        try:
+            theta = np.asarray(theta, dtype=np.float64).ravel()
+        except (TypeError, ValueError):
+            raise ValueError(f"theta must be numeric, got {theta!r}") from None
+        if theta.size != self.n_dims:
+            raise ValueError(f"theta has {theta.size} entries but {type(self).__name__} has "
+                             f"{self.n_dims} free hyperparameters {self.hyperparameter_names}")
+        if not np.all(np.isfinite(theta)):
+            raise ValueError(f"theta must be finite, got {theta}")
+        with np.errstate(over="ignore", under="ignore"):
+            values = np.exp(theta)
+        if np.any(values == 0) or not np.all(np.isfinite(values)):
+            raise ValueError(f"theta = {theta} gives hyperparameters that are 0 or inf in float64")
+        return theta
 
     @property
     def bounds(self):
-        free = self._free()
-        return np.vstack([b for _, _, b in free]) if free else np.empty((0, 2))
+        """Log-space bounds of ``theta``, shape (n_dims, 2)."""
+        parts = [b for _, _, b in self._hyper_entries() if b is not None]
+        return np.vstack(parts) if parts else np.empty((0, 2))
 
-    def clone_with_theta(self, theta):
-        clone = copy.deepcopy(self)
-        clone.theta = theta
-        return clone
+    @property
+    def n_dims(self):
+        """Number of free hyperparameters (length of ``theta``)."""
+        return self.theta.shape[0]
 
-    # -- evaluation ------------------------------------------------------------------------------
+    @property
+    def hyperparameter_names(self):
+        """One name per entry of ``theta``: ``name`` or ``name[i]`` for arrays, ``k1__`` prefixes."""
+        names = []
+        for h, vals, b in self._hyper_entries():
+            if b is None:
+                continue
+            if np.ndim(getattr(self, h)) == 0:
+                names.append(h)
+            else:
+                names.extend(f"{h}[{i}]" for i in range(vals.size))
+        return names
+
+    def _check_bounds_params(self):
+        """Warn when a hyperparameter sits at its bound (scikit-learn's estimators call this)."""
+        theta, bounds = self.theta, self.bounds
+        for name, t, (lo, hi) in zip(self.hyperparameter_names, theta, bounds):
+            if np.isclose(t, lo):
+                warnings.warn(f"the optimal value of {name} is close to its lower bound "
+                              f"{np.exp(lo):.3g}; consider lowering the bound", ConvergenceWarning)
+            elif np.isclose(t, hi):
+                warnings.warn(f"the optimal value of {name} is close to its upper bound "
+                              f"{np.exp(hi):.3g}; consider raising the bound", ConvergenceWarning)
+
+    # -- evaluation --------------------------------------------------------------------------
+
     def __call__(self, X, Y=None, eval_gradient=False):
-        """K(X, Y); with ``eval_gradient`` (Y must be None) also the tensor ∂K/∂θ of shape (n, n, p)
-        as scikit-learn returns it (compatibility only: gpc uses ``gradient_contract``)."""
+        """Kernel matrix K(X, Y), and with ``eval_gradient`` its gradient tensor.
+
+        Parameters
+        ----------
+        X : array of shape (n, d)
+        Y : array of shape (m, d), optional
+            None (or ``X`` itself) means K(X, X).
+        eval_gradient : bool
+            Also return dK of shape (n, n, n_dims), the derivative with respect to ``theta``
+            (log space).  Only when Y is None.  Kept for scikit-learn compatibility; prefer
+            :meth:`gradient_contract`.
+
+        Returns
+        -------
+        K : array of shape (n, m)
+        K_gradient : array of shape (n, n, n_dims), if ``eval_gradient``
+        """
         X, Y = _check_XY(X, Y)
-        K = self._K(X, Y)
-        if not eval_gradient:
-            return K
-        if Y is not None:
+        if eval_gradient and Y is not None:
             raise ValueError("the gradient can only be evaluated when Y is None")
-        dK = self._dK(X)
-        return K, (np.stack(dK, axis=2) if dK else np.empty(K.shape + (0,)))
-
-    def gradient_contract(self, X, M):
-        """Σ_ij M_ij ∂K(X, X)_ij/∂θ_k for every free log-hyperparameter θ_k."""
-        X = _as_2d(X, "X")
-        M = np.asarray(M, dtype=np.float64)
-        if M.shape != (X.shape[0], X.shape[0]):
-            raise ValueError(f"M must be {X.shape[0]}x{X.shape[0]}, got {M.shape}")
-        return np.asarray(self._contract(X, M), dtype=np.float64)
-
-    def _contract(self, X, M, K=None):
-        """Σ_ij M_ij ∂K_ij/∂θ_k; ``K``, when the caller has it, is this kernel's own K(X, X)."""
-        return np.array([np.vdot(M, d) for d in self._dK(X)])
-
-    def _constant(self):
-        """The value c if this kernel is a constant c (products then scale instead of multiplying)."""
-        return None
-
-    def gradient_inputs(self, X, Y, M):
-        """G[i, d] = Σ_j M_ij ∂k(x_i, y_j)/∂x_id (Y None means Y = X, the second argument held fixed)."""
-        X, Y = _check_XY(X, Y)
-        Yf = X if Y is None else Y
-        M = np.asarray(M, dtype=np.float64)
-        if M.shape != (X.shape[0], Yf.shape[0]):
-            raise ValueError(f"M must be {X.shape[0]}x{Yf.shape[0]}, got {M.shape}")
-        return self._grad_inputs(X, Yf, M)
-
-    def _grad_inputs(self, X, Y, M):
-        raise NotImplementedError(f"{type(self).__name__} has no input gradient")
+        return self._call(X, Y, eval_gradient)
 
     def diag(self, X):
-        return np.diag(self(X)).copy()
+        """The diagonal of K(X, X), shape (n,), without forming K."""
+        X = _check_X(X)
+        return self._diag(X)
+
+    def gradient_contract(self, X, M):
+        """g_k = sum_ij M_ij dK_ij/dtheta_k (theta in log space) without forming the tensor.
+
+        Parameters
+        ----------
+        X : array of shape (n, d)
+        M : array of shape (n, n)
+            Any square matrix (need not be symmetric).
+
+        Returns
+        -------
+        g : array of shape (n_dims,)
+        """
+        X = _check_X(X)
+        M = _check_M(M, (X.shape[0], X.shape[0]))
+        return _check_result(self._contract(X, M), M)
+
+    def gradient_inputs(self, X, Y, M):
+        """G[i, d] = sum_j M_ij d k(x_i, y_j) / d x_id (derivative in the first argument only).
+
+        Parameters
+        ----------
+        X : array of shape (n, d)
+        Y : array of shape (m, d) or None (meaning X)
+        M : array of shape (n, m)
+
+        Returns
+        -------
+        G : array of shape (n, d)
+        """
+        X, Y = _check_XY(X, Y)
+        m = X.shape[0] if Y is None else Y.shape[0]
+        M = _check_M(M, (X.shape[0], m))
+        return _check_result(self._grad_inputs(X, X if Y is None else Y, M), M)
+
+    def _grad_inputs(self, X, Y, M):
+        raise NotImplementedError(f"gradient_inputs is not implemented for {type(self).__name__}")
 
     def is_stationary(self):
+        """Whether k(x, y) depends on x - y only."""
         return True
 
-    # -- algebra and the rest --------------------------------------------------------------------
+    # -- algebra, comparison, display --------------------------------------------------------
+
     def __add__(self, other):
-        return Sum(self, other if isinstance(other, Kernel) else ConstantKernel(other))
+        return Sum(self, other if _is_kernel_like(other) else ConstantKernel(other))
 
     def __radd__(self, other):
-        return Sum(other if isinstance(other, Kernel) else ConstantKernel(other), self)
+        return Sum(other if _is_kernel_like(other) else ConstantKernel(other), self)
 
     def __mul__(self, other):
-        return Product(self, other if isinstance(other, Kernel) else ConstantKernel(other))
+        return Product(self, other if _is_kernel_like(other) else ConstantKernel(other))
 
     def __rmul__(self, other):
-        return Product(other if isinstance(other, Kernel) else ConstantKernel(other), self)
+        return Product(other if _is_kernel_like(other) else ConstantKernel(other), self)
 
     def __eq__(self, other):
         if type(self) is not type(other):
-            return False
-        a, b = self.get_params(), other.get_params()
-        return a.keys() == b.keys() and all(np.array_equal(np.asarray(a[k], dtype=object), np.asarray(b[k], dtype=object))
-                                            if not isinstance(a[k], Kernel) else a[k] == b[k] for k in a)
+            return NotImplemented
+        a, b = self.get_params(deep=False), other.get_params(deep=False)
+        return a.keys() == b.keys() and all(_params_equal(a[k], b[k]) for k in a)
 
     __hash__ = None
 
     def __repr__(self):
-        args = ", ".join(f"{k}={v!r}" for k, v in self.get_params(deep=False).items())
+        args = ", ".join(f"{k}={_fmt(v)}" for k, v in self.get_params(deep=False).items())
         return f"{type(self).__name__}({args})"
 
 
+def _fmt(v):
+    if isinstance(v, np.ndarray):
+        return "[" + ", ".join(f"{x:.3g}" for x in v.ravel()) + "]"
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return repr(v)
+
+
+def _is_kernel_like(obj):
+    return isinstance(obj, Kernel) or all(
+        hasattr(obj, a) for a in ("theta", "bounds", "diag", "clone_with_theta"))
+
+
+# ----------------------------------------------------------------------------------------------
+# stationary kernels
+
+
 class _Stationary(Kernel):
-    """Shared by RBF and Matern: k = κ(r), r² = Σ_d (x_d − x'_d)²/ℓ_d²."""
+    """k = f(r), r^2 = sum_d (x_d - y_d)^2 / l_d^2.  Subclasses give f and W = -f'(r)/r of R2."""
 
     _hyper = ("length_scale",)
+    _w_is_f = False   # True where W = -f'(r)/r equals f itself (the squared exponential)
+
+    def _length_scales(self, n_features):
+        ls = _check_positive_values(self.length_scale, "length_scale")
+        if ls.size != 1 and ls.size != n_features:
+            raise ValueError(f"length_scale has {ls.size} entries (ARD) but X has "
+                             f"{n_features} features")
+        return ls
+
+    @property
+    def anisotropic(self):
+        return np.ndim(self.length_scale) > 0 and np.size(self.length_scale) > 1
+
+    def _scaled(self, X, Y):
+        ls = self._length_scales(X.shape[1])
+        shift = X.mean(axis=0)  # translation invariance: centring keeps |u|^2 small
+        U = (X - shift) / ls
+        V = None if Y is None else (Y - shift) / ls
+        return ls, U, V
+
+    def _f(self, R2):
+        raise NotImplementedError
+
+    def _w(self, R2, K):
+        raise NotImplementedError
+
+    def _free(self):
+        return self._hyper_entries()[0][2] is not None
+
+    def _call(self, X, Y, eval_gradient):
+        ls, U, V = self._scaled(X, Y)
+        R2 = _sqdist(U, V)
+        K = self._f(R2)
+        if not eval_gradient:
+            return K
+        if not self._free():
+            return K, np.empty(K.shape + (0,))
+        W = self._w(R2, K)
+        if ls.size == 1:
+            return K, (W * R2)[:, :, None]
+        D2 = (U[:, None, :] - U[None, :, :]) ** 2
+        return K, W[:, :, None] * D2
+
+    def _diag(self, X):
+        self._length_scales(X.shape[1])
+        return np.ones(X.shape[0])
+
+    def _contract(self, X, M, K=None):
+        if not self._free():
+            return np.empty(0)
+        ls, U, _ = self._scaled(X, None)
+        if K is not None and self._w_is_f:
+            A = K * M        # W = f for the squared exponential: reuse the caller's K
+            R2 = None
+        else:
+            R2 = _sqdist(U)
+            A = self._w(R2, None)
+            A *= M  # A = M o W
+        if ls.size == 1 and R2 is not None:
+            return np.array([np.vdot(A, R2)])
+        del R2
+        # sum_ij A_ij (u_id - u_jd)^2 = sum_i u_id^2 (A 1)_i + sum_j u_jd^2 (A^T 1)_j - 2 sum_i u_id (A U)_id
+        U2 = U * U
+        g = A.sum(axis=1) @ U2 + A.sum(axis=0) @ U2 - 2.0 * np.einsum("id,id->d", U, A @ U)
+        return g if ls.size > 1 else np.array([g.sum()])
+
+    def _grad_inputs(self, X, Y, M):
+        ls, U, V = self._scaled(X, Y)
+        A = self._w(_sqdist(U, V), None)
+        A *= M
+        # G_id = -sum_j A_ij (u_id - v_jd) / l_d
+        return -(U * A.sum(axis=1)[:, None] - A @ V) / ls
+
+
+class RBF(_Stationary):
+    r"""Squared-exponential (radial basis function) kernel.
+
+    .. math:: k(x, y) = \exp\left(-\tfrac12 \sum_d (x_d - y_d)^2 / \ell_d^2\right)
+
+    Parameters
+    ----------
+    length_scale : float or array of shape (n_features,), default 1.0
+        A scalar gives the isotropic kernel; an array one length scale per feature (ARD).
+    length_scale_bounds : pair of floats, array of shape (n, 2), or "fixed", default (1e-5, 1e5)
+
+    Notes
+    -----
+    :math:`\partial k / \partial \log \ell_d = k \, (x_d - y_d)^2 / \ell_d^2`.
+    """
 
     def __init__(self, length_scale=1.0, length_scale_bounds=(1e-5, 1e5)):
         self.length_scale = length_scale
         self.length_scale_bounds = length_scale_bounds
         self._validate()
 
-    @property
-    def anisotropic(self):
-        return np.ndim(self.length_scale) > 0 and np.size(self.length_scale) > 1
+    def _f(self, R2):
+        K = np.multiply(R2, -0.5)
+        np.exp(K, out=K)
+        return K
 
-    def _scale(self, X):
-        ell = np.atleast_1d(np.asarray(self.length_scale, dtype=np.float64))
-        if ell.size > 1 and ell.size != X.shape[1]:
-            raise ValueError(f"length_scale has {ell.size} entries but X has {X.shape[1]} features")
-        return ell
+    def _w(self, R2, K):
+        return self._f(R2) if K is None else K.copy()
 
-    def _K(self, X, Y):
-        return self._kappa(_sqdist(X, Y, self._scale(X)))
-
-    def diag(self, X):
-        X = _as_2d(X, "X")
-        return np.full(X.shape[0], self._kappa(np.zeros(1))[0])
-
-    def _g(self, D2):
-        """g(r) = −κ'(r)/r, so that ∂k/∂log ℓ_d = g (Δ_d/ℓ_d)² and ∂k/∂x_d = −g Δ_d/ℓ_d²."""
-        raise NotImplementedError
-
-    def _free_length(self):
-        return _bounds(self.length_scale_bounds, "length_scale", np.size(self.length_scale)) is not None
-
-    def _dK(self, X):
-        if not self._free_length():
-            return []
-        ell = self._scale(X)
-        G = self._g(_sqdist(X, None, ell))
-        if not self.anisotropic:
-            return [G * _sqdist(X, None, ell)]
-        return [G * ((X[:, d:d + 1] - X[:, d:d + 1].T) / ell[d]) ** 2 for d in range(X.shape[1])]
-
-    _g_is_kappa = False
-
-    def _contract(self, X, M, K=None):
-        if not self._free_length():
-            return np.empty(0)
-        ell = self._scale(X)
-        G = K if (K is not None and self._g_is_kappa) else self._g(_sqdist(X, None, ell))
-        A = M * G
-        per_dim = _weighted_sqdist_contract(A, X, None, ell if ell.size > 1 else np.full(X.shape[1], ell[0]))
-        return per_dim if self.anisotropic else np.array([per_dim.sum()])
-
-    def _grad_inputs(self, X, Y, M):
-        ell = self._scale(X)
-        A = M * self._g(_sqdist(X, Y, ell))
-        return -(A.sum(axis=1)[:, None] * X - A @ Y) / ell**2
-
-
-class RBF(_Stationary):
-    """Squared exponential k(x, x') = exp(−½ Σ_d (x_d − x'_d)²/ℓ_d²); scalar ℓ or one per feature (ARD)."""
-
-    def _kappa(self, D2):
-        return np.exp(-0.5 * D2)
-
-    def _g(self, D2):
-        return np.exp(-0.5 * D2)
-
-    _g_is_kappa = True   # for the squared exponential −κ'(r)/r = κ(r): the contraction reuses K
+    _w_is_f = True
 
 
 class Matern(_Stationary):
-    """Matérn k = (1 + √3 r) e^{−√3 r} (ν = 1.5) or (1 + √5 r + 5r²/3) e^{−√5 r} (ν = 2.5)."""
+    r"""Matérn kernel with half-integer smoothness.
+
+    With the scaled distance :math:`r = \sqrt{\sum_d (x_d - y_d)^2 / \ell_d^2}`:
+
+    - :math:`\nu = 1/2`: :math:`k = e^{-r}`
+    - :math:`\nu = 3/2`: :math:`k = (1 + \sqrt3 r) e^{-\sqrt3 r}`
+    - :math:`\nu = 5/2`: :math:`k = (1 + \sqrt5 r + 5 r^2 / 3) e^{-\sqrt5 r}`
+
+    Parameters
+    ----------
+    length_scale : float or array of shape (n_features,), default 1.0
+    length_scale_bounds : pair of floats, array of shape (n, 2), or "fixed", default (1e-5, 1e5)
+    nu : {0.5, 1.5, 2.5}, default 1.5
+        Fixed, not a hyperparameter.
+
+    Notes
+    -----
+    :math:`\partial k / \partial \log \ell_d = W(r) (x_d - y_d)^2 / \ell_d^2` with
+    :math:`W = -k'(r)/r`: :math:`e^{-r}/r` (0 at r = 0), :math:`3 e^{-\sqrt3 r}`,
+    :math:`\tfrac53 (1 + \sqrt5 r) e^{-\sqrt5 r}` respectively.  For ν = 1/2 the derivative in
+    the inputs at x = y does not exist; ``gradient_inputs`` uses 0 there.
+    """
 
     def __init__(self, length_scale=1.0, length_scale_bounds=(1e-5, 1e5), nu=1.5):
-        if nu not in (1.5, 2.5):
-            raise ValueError(f"nu must be 1.5 or 2.5, got {nu!r}")
+        self.length_scale = length_scale
+        self.length_scale_bounds = length_scale_bounds
         self.nu = nu
-        super().__init__(length_scale, length_scale_bounds)
+        self._validate()
 
-    def _kappa(self, D2):
-        r = np.sqrt(D2)
-        if self.nu == 1.5:
-            s = np.sqrt(3.0) * r
-            return (1.0 + s) * np.exp(-s)
-        s = np.sqrt(5.0) * r
-        return (1.0 + s + s * s / 3.0) * np.exp(-s)
+    def _validate(self):
+        super()._validate()
+        if self.nu not in (0.5, 1.5, 2.5):
+            raise ValueError(f"nu must be 0.5, 1.5 or 2.5, got {self.nu!r}")
 
-    def _g(self, D2):
-        r = np.sqrt(D2)
+    def _f(self, R2):
+        r = np.sqrt(R2)
+        if self.nu == 0.5:
+            return np.exp(-r)
         if self.nu == 1.5:
-            return 3.0 * np.exp(-np.sqrt(3.0) * r)
-        s = np.sqrt(5.0) * r
-        return (5.0 / 3.0) * (1.0 + s) * np.exp(-s)
+            r *= np.sqrt(3.0)
+            K = np.exp(-r)
+            K *= 1.0 + r
+            return K
+        r *= np.sqrt(5.0)
+        K = np.exp(-r)
+        K *= 1.0 + r + r * r / 3.0
+        return K
+
+    def _w(self, R2, K):
+        r = np.sqrt(R2)
+        if self.nu == 0.5:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                W = np.exp(-r) / r
+            W[r == 0] = 0.0
+            return W
+        if self.nu == 1.5:
+            W = np.exp(-np.sqrt(3.0) * r)
+            W *= 3.0
+            return W
+        r *= np.sqrt(5.0)
+        W = np.exp(-r)
+        W *= (5.0 / 3.0) * (1.0 + r)
+        return W
+
+
+# ----------------------------------------------------------------------------------------------
+# other leaf kernels
 
 
 class ConstantKernel(Kernel):
-    """k(x, x') = c."""
+    r"""Constant kernel :math:`k(x, y) = c`.
+
+    Parameters
+    ----------
+    constant_value : float, default 1.0
+    constant_value_bounds : pair of floats or "fixed", default (1e-5, 1e5)
+
+    Notes
+    -----
+    :math:`\partial k / \partial \log c = c`.
+    """
 
     _hyper = ("constant_value",)
 
@@ -359,14 +656,24 @@ class ConstantKernel(Kernel):
         self.constant_value_bounds = constant_value_bounds
         self._validate()
 
-    def _K(self, X, Y):
-        return np.full((X.shape[0], X.shape[0] if Y is None else Y.shape[0]), float(self.constant_value))
+    def _validate(self):
+        super()._validate()
+        if np.size(self.constant_value) != 1:
+            raise ValueError("constant_value must be a scalar")
 
-    def diag(self, X):
-        return np.full(_as_2d(X, "X").shape[0], float(self.constant_value))
+    def _free(self):
+        return self._hyper_entries()[0][2] is not None
 
-    def _dK(self, X):
-        return [self._K(X, None)] if self._free() else []
+    def _call(self, X, Y, eval_gradient):
+        c = float(self.constant_value)
+        m = X.shape[0] if Y is None else Y.shape[0]
+        K = np.full((X.shape[0], m), c)
+        if eval_gradient:
+            return K, (K[:, :, None].copy() if self._free() else np.empty(K.shape + (0,)))
+        return K
+
+    def _diag(self, X):
+        return np.full(X.shape[0], float(self.constant_value))
 
     def _contract(self, X, M, K=None):
         return np.array([float(self.constant_value) * M.sum()]) if self._free() else np.empty(0)
@@ -379,7 +686,17 @@ class ConstantKernel(Kernel):
 
 
 class WhiteKernel(Kernel):
-    """k(x, x') = σ² δ(x, x'): σ² on the diagonal of K(X, X), zero between different sets."""
+    r"""White-noise kernel :math:`k(x_i, x_j) = \sigma^2 \delta_{ij}`.
+
+    The noise is on the diagonal of K(X, X) only: when Y is None or ``Y is X``.  For any other Y
+    (even one equal to X) K(X, Y) is zero, since distinct data are independent draws.
+
+    Parameters
+    ----------
+    noise_level : float, default 1.0
+        :math:`\sigma^2`.
+    noise_level_bounds : pair of floats or "fixed", default (1e-5, 1e5)
+    """
 
     _hyper = ("noise_level",)
 
@@ -388,16 +705,25 @@ class WhiteKernel(Kernel):
         self.noise_level_bounds = noise_level_bounds
         self._validate()
 
-    def _K(self, X, Y):
-        if Y is None:
-            return float(self.noise_level) * np.eye(X.shape[0])
-        return np.zeros((X.shape[0], Y.shape[0]))
+    def _validate(self):
+        super()._validate()
+        if np.size(self.noise_level) != 1:
+            raise ValueError("noise_level must be a scalar")
 
-    def diag(self, X):
-        return np.full(_as_2d(X, "X").shape[0], float(self.noise_level))
+    def _free(self):
+        return self._hyper_entries()[0][2] is not None
 
-    def _dK(self, X):
-        return [self._K(X, None)] if self._free() else []
+    def _call(self, X, Y, eval_gradient):
+        s = float(self.noise_level)
+        if Y is not None:
+            return np.zeros((X.shape[0], Y.shape[0]))
+        K = s * np.eye(X.shape[0])
+        if eval_gradient:
+            return K, (K[:, :, None].copy() if self._free() else np.empty(K.shape + (0,)))
+        return K
+
+    def _diag(self, X):
+        return np.full(X.shape[0], float(self.noise_level))
 
     def _contract(self, X, M, K=None):
         return np.array([float(self.noise_level) * np.trace(M)]) if self._free() else np.empty(0)
@@ -407,7 +733,19 @@ class WhiteKernel(Kernel):
 
 
 class Linear(Kernel):
-    """k(x, x') = v x·x'."""
+    r"""Linear kernel :math:`k(x, y) = v \, x^\top y`.
+
+    Parameters
+    ----------
+    variance : float, default 1.0
+        :math:`v`.
+    variance_bounds : pair of floats or "fixed", default (1e-5, 1e5)
+
+    Notes
+    -----
+    :math:`\partial k / \partial \log v = k`; :math:`\partial k / \partial x_d = v \, y_d`.
+    Equals scikit-learn's ``ConstantKernel(v) * DotProduct(sigma_0=0)``.
+    """
 
     _hyper = ("variance",)
 
@@ -416,18 +754,33 @@ class Linear(Kernel):
         self.variance_bounds = variance_bounds
         self._validate()
 
-    def _K(self, X, Y):
-        return float(self.variance) * (X @ (X if Y is None else Y).T)
+    def _validate(self):
+        super()._validate()
+        if np.size(self.variance) != 1:
+            raise ValueError("variance must be a scalar")
 
-    def diag(self, X):
-        X = _as_2d(X, "X")
+    def _free(self):
+        return self._hyper_entries()[0][2] is not None
+
+    def _call(self, X, Y, eval_gradient):
+        v = float(self.variance)
+        K = X @ (X if Y is None else Y).T
+        K *= v
+        if Y is None:
+            K += K.T
+            K *= 0.5
+        if eval_gradient:
+            return K, (K[:, :, None].copy() if self._free() else np.empty(K.shape + (0,)))
+        return K
+
+    def _diag(self, X):
         return float(self.variance) * np.einsum("ij,ij->i", X, X)
 
-    def _dK(self, X):
-        return [self._K(X, None)] if self._free() else []
-
     def _contract(self, X, M, K=None):
-        return np.array([float(self.variance) * np.einsum("id,id->", X, M @ X)]) if self._free() else np.empty(0)
+        if not self._free():
+            return np.empty(0)
+        # sum_ij M_ij v x_i.x_j = v sum(X o (M X)): O(n^2 d), no n x n temporary
+        return np.array([float(self.variance) * np.vdot(X, M @ X)])
 
     def _grad_inputs(self, X, Y, M):
         return float(self.variance) * (M @ Y)
@@ -437,169 +790,267 @@ class Linear(Kernel):
 
 
 class Polynomial(Kernel):
-    """k(x, x') = (1 + x·x'/s)^k, s = n_features when ``scale`` is None (MF paper, Figure 2).
+    r"""Polynomial kernel :math:`k(x, y) = (1 + x^\top y / s)^p`.
 
-    Both the degree k and the scale s are fixed: the kernel has no hyperparameter in θ.
+    With ``scale=None`` the scale is s = n_features, the mean-field paper's
+    :math:`(1 + x^\top x' / m)^k`.  Neither the degree p nor the scale s is a hyperparameter:
+    this kernel has an empty ``theta``.  Multiply by a :class:`ConstantKernel` for an amplitude.
+
+    Parameters
+    ----------
+    degree : int >= 1, default 2
+    scale : float > 0 or None, default None
+
+    Notes
+    -----
+    :math:`\partial k / \partial x_d = p (1 + x^\top y / s)^{p-1} y_d / s`.
     """
 
     def __init__(self, degree=2, scale=None):
-        if not isinstance(degree, (int, np.integer)) or degree < 1:
-            raise ValueError(f"degree must be a positive integer, got {degree!r}")
-        if scale is not None:
-            _positive(scale, "scale")
         self.degree = degree
         self.scale = scale
+        self._validate()
 
     def _validate(self):
-        pass
+        d = self.degree
+        if not isinstance(d, numbers.Integral) or isinstance(d, bool) or d < 1:
+            raise ValueError(f"degree must be an integer >= 1, got {d!r}")
+        if self.scale is not None:
+            _check_positive_values(self.scale, "scale")
+            if np.size(self.scale) != 1:
+                raise ValueError("scale must be a scalar or None")
 
     def _s(self, X):
-        return float(X.shape[1] if self.scale is None else self.scale)
+        return float(X.shape[1]) if self.scale is None else float(self.scale)
 
-    def _K(self, X, Y):
-        return (1.0 + X @ (X if Y is None else Y).T / self._s(X)) ** self.degree
+    def _base(self, X, Y):
+        B = X @ (X if Y is None else Y).T
+        B /= self._s(X)
+        B += 1.0
+        if Y is None:
+            B += B.T
+            B *= 0.5
+        return B
 
-    def diag(self, X):
-        X = _as_2d(X, "X")
-        return (1.0 + np.einsum("ij,ij->i", X, X) / self._s(X)) ** self.degree
+    def _call(self, X, Y, eval_gradient):
+        K = self._base(X, Y) ** int(self.degree)
+        if eval_gradient:
+            return K, np.empty(K.shape + (0,))
+        return K
 
-    def _dK(self, X):
-        return []
+    def _diag(self, X):
+        return (1.0 + np.einsum("ij,ij->i", X, X) / self._s(X)) ** int(self.degree)
+
+    def _contract(self, X, M, K=None):
+        return np.empty(0)
 
     def _grad_inputs(self, X, Y, M):
-        s = self._s(X)
-        P = self.degree * (1.0 + X @ Y.T / s) ** (self.degree - 1) / s
-        return (M * P) @ Y
+        p = int(self.degree)
+        B = self._base(X, Y)
+        A = B ** (p - 1) if p > 1 else np.ones_like(B)
+        A *= M
+        return (p / self._s(X)) * (A @ Y)
 
     def is_stationary(self):
         return False
+
+
+# ----------------------------------------------------------------------------------------------
+# composition
 
 
 class _Binary(Kernel):
     def __init__(self, k1, k2):
         self.k1 = k1
         self.k2 = k2
+        self._validate()
 
     def _validate(self):
-        self.k1._validate()
-        self.k2._validate()
+        for name in ("k1", "k2"):
+            if not _is_kernel_like(getattr(self, name)):
+                raise ValueError(f"{name} must be a kernel, got {getattr(self, name)!r}")
+
+    @property
+    def _a(self):
+        return as_kernel(self.k1)
+
+    @property
+    def _b(self):
+        return as_kernel(self.k2)
 
     @property
     def theta(self):
-        return np.concatenate([self.k1.theta, self.k2.theta])
+        return np.concatenate([self._a.theta, self._b.theta])
 
     @theta.setter
     def theta(self, theta):
-        theta = np.asarray(theta, dtype=np.float64).ravel()
-        if theta.shape != (self.n_dims,):
-            raise ValueError(f"theta must have {self.n_dims} entries, got {theta.shape[0]}")
-        p = self.k1.n_dims
+        theta = self._check_theta(theta)
+        p = self._a.n_dims
         self.k1.theta = theta[:p]
         self.k2.theta = theta[p:]
 
     @property
-    def n_dims(self):
-        return self.k1.n_dims + self.k2.n_dims
-
-    @property
     def bounds(self):
-        return np.vstack([self.k1.bounds, self.k2.bounds])
+        return np.vstack([np.reshape(self._a.bounds, (-1, 2)), np.reshape(self._b.bounds, (-1, 2))])
 
     @property
     def hyperparameter_names(self):
-        return [f"k1__{h}" for h in self.k1.hyperparameter_names] + [f"k2__{h}" for h in self.k2.hyperparameter_names]
+        return ([f"k1__{n}" for n in self._a.hyperparameter_names]
+                + [f"k2__{n}" for n in self._b.hyperparameter_names])
 
     def is_stationary(self):
-        return self.k1.is_stationary() and self.k2.is_stationary()
+        return self._a.is_stationary() and self._b.is_stationary()
 
 
 class Sum(_Binary):
-    """k = k1 + k2."""
+    r"""Sum of two kernels, :math:`k = k_1 + k_2`; ``theta`` is ``k1.theta`` then ``k2.theta``."""
 
-    def _K(self, X, Y):
-        return self.k1._K(X, Y) + self.k2._K(X, Y)
+    def _call(self, X, Y, eval_gradient):
+        a, b = self._a, self._b
+        if not eval_gradient:
+            return a(X, Y) + b(X, Y)
+        K1, G1 = a(X, eval_gradient=True)
+        K2, G2 = b(X, eval_gradient=True)
+        return K1 + K2, np.concatenate([G1, G2], axis=2)
 
-    def diag(self, X):
-        return self.k1.diag(X) + self.k2.diag(X)
-
-    def _dK(self, X):
-        return self.k1._dK(X) + self.k2._dK(X)
+    def _diag(self, X):
+        return self._a.diag(X) + self._b.diag(X)
 
     def _contract(self, X, M, K=None):
-        return np.concatenate([self.k1._contract(X, M), self.k2._contract(X, M)])
+        return np.concatenate([self._a.gradient_contract(X, M), self._b.gradient_contract(X, M)])
 
     def _grad_inputs(self, X, Y, M):
-        return self.k1._grad_inputs(X, Y, M) + self.k2._grad_inputs(X, Y, M)
+        return self._a.gradient_inputs(X, Y, M) + self._b.gradient_inputs(X, Y, M)
+
+    def __repr__(self):
+        return f"{self.k1!r} + {self.k2!r}"
 
 
 class Product(_Binary):
-    """k = k1 · k2; ∂(k1 k2) = k2 ∂k1 + k1 ∂k2, so each factor contracts M ∘ (the other's K)."""
+    r"""Product of two kernels, :math:`k = k_1 k_2`; ``theta`` is ``k1.theta`` then ``k2.theta``.
 
-    def _K(self, X, Y):
-        return self.k1._K(X, Y) * self.k2._K(X, Y)
+    :math:`\sum_{ij} M_{ij} \partial (K_1 \circ K_2)_{ij} / \partial\theta_1
+    = \sum_{ij} (M \circ K_2)_{ij} \partial K_{1,ij} / \partial\theta_1`, and likewise for
+    :math:`\theta_2` and for the inputs.
+    """
 
-    def diag(self, X):
-        return self.k1.diag(X) * self.k2.diag(X)
+    def _call(self, X, Y, eval_gradient):
+        a, b = self._a, self._b
+        if not eval_gradient:
+            K = a(X, Y)
+            K *= b(X, Y)
+            return K
+        K1, G1 = a(X, eval_gradient=True)
+        K2, G2 = b(X, eval_gradient=True)
+        return K1 * K2, np.concatenate([G1 * K2[:, :, None], G2 * K1[:, :, None]], axis=2)
 
-    def _dK(self, X):
-        K1, K2 = self.k1._K(X, None), self.k2._K(X, None)
-        return [d * K2 for d in self.k1._dK(X)] + [d * K1 for d in self.k2._dK(X)]
+    def _diag(self, X):
+        return self._a.diag(X) * self._b.diag(X)
 
     def _contract(self, X, M, K=None):
-        # each factor's own K is computed once and handed to its contraction; a constant factor
-        # scales M instead of being expanded into an n x n matrix
-        c1, c2 = self.k1._constant(), self.k2._constant()
-        K1 = None if c1 is not None else self.k1._K(X, None)
-        K2 = None if c2 is not None else self.k2._K(X, None)
-        out = []
-        if self.k1.n_dims:
-            out.append(self.k1._contract(X, M * (c2 if K2 is None else K2), K=K1))
-        if self.k2.n_dims:
-            out.append(self.k2._contract(X, M * (c1 if K1 is None else K1), K=K2))
-        return np.concatenate(out) if out else np.empty(0)
+        # each factor's own K is computed once and handed to its contraction (an RBF then reuses it
+        # instead of recomputing distances and exponentials); a constant factor scales M instead of
+        # being expanded into an n x n matrix
+        a, b = self._a, self._b
+        ca, cb = a._constant(), b._constant()
+        Ka = None if ca is not None else a(X)
+        Kb = None if cb is not None else b(X)
+        parts = []
+        if a.n_dims:
+            parts.append(a._contract(X, M * (cb if Kb is None else Kb), K=Ka))
+        if b.n_dims:
+            parts.append(b._contract(X, M * (ca if Ka is None else Ka), K=Kb))
+        return np.concatenate(parts) if parts else np.empty(0)
 
     def _grad_inputs(self, X, Y, M):
-        K1, K2 = self.k1._K(X, Y), self.k2._K(X, Y)
-        return self.k1._grad_inputs(X, Y, M * K2) + self.k2._grad_inputs(X, Y, M * K1)
+        a, b = self._a, self._b
+        MK = b(X, Y)
+        MK *= M
+        G = a.gradient_inputs(X, Y, MK)
+        MK = a(X, Y)
+        MK *= M
+        G += b.gradient_inputs(X, Y, MK)
+        return G
+
+    def __repr__(self):
+        return f"{self.k1!r} * {self.k2!r}"
 
 
-class _ForeignKernel:
-    """Adapter giving a scikit-learn kernel gpc's ``gradient_contract`` (through its tensor)."""
+# ----------------------------------------------------------------------------------------------
+# foreign kernels
+
+
+class _ForeignKernel(Kernel):
+    """Adapter giving a scikit-learn-interface kernel gpc's interface.
+
+    ``gradient_contract`` forms the (n, n, p) tensor through ``kernel(X, eval_gradient=True)`` and
+    contracts it with einsum: correct, but O(n^2 p) memory.
+    """
 
     def __init__(self, kernel):
         self.kernel = kernel
 
-    theta = property(lambda self: self.kernel.theta)
-    bounds = property(lambda self: self.kernel.bounds)
-    n_dims = property(lambda self: len(self.kernel.theta))
+    @property
+    def theta(self):
+        return np.asarray(self.kernel.theta, dtype=float)
+
+    @theta.setter
+    def theta(self, theta):
+        self.kernel.theta = self._check_theta(theta)
+
+    @property
+    def bounds(self):
+        return np.reshape(np.asarray(self.kernel.bounds, dtype=float), (-1, 2))
+
+    @property
+    def hyperparameter_names(self):
+        names = []
+        for h in getattr(self.kernel, "hyperparameters", []):
+            if getattr(h, "fixed", False):
+                continue
+            n = getattr(h, "n_elements", 1)
+            names.extend([h.name] if n == 1 else [f"{h.name}[{i}]" for i in range(n)])
+        if len(names) != self.n_dims:
+            names = [f"theta[{i}]" for i in range(self.n_dims)]
+        return names
 
     def clone_with_theta(self, theta):
-        return _ForeignKernel(self.kernel.clone_with_theta(theta))
+        return _ForeignKernel(self.kernel.clone_with_theta(self._check_theta(theta)))
 
-    def __call__(self, X, Y=None, eval_gradient=False):
-        return self.kernel(X, Y, eval_gradient=eval_gradient)
+    def _call(self, X, Y, eval_gradient):
+        return self.kernel(X, Y, eval_gradient=eval_gradient) if eval_gradient else self.kernel(X, Y)
 
-    def diag(self, X):
+    def _diag(self, X):
         return self.kernel.diag(X)
 
-    def gradient_contract(self, X, M):
+    def _contract(self, X, M, K=None):
         _, dK = self.kernel(X, eval_gradient=True)
         return np.einsum("ij,ijk->k", M, dK)
 
+    def _grad_inputs(self, X, Y, M):
+        raise NotImplementedError(
+            f"gradient_inputs is not available for the foreign kernel {self.kernel!r}; "
+            "use a gpc kernel to optimise inducing inputs")
+
+    def is_stationary(self):
+        f = getattr(self.kernel, "is_stationary", None)
+        return bool(f()) if callable(f) else False
+
     def __repr__(self):
-        return repr(self.kernel)
+        return f"as_kernel({self.kernel!r})"
 
 
 def as_kernel(kernel):
-    """gpc's kernel interface for a gpc kernel (returned as is) or a scikit-learn-style kernel."""
-    if isinstance(kernel, (Kernel, _ForeignKernel)):
+    """Return ``kernel`` with gpc's interface.
+
+    A gpc :class:`Kernel` is returned as is; any object with the scikit-learn kernel interface
+    (``theta``, ``bounds``, ``__call__(X, Y=None, eval_gradient=False)``, ``diag``,
+    ``clone_with_theta``) is wrapped in a thin adapter whose ``gradient_contract`` forms the
+    gradient tensor and contracts it with ``np.einsum('ij,ijk->k', M, dK)``.
+    """
+    if isinstance(kernel, Kernel):
         return kernel
-    needed = ("theta", "bounds", "diag", "clone_with_theta")
-    if all(hasattr(kernel, a) for a in needed) and callable(kernel):
-        return _ForeignKernel(kernel)
-    raise ValueError(f"{kernel!r} is not a kernel: it needs theta, bounds, diag, clone_with_theta and "
-                     "__call__(X, Y=None, eval_gradient=False)")
-
-
-__all__ = ["Kernel", "RBF", "Matern", "ConstantKernel", "WhiteKernel", "Linear", "Polynomial",
-           "Sum", "Product", "as_kernel"]
+    if not callable(kernel) or not _is_kernel_like(kernel):
+        raise TypeError(f"{kernel!r} is not a kernel: it needs theta, bounds, __call__, diag "
+                        "and clone_with_theta")
+    return _ForeignKernel(kernel)

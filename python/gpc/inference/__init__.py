@@ -8,6 +8,8 @@ dispatches.
 import importlib
 import inspect
 
+import numpy as np
+
 from .._linalg import cholesky_lower
 from .._validation import (check_kernel_matrix, check_positive_float, check_positive_int,
                            check_prior_mean, check_signed_labels)
@@ -54,10 +56,11 @@ def infer(K, y, likelihood="probit", method="laplace", schedule=None, prior_mean
     tol : float, optional
         Convergence tolerance; each method has its default.
     check_kernel : bool, default True
-        Check that K is positive definite (a Cholesky factorisation, with jitter if needed; one
-        O(n³/3) step) and raise ``NotPositiveDefiniteError`` (a ValueError) if not.  The methods only
-        factor well-conditioned matrices such as I + S K S, which can hide an indefinite K; callers
-        that evaluate many nearby K of one checked kernel (an optimiser) may skip the check.
+        Check that K is finite, symmetric and positive definite (a Cholesky factorisation, with
+        jitter if needed; one O(n³/3) step) and raise ValueError (``NotPositiveDefiniteError`` for
+        the last) if not.  The methods only factor well-conditioned matrices such as I + S K S,
+        which can hide an indefinite K; callers that evaluate many nearby K of one checked kernel
+        (an optimiser) may skip the checks.
     **options
         Method-specific options (see each method's ``run``).  ``init``, a previous
         :class:`InferenceResult`, is passed on to the methods that can warm start from it.
@@ -66,10 +69,14 @@ def infer(K, y, likelihood="probit", method="laplace", schedule=None, prior_mean
     -------
     InferenceResult
     """
-    K = check_kernel_matrix(K)
-    n = K.shape[0]
     if check_kernel:
+        K = check_kernel_matrix(K)
         cholesky_lower(K, name="the kernel matrix K")
+    else:  # the caller vouches for K (e.g. the optimiser, with K from a checked kernel): shape only
+        K = np.ascontiguousarray(K, dtype=np.float64)
+        if K.ndim != 2 or K.shape[0] != K.shape[1] or K.shape[0] == 0:
+            raise ValueError(f"K must be a non-empty square matrix, got shape {K.shape}")
+    n = K.shape[0]
     y = check_signed_labels(y, n)
     m0 = check_prior_mean(prior_mean, n)
     lik = get_likelihood(likelihood)

@@ -74,7 +74,7 @@ class _State:
 
 
 def run(K, y, likelihood, prior_mean, *, schedule=None, max_iter=None, tol=None, alpha_init=None,
-        w_init=None):
+        w_init=None, init=None):
     """Maximise the KL lower bound ln Z_B over (α, w) by line-searched Newton / fixed-point steps.
 
     Parameters
@@ -85,6 +85,8 @@ def run(K, y, likelihood, prior_mean, *, schedule=None, max_iter=None, tol=None,
     alpha_init, w_init : ndarray (n,), optional
         Warm start (e.g. the previous optimum when θ changes a little).  By default α = 0 and w is the
         fixed-point target at the prior marginals.
+    init : InferenceResult, optional
+        A previous KL result (the optimiser passes it): its (α, w) start the iteration.
 
     Returns
     -------
@@ -97,6 +99,8 @@ def run(K, y, likelihood, prior_mean, *, schedule=None, max_iter=None, tol=None,
     tol = DEFAULT_TOL if tol is None else tol
     n = K.shape[0]
     m0 = prior_mean
+    if init is not None and init.method == "kl" and alpha_init is None and w_init is None:
+        alpha_init, w_init = init.info["alpha"], init.info["w"]
     alpha = np.zeros(n) if alpha_init is None else np.array(alpha_init, dtype=np.float64)
     if w_init is None:
         _, _, gv0 = likelihood.expected_log_prob(y, m0 + K @ alpha, np.diag(K).copy())

@@ -88,7 +88,8 @@ def _evaluate(K, y, name, m0, xi):
     return post, float(log_z)
 
 
-def run(K, y, likelihood, prior_mean, *, schedule=None, max_iter=None, tol=None, xi_init=None):
+def run(K, y, likelihood, prior_mean, *, schedule=None, max_iter=None, tol=None, xi_init=None,
+        init=None):
     """Maximise ln Z_VB over the variational parameters ς.
 
     Parameters
@@ -98,6 +99,8 @@ def run(K, y, likelihood, prior_mean, *, schedule=None, max_iter=None, tol=None,
         Newton steps for the mode (probit); ``tol`` (default 1e-10) applies to the change of ln Z_VB.
     xi_init : ndarray (n,), optional
         Starting ς for the logit EM (default: ς² = prior second moments, m0² + K_ii).
+    init : InferenceResult, optional
+        A previous VB result (the optimiser passes it): its ς starts the logit EM.
 
     Returns
     -------
@@ -105,6 +108,8 @@ def run(K, y, likelihood, prior_mean, *, schedule=None, max_iter=None, tol=None,
         ``log_evidence`` is ln Z_VB ≤ ln Z_KL ≤ ln Z; ``info["xi"]`` holds ς.
     """
     name = likelihood.name
+    if init is not None and init.method == "vb" and xi_init is None:
+        xi_init = init.info["xi"]
     quadratic_bound(name, np.zeros(1))           # raises the clear ValueError for other likelihoods
     max_iter = DEFAULT_MAX_ITER if max_iter is None else max_iter
     tol = DEFAULT_TOL if tol is None else tol

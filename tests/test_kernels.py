@@ -1,0 +1,343 @@
+"""Tests of gpc.kernels: values and gradients against scikit-learn, finite differences, algebra."""
+
+import pickle
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from hypothesis.extra import numpy as hnp
+from numpy.testing import assert_allclose
+from sklearn.base import clone
+from sklearn.gaussian_process import kernels as sk
+
+from gpc.kernels import (RBF, ConstantKernel, Kernel, Linear, Matern, Polynomial, Product, Sum,
+                         WhiteKernel, as_kernel)
+
+RNG = np.random.default_rng(20240601)
+X = RNG.normal(size=(25, 3))
+Y = RNG.normal(size=(7, 3))
+LS3 = np.array([0.6, 1.3, 2.1])
+
+
+def close_to(actual, desired, rtol=1e-12):
+    """Relative agreement at ``rtol``, with an absolute floor of rtol * max|desired|.
+
+    The floor is needed because gpc forms squared distances as |x|^2 + |y|^2 - 2 x.y (BLAS) while
+    scikit-learn uses exact differences (pdist): entries of dK that are ~0 (near-coincident points)
+    then differ by rounding of the larger terms, i.e. relative to the matrix scale, not to the entry.
+    """
+    desired = np.asarray(desired)
+    scale = np.abs(desired).max() if desired.size else 0.0
+    assert_allclose(actual, desired, rtol=rtol, atol=rtol * scale)
+
+
+# pairs (gpc kernel, equivalent scikit-learn kernel)
+PAIRS = {
+    "rbf_iso": (lambda: RBF(0.8), lambda: sk.RBF(0.8)),
+    "rbf_ard": (lambda: RBF(LS3), lambda: sk.RBF(LS3)),
+    "matern15_iso": (lambda: Matern(0.9, nu=1.5), lambda: sk.Matern(0.9, nu=1.5)),
+    "matern15_ard": (lambda: Matern(LS3, nu=1.5), lambda: sk.Matern(LS3, nu=1.5)),
+    "matern25_iso": (lambda: Matern(1.1, nu=2.5), lambda: sk.Matern(1.1, nu=2.5)),
+    "matern25_ard": (lambda: Matern(LS3, nu=2.5), lambda: sk.Matern(LS3, nu=2.5)),
+    "matern05_ard": (lambda: Matern(LS3, nu=0.5), lambda: sk.Matern(LS3, nu=0.5)),
+    "const_rbf_white": (lambda: ConstantKernel(2.5) * RBF(LS3) + WhiteKernel(0.3),
+                        lambda: sk.ConstantKernel(2.5) * sk.RBF(LS3) + sk.WhiteKernel(0.3)),
+    "linear": (lambda: Linear(1.7),
+               lambda: sk.ConstantKernel(1.7) * sk.DotProduct(0.0, sigma_0_bounds="fixed")),
+    "poly_scale1": (lambda: Polynomial(3, scale=1.0),
+                    lambda: sk.DotProduct(1.0, sigma_0_bounds="fixed") ** 3),
+    "fixed_ls": (lambda: ConstantKernel(2.0) * RBF(0.7, "fixed"),
+                 lambda: sk.ConstantKernel(2.0) * sk.RBF(0.7, "fixed")),
+}
+
+# gpc kernels with free hyperparameters, for gradient checks
+GRAD_KERNELS = {
+    "rbf_iso": lambda: RBF(0.8),
+    "rbf_ard": lambda: RBF(LS3),
+    "matern05_ard": lambda: Matern(LS3, nu=0.5),
+    "matern15_iso": lambda: Matern(0.9, nu=1.5),
+    "matern15_ard": lambda: Matern(LS3, nu=1.5),
+    "matern25_ard": lambda: Matern(LS3, nu=2.5),
+    "linear": lambda: Linear(0.7),
+    "const": lambda: ConstantKernel(1.9),
+    "white": lambda: WhiteKernel(0.4),
+    "sum_product": lambda: ConstantKernel(2.0) * Matern(LS3, nu=2.5) + WhiteKernel(0.1),
+    "product_of_stationary": lambda: RBF(1.5) * Matern(0.7, nu=1.5),
+    "poly_times_const": lambda: Polynomial(2) * ConstantKernel(0.5) + Linear(0.3),
+}
+
+# kernels for which gradient_inputs is implemented (white and constant: derivative 0)
+INPUT_KERNELS = dict(GRAD_KERNELS, poly3=lambda: Polynomial(3), poly_scaled=lambda: Polynomial(2, 4.0))
+
+
+@pytest.mark.parametrize("name", sorted(PAIRS))
+def test_values_and_gradient_tensor_match_sklearn(name):
+    ours, theirs = PAIRS[name][0](), PAIRS[name][1]()
+    assert_allclose(ours.theta, theirs.theta, rtol=0, atol=0)
+    assert_allclose(ours.bounds, np.reshape(theirs.bounds, (-1, 2)), rtol=1e-15)
+    K, dK = ours(X, eval_gradient=True)
+    K_sk, dK_sk = theirs(X, eval_gradient=True)
+    close_to(K, K_sk)
+    assert dK.shape == dK_sk.shape
+    close_to(dK, dK_sk)
+    close_to(ours(X, Y), theirs(X, Y))
+    close_to(ours.diag(X), theirs.diag(X))
+
+
+@pytest.mark.parametrize("name", sorted(GRAD_KERNELS))
+def test_gradient_contract_equals_einsum_and_finite_differences(name):
+    k = GRAD_KERNELS[name]()
+    Xs = X[:12]
+    M = RNG.normal(size=(12, 12))  # general, not symmetric
+    g = k.gradient_contract(Xs, M)
+    _, dK = k(Xs, eval_gradient=True)
+    g_tensor = np.einsum("ij,ijk->k", M, dK)
+    assert g.shape == (k.n_dims,)
+    assert_allclose(g, g_tensor, rtol=1e-10, atol=1e-12 * np.abs(g_tensor).max())
+    # Central differences in theta = log(hyperparameters).  Truncation error ~ h^2 |f'''| / 6 and
+    # rounding error ~ eps |f| / h; h = 1e-5 (about eps^(1/3)) balances them at ~1e-10 relative for
+    # these O(1) hyperparameters, so rtol 1e-6 fails any real error (a wrong factor or sign is O(1))
+    # and still leaves a 1e4 margin.
+    h = 1e-5
+    theta = k.theta
+    fd = np.empty_like(theta)
+    for j in range(theta.size):
+        e = np.zeros_like(theta)
+        e[j] = h
+        fd[j] = (np.sum(M * k.clone_with_theta(theta + e)(Xs))
+                 - np.sum(M * k.clone_with_theta(theta - e)(Xs))) / (2 * h)
+    assert_allclose(g, fd, rtol=1e-6, atol=1e-8 * np.abs(fd).max())
+
+
+def test_gradient_contract_symmetric_M_and_no_free_hyperparameters():
+    M = RNG.normal(size=(25, 25))
+    M = M + M.T
+    k = RBF(LS3)
+    _, dK = k(X, eval_gradient=True)
+    assert_allclose(k.gradient_contract(X, M), np.einsum("ij,ijk->k", M, dK), rtol=1e-10)
+    assert k.gradient_contract(X, M).shape == (3,)
+    assert RBF(1.0, "fixed").gradient_contract(X, M).shape == (0,)
+    assert Polynomial(2).gradient_contract(X, M).shape == (0,)
+
+
+@pytest.mark.parametrize("name", sorted(INPUT_KERNELS))
+def test_gradient_inputs_finite_differences(name):
+    k = INPUT_KERNELS[name]()
+    Xs, Ys = X[:6], Y[:5]
+    M = RNG.normal(size=(6, 5))
+    G = k.gradient_inputs(Xs, Ys, M)
+    assert G.shape == Xs.shape
+    # central differences in x, same step and reasoning as for theta above (inputs are O(1))
+    h = 1e-5
+    fd = np.empty_like(Xs)
+    for i in range(Xs.shape[0]):
+        for d in range(Xs.shape[1]):
+            Xp, Xm = Xs.copy(), Xs.copy()
+            Xp[i, d] += h
+            Xm[i, d] -= h
+            fd[i, d] = (np.sum(M * k(Xp, Ys)) - np.sum(M * k(Xm, Ys))) / (2 * h)
+    assert_allclose(G, fd, rtol=1e-6, atol=1e-8 * max(np.abs(fd).max(), 1.0))
+
+
+def test_gradient_inputs_both_arguments():
+    """d/dZ sum_ij M_ij k(z_i, z_j) = gradient_inputs(Z, Z, M) + gradient_inputs(Z, Z, M.T)."""
+    k = ConstantKernel(1.5) * RBF(LS3)
+    Z = X[:5]
+    M = RNG.normal(size=(5, 5))
+    G = k.gradient_inputs(Z, Z, M) + k.gradient_inputs(Z, None, M.T)
+    h = 1e-5
+    fd = np.empty_like(Z)
+    for i in range(5):
+        for d in range(3):
+            Zp, Zm = Z.copy(), Z.copy()
+            Zp[i, d] += h
+            Zm[i, d] -= h
+            fd[i, d] = (np.sum(M * k(Zp)) - np.sum(M * k(Zm))) / (2 * h)
+    assert_allclose(G, fd, rtol=1e-6, atol=1e-9)
+
+
+def test_gradient_inputs_not_implemented_for_foreign_kernel():
+    with pytest.raises(NotImplementedError, match="foreign kernel"):
+        as_kernel(sk.RBF(1.0)).gradient_inputs(X, Y, np.ones((25, 7)))
+
+
+PSD_KERNELS = [RBF(0.5), RBF(LS3), Matern(0.7, nu=0.5), Matern(LS3, nu=1.5), Matern(2.0, nu=2.5),
+               Linear(2.0), Polynomial(3), ConstantKernel(0.5) * RBF(1.0) + WhiteKernel(1e-3),
+               Matern(1.0, nu=2.5) * Linear(1.0)]
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=hnp.arrays(np.float64, st.tuples(st.integers(1, 12), st.just(3)),
+                       elements=st.floats(-5, 5, allow_nan=False)),
+       which=st.integers(0, len(PSD_KERNELS) - 1))
+def test_kernel_matrix_symmetric_psd(data, which):
+    k = PSD_KERNELS[which]
+    K = k(data)
+    assert np.array_equal(K, K.T)
+    assert np.all(np.isfinite(K))
+    ev = np.linalg.eigvalsh(K)
+    assert ev.min() >= -1e-10 * max(np.trace(K), 1e-300)
+    assert_allclose(np.diag(K), k.diag(data), rtol=1e-12, atol=1e-12)
+
+
+KERNELS_FOR_ROUNDTRIP = [RBF(LS3, (1e-3, 1e3)), Matern(0.4, nu=2.5), Linear(3.0), Polynomial(4, 2.0),
+                         WhiteKernel(0.2, "fixed"),
+                         ConstantKernel(2.0) * RBF(0.7) + WhiteKernel(0.1)]
+
+
+@pytest.mark.parametrize("k", KERNELS_FOR_ROUNDTRIP, ids=repr)
+def test_clone_get_params_pickle_round_trips(k):
+    k2 = k.clone_with_theta(k.theta)  # exp(log(v)) may differ from v in the last bit
+    assert type(k2) is type(k) and k2 is not k
+    assert_allclose(k2.theta, k.theta, rtol=1e-15)
+    assert_allclose(k2(X), k(X), rtol=1e-14)
+    k3 = type(k)(**k.get_params(deep=False))
+    assert k3 == k
+    k4 = clone(k)
+    assert k4 == k and k4 is not k
+    assert_allclose(k4(X), k(X), rtol=0, atol=0)
+    k5 = pickle.loads(pickle.dumps(k))
+    assert k5 == k
+    assert_allclose(k5(X), k(X), rtol=0, atol=0)
+    assert type(k).__name__ in repr(k) or " + " in repr(k)
+    # new theta changes the value, the copy does not touch the original
+    if k.n_dims:
+        t = k.theta.copy()
+        k6 = k.clone_with_theta(t + 0.1)
+        assert_allclose(k6.theta, t + 0.1, rtol=1e-14)
+        assert_allclose(k.theta, t, rtol=0)
+        assert k6 != k
+
+
+def test_theta_setter_and_names():
+    k = ConstantKernel(2.0) * RBF(LS3) + WhiteKernel(0.1)
+    assert k.hyperparameter_names == ["k1__k1__constant_value", "k1__k2__length_scale[0]",
+                                      "k1__k2__length_scale[1]", "k1__k2__length_scale[2]",
+                                      "k2__noise_level"]
+    k.theta = np.log([3.0, 1.0, 2.0, 4.0, 0.5])
+    assert_allclose(k.k1.k2.length_scale, [1.0, 2.0, 4.0])
+    assert_allclose(k.k2.noise_level, 0.5)
+    assert isinstance(k.k2.noise_level, float)
+    assert k.bounds.shape == (5, 2)
+    assert_allclose(k.bounds[0], np.log([1e-5, 1e5]))
+
+
+def test_fixed_hyperparameters_drop_out_of_theta():
+    k = ConstantKernel(2.0, "fixed") * RBF([1.0, 2.0]) + WhiteKernel(0.1, "fixed")
+    assert k.n_dims == 2
+    assert k.hyperparameter_names == ["k1__k2__length_scale[0]", "k1__k2__length_scale[1]"]
+    X2 = X[:, :2]
+    K, dK = k(X2, eval_gradient=True)
+    assert dK.shape == (25, 25, 2)
+    M = RNG.normal(size=(25, 25))
+    assert_allclose(k.gradient_contract(X2, M), np.einsum("ij,ijk->k", M, dK), rtol=1e-10)
+    k.theta = np.log([3.0, 4.0])
+    assert k.k1.k1.constant_value == 2.0 and k.k2.noise_level == 0.1
+    assert RBF(1.0, "fixed").theta.shape == (0,) and RBF(1.0, "fixed").bounds.shape == (0, 2)
+
+
+def test_set_params_nested_and_arithmetic_with_numbers():
+    k = 2.0 * RBF(1.0) + 0.5
+    assert isinstance(k, Sum) and isinstance(k.k1, Product)
+    assert isinstance(k.k1.k1, ConstantKernel) and k.k1.k1.constant_value == 2.0
+    assert isinstance(k.k2, ConstantKernel) and k.k2.constant_value == 0.5
+    k.set_params(k1__k2__length_scale=3.0)
+    assert k.k1.k2.length_scale == 3.0
+    assert k.get_params()["k1__k2__length_scale"] == 3.0
+    assert_allclose(k(X), 2.0 * np.exp(-0.5 * np.sum((X[:, None] - X[None]) ** 2, -1) / 9.0) + 0.5,
+                    rtol=1e-12)
+    assert_allclose((RBF(1.0) * 3)(X), 3 * RBF(1.0)(X), rtol=0)
+    assert_allclose((1 + RBF(1.0))(X), 1 + RBF(1.0)(X), rtol=0)
+    with pytest.raises(ValueError, match="invalid parameter"):
+        k.set_params(foo=1)
+    with pytest.raises(ValueError, match="length_scale"):
+        k.set_params(k1__k2__length_scale=-1.0)
+
+
+def test_white_kernel_diagonal_only_for_same_inputs():
+    w = WhiteKernel(0.3)
+    assert_allclose(w(X), 0.3 * np.eye(25))
+    assert_allclose(w(X, X), 0.3 * np.eye(25))
+    assert_allclose(w(X, X.copy()), 0.0)
+    assert_allclose(w(X, Y), 0.0)
+
+
+def test_polynomial_default_scale_is_n_features():
+    K = Polynomial(3)(X, Y)
+    assert_allclose(K, (1 + X @ Y.T / 3) ** 3, rtol=1e-13)
+    assert Polynomial(3).n_dims == 0
+    assert not Polynomial(3).is_stationary() and RBF().is_stationary()
+    assert not (RBF() * Linear()).is_stationary() and (RBF() + WhiteKernel()).is_stationary()
+
+
+def test_as_kernel_adapts_sklearn_kernels():
+    r = RBF(LS3)
+    assert as_kernel(r) is r
+    a = as_kernel(sk.ConstantKernel(2.0) * sk.RBF(LS3))
+    ours = ConstantKernel(2.0) * RBF(LS3)
+    M = RNG.normal(size=(25, 25))
+    assert_allclose(a.gradient_contract(X, M), ours.gradient_contract(X, M), rtol=1e-10)
+    assert_allclose(a.theta, ours.theta) and a.n_dims == 4
+    assert_allclose(a.bounds, ours.bounds)
+    assert a.hyperparameter_names == ["k1__constant_value"] + [f"k2__length_scale[{i}]" for i in range(3)]
+    b = a.clone_with_theta(a.theta + 1)
+    assert_allclose(b(X), ours.clone_with_theta(ours.theta + 1)(X), rtol=1e-12)
+    assert_allclose(a.diag(X), ours.diag(X))
+    mixed = RBF(LS3) + sk.WhiteKernel(0.2)
+    assert mixed.n_dims == 4
+    assert_allclose(mixed.gradient_contract(X, M),
+                    np.einsum("ij,ijk->k", M, mixed(X, eval_gradient=True)[1]), rtol=1e-10)
+    with pytest.raises(TypeError, match="not a kernel"):
+        as_kernel("rbf")
+
+
+BAD_CONSTRUCTORS = [
+    lambda: RBF(-1.0), lambda: RBF(0.0), lambda: RBF(np.nan), lambda: RBF(np.inf),
+    lambda: RBF([1.0, -2.0]), lambda: RBF(1.0, (0.0, 1.0)), lambda: RBF(1.0, (1.0, np.inf)),
+    lambda: RBF(1.0, (2.0, 1.0)), lambda: RBF(1.0, "free"), lambda: RBF(1.0, (1, 2, 3)),
+    lambda: Matern(1.0, nu=1.0), lambda: Matern(-1.0), lambda: ConstantKernel(-2.0),
+    lambda: ConstantKernel(1.0, (-1.0, 1.0)), lambda: WhiteKernel(0.0), lambda: WhiteKernel(np.nan),
+    lambda: Linear(-1.0), lambda: Linear(1.0, (np.nan, 1.0)), lambda: Polynomial(0),
+    lambda: Polynomial(2.5), lambda: Polynomial(2, scale=-1.0), lambda: RBF("abc"),
+    lambda: Sum(RBF(), 3.0), lambda: RBF() + "abc",
+]
+
+
+@pytest.mark.parametrize("make", BAD_CONSTRUCTORS)
+def test_bad_hyperparameters_raise(make):
+    with pytest.raises(ValueError):
+        make()
+
+
+def test_bad_theta_and_inputs_raise():
+    k = ConstantKernel() * RBF([1.0, 1.0, 1.0])
+    for bad in ([0.0, 0.0], [0.0, np.nan, 0.0, 0.0], [np.inf, 0, 0, 0], [1e6, 0, 0, 0]):
+        with pytest.raises(ValueError, match="theta"):
+            k.theta = bad
+    with pytest.raises(ValueError, match="features"):
+        RBF([1.0, 2.0])(X)
+    with pytest.raises(ValueError, match="features"):
+        RBF(1.0)(X, Y[:, :2])
+    with pytest.raises(ValueError, match="2-dimensional"):
+        RBF(1.0)(X[:, 0])
+    Xn = X.copy()
+    Xn[3, 1] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        RBF(1.0)(Xn)
+    Yi = Y.copy()
+    Yi[0, 0] = np.inf
+    with pytest.raises(ValueError, match="inf"):
+        Linear()(X, Yi)
+    with pytest.raises(ValueError, match="Y is None"):
+        RBF(1.0)(X, Y, eval_gradient=True)
+    with pytest.raises(ValueError, match="shape"):
+        RBF(1.0).gradient_contract(X, np.ones((3, 3)))
+    with pytest.raises(ValueError, match="NaN"):
+        RBF(1.0).gradient_contract(X, np.full((25, 25), np.nan))
+    with pytest.raises(ValueError, match="shape"):
+        RBF(1.0).gradient_inputs(X, Y, np.ones((25, 25)))
+
+
+def test_is_kernel_subclass():
+    for k in PSD_KERNELS:
+        assert isinstance(k, Kernel) and k.requires_vector_input
