@@ -25,10 +25,11 @@ PAPER_EP_CAVITY = {"ep sequential (1, 2)": -117.9, "ep sequential (2, 1)": -14.3
 PAPER_PL_ITERATIONS = 6
 
 
-def exact_posterior(n_grid=801, lim1=(-4.0, 4.0), lim2=(-7.0, 3.0)):
-    """Unnormalised posterior density on a grid, with its mean, covariance and log Z."""
-    f1 = np.linspace(*lim1, n_grid)
-    f2 = np.linspace(*lim2, n_grid)
+def exact_posterior(n_grid=800, lim1=(-4.0, 4.0), lim2=(-7.0, 3.0)):
+    """Posterior density on a grid of cell centres (midpoint rule; 0 is a cell boundary so the step of
+    the likelihood does not cut a cell), with its mean, covariance and log Z."""
+    f1 = lim1[0] + (np.arange(n_grid) + 0.5) * (lim1[1] - lim1[0]) / n_grid
+    f2 = lim2[0] + (np.arange(n_grid) + 0.5) * (lim2[1] - lim2[0]) / n_grid
     F1, F2 = np.meshgrid(f1, f2)
     P = np.linalg.inv(PRIOR_COV)
     d1, d2 = F1 - PRIOR_MEAN[0], F2 - PRIOR_MEAN[1]
