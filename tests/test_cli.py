@@ -93,3 +93,23 @@ def test_module_entry_point(tmp_path):
     assert proc.returncode == 0
     for name in ("pl-table1", "pl-figure1", "mf-pima", "mf-online", "nr-bounds"):
         assert name in proc.stdout
+
+
+def test_compare_subsample(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    code, stdout, _ = run_cli(["compare", "--data", "banana", "--subsample", "120", "--methods", "laplace",
+                               "--folds", "2", "--quiet", "--out", str(out)], capsys)
+    assert code == 0 and "subsample" in stdout
+    assert json.loads(out.read_text())[0]["error_mean"] < 0.35
+
+
+@pytest.mark.slow
+def test_compare_every_bundled_binary_set(capsys):
+    from gpc import datasets
+
+    for name in datasets.available(binary=True):
+        extra = ["--subsample", "500"] if name == "banana" else []
+        code, stdout, err = run_cli(["compare", "--data", name, "--methods", "laplace", "--folds", "3",
+                                     "--quiet", *extra], capsys)
+        assert code == 0, (name, err)
+        assert "failed" not in stdout, (name, stdout)

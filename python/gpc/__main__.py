@@ -31,6 +31,8 @@ def build_parser():
                       help="probit, logit, noisy_threshold, heaviside (default probit)")
     cmp_.add_argument("--folds", type=int, default=5)
     cmp_.add_argument("--seed", type=int, default=0)
+    cmp_.add_argument("--subsample", type=int, metavar="N",
+                      help="use a seeded stratified subset of N points (a quick look at a large set)")
     cmp_.add_argument("--jobs", type=int, default=1, help="processes for the folds")
     cmp_.add_argument("--out", help="write the records as JSON")
     cmp_.add_argument("--plot", help="write a PNG chart of error and NLL per method (needs matplotlib)")

@@ -189,6 +189,14 @@ def main(args):
     if bad:
         raise ValueError(f"unknown likelihood(s) {', '.join(bad)}; choose from {', '.join(LIKELIHOODS)}")
     X, y, name = load_data(args)
+    if getattr(args, "subsample", None) and args.subsample < len(y):
+        if args.subsample < 2 * args.folds:
+            raise ValueError(f"--subsample {args.subsample} is too small for {args.folds} folds")
+        # the first fold of a stratified partition into len(y)/N parts is a stratified subset
+        parts = max(2, int(np.floor(len(y) / args.subsample)))
+        keep = stratified_folds(y, parts, args.seed)[0][: args.subsample]
+        X, y = X[keep], y[keep]
+        name = f"{name} (subsample {len(y)})"
     classes, counts = np.unique(y, return_counts=True)
     if len(classes) < 2:
         raise ValueError(f"{name} has one class only ({classes[0]!r})")
