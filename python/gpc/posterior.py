@@ -13,7 +13,7 @@ through the Cholesky factor L of the well-conditioned B = I + S K S, S = T^½ (R
 
 import numpy as np
 
-from ._linalg import cholesky_lower, cho_solve_lower, log_det_from_cholesky, solve_lower
+from ._linalg import cho_inverse_lower, cholesky_lower, cho_solve_lower, log_det_from_cholesky, solve_lower
 
 
 class SitePosterior:
@@ -47,6 +47,17 @@ class SitePosterior:
         self.mean = prior_mean + K @ self.alpha
         self._diag_cov = None
         self._cov = None
+        self._B_inv = None
+
+    def B_inverse(self):
+        """B⁻¹ (LAPACK dpotri from the factor; cached)."""
+        if self._B_inv is None:
+            self._B_inv = cho_inverse_lower(self.L)
+        return self._B_inv
+
+    def R(self):
+        """R = S B⁻¹ S = (K + T⁻¹)⁻¹, the matrix of the evidence gradients (R&W Alg. 3.5, 5.2)."""
+        return self.sqrt_tau[:, None] * self.B_inverse() * self.sqrt_tau[None, :]
 
     @property
     def log_det_B(self):
@@ -61,13 +72,27 @@ class SitePosterior:
         return self._cov
 
     def diag_cov(self):
-        """diag Σ, the posterior marginal variances."""
+        """diag Σ, the posterior marginal variances.
+
+        From B⁻¹ (one dpotri): Σ = T^-½ (I − B⁻¹) T^-½ where τ_i > 0, so Σ_ii = (1 − [B⁻¹]_ii)/τ_i.  The
+        rounding error of 1 − [B⁻¹]_ii (~1e-13) is divided by τ_i, so sites with τ_i < 1e-6 take the
+        exact column Σ e_i = K e_i − K R K e_i instead.
+        """
         if self._diag_cov is None:
             if self._cov is not None:
                 self._diag_cov = np.diag(self._cov).copy()
             else:
-                V = solve_lower(self.L, self.sqrt_tau[:, None] * self.K)
-                self._diag_cov = np.diag(self.K) - np.einsum("ij,ij->j", V, V)
+                tau = self.site_precision
+                d = np.empty(len(tau))
+                ok = tau > 1e-6
+                d[ok] = (1.0 - np.diag(self.B_inverse())[ok]) / tau[ok]
+                idx = np.flatnonzero(~ok)
+                if idx.size:
+                    Kc = self.K[:, idx]
+                    s = self.sqrt_tau
+                    RKc = s[:, None] * (self.B_inverse() @ (s[:, None] * Kc))
+                    d[idx] = self.K[idx, idx] - np.einsum("ij,ij->j", Kc, RKc)
+                self._diag_cov = d
         return self._diag_cov
 
     def predict(self, K_cross, k_diag, prior_mean=0.0):

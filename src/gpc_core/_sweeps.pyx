@@ -1,1 +1,205 @@
-# Site sweeps (EP, PL, ADF) over the dense posterior.  (Implementation lands with issue 3.)
+# Sequential site sweeps over a dense Gaussian posterior: EP (moment matching against the cavity)
+# and PL (statistical linear regression against the current marginal) as two site rules of one loop.
+#
+# The posterior N(mu, Sigma) of the latent values is updated after each site by the rank-one change
+#     Sigma <- Sigma - c s s^T,  s = Sigma e_i,  c = dtau / (1 + dtau Sigma_ii)
+#     mu    <- mu + s (dnu - dtau mu_i) / (1 + dtau Sigma_ii)                (R&W §3.6, Alg. 3.5)
+# Applied one at a time these are memory-bound BLAS-2 updates.  Here they are deferred: the pending
+# updates of the current block are kept as rows p_k with weights c_k, the column needed for site i is
+#     s = Sigma_0 e_i - sum_k c_k p_k[i] p_k                                   (dgemv over the block)
+# and each full block is applied to Sigma_0 as two rank-b updates (dsyrk, the positive and the
+# negative weights separately).  Block size 1 is the plain rank-one sweep.
+#
+# Sigma is held in its lower triangle (C order); Fortran BLAS sees the transpose, so 'U' below
+# addresses that lower triangle.
+
+from libc.math cimport sqrt
+from scipy.linalg.cython_blas cimport dgemv, dsyrk
+
+include "_moments.pxi"
+
+cdef enum:
+    RULE_EP = 0
+    RULE_PL = 1
+
+cdef enum:
+    NEG_RAISE = 0
+    NEG_CLIP = 1
+    NEG_SKIP = 2
+
+#: site precision that "clip" puts in place of a negative one (PL §IV, after Vehtari et al.)
+cdef double CLIP_PRECISION = 1e-8
+
+
+cdef void column(const double* S, Py_ssize_t n, Py_ssize_t i, const double* P, const double* c,
+                 Py_ssize_t nb, double* w, double* s) noexcept nogil:
+    """s = (Sigma_0 - sum_k c_k p_k p_k^T) e_i from the lower triangle of Sigma_0 and the block."""
+    cdef Py_ssize_t j, k
+    cdef int fn = <int> n, fnb = <int> nb, one = 1
+    cdef double minus_one = -1.0, plus_one = 1.0
+    for j in range(i + 1):
+        s[j] = S[i * n + j]
+    for j in range(i + 1, n):
+        s[j] = S[j * n + i]
+    if nb > 0:
+        for k in range(nb):
+            w[k] = c[k] * P[k * n + i]
+        # s := s - P^T w, with P (nb x n, C order) seen by Fortran as the n x nb matrix P^T
+        dgemv(b"N", &fn, &fnb, &minus_one, <double*> P, &fn, w, &one, &plus_one, s, &one)
+
+
+cdef void flush(double* S, Py_ssize_t n, double* P, double* c, Py_ssize_t nb,
+                double* Q) noexcept nogil:
+    """Sigma_0 -= sum_k c_k p_k p_k^T as rank-b updates of the lower triangle (dsyrk)."""
+    cdef Py_ssize_t k, j, npos = 0, nneg = 0
+    cdef int fn = <int> n, kk, one = 1
+    cdef double alpha, beta = 1.0, r
+    # positive weights first, then negative ones, each scaled by sqrt(|c_k|) into Q
+    for k in range(nb):
+        if c[k] > 0:
+            r = sqrt(c[k])
+            for j in range(n):
+                Q[npos * n + j] = r * P[k * n + j]
+            npos += 1
+    if npos > 0:
+        kk = <int> npos
+        alpha = -1.0
+        dsyrk(b"U", b"N", &fn, &kk, &alpha, Q, &fn, &beta, S, &fn)
+    for k in range(nb):
+        if c[k] < 0:
+            r = sqrt(-c[k])
+            for j in range(n):
+                Q[nneg * n + j] = r * P[k * n + j]
+            nneg += 1
+    if nneg > 0:
+        kk = <int> nneg
+        alpha = 1.0
+        dsyrk(b"U", b"N", &fn, &kk, &alpha, Q, &fn, &beta, S, &fn)
+
+
+def sequential_sweep(double[:, ::1] Sigma, double[::1] mu, double[::1] tau, double[::1] nu,
+                     const double[::1] y, const Py_ssize_t[::1] order, int rule, int kind,
+                     double eps, const double[::1] gh_nodes, const double[::1] gh_weights,
+                     double damping, int on_negative, Py_ssize_t block, double[::1] log_z,
+                     double[:, ::1] work):
+    """One sequential sweep of EP (rule 0) or PL (rule 1) over the sites in ``order``.
+
+    Updates Sigma (lower triangle), mu, tau and nu in place and writes each site's log Z_i (EP).
+    ``work`` is scratch of shape (2 * block + 3, n).  Returns (status, index, value): status 0 = done;
+    1 = a negative cavity variance at site ``index`` under on_negative="raise" (value = the cavity
+    variance); 2 = the likelihood could not be evaluated at site ``index``.  Sites met under "skip" or
+    "clip" are counted in the fourth return value.
+    """
+    cdef Py_ssize_t n = Sigma.shape[0], t, i, nb = 0, k
+    cdef Py_ssize_t bad_index = -1
+    cdef int status = 0, lik_status
+    cdef long n_fixed = 0
+    cdef double sii, mui, tau_cav, nu_cav, cav_var, cav_mean, lz, m_hat, v_hat
+    cdef double tau_new, nu_new, dtau, dnu, denom, ck, g, bad_value = 0.0
+    cdef double mu_y, cov_fy, var_y, A, b, omega
+    cdef LikelihoodSpec spec
+    if Sigma.shape[1] != n or mu.shape[0] != n or tau.shape[0] != n or nu.shape[0] != n \
+            or y.shape[0] != n or log_z.shape[0] != n or order.shape[0] > n:
+        raise ValueError("sequential_sweep: inconsistent array sizes")
+    if block < 1:
+        raise ValueError("block must be >= 1")
+    if block > n or work.shape[0] < 2 * block + 3 or work.shape[1] != n:
+        raise ValueError("block must be <= n and work of shape (2 * block + 3, n)")
+    if gh_nodes.shape[0] != gh_weights.shape[0] or gh_nodes.shape[0] < 1:
+        raise ValueError("Gauss-Hermite nodes and weights must be non-empty and of equal length")
+    if not (0.0 < damping <= 1.0):
+        raise ValueError("damping must be in (0, 1]")
+    for t in range(order.shape[0]):
+        if order[t] < 0 or order[t] >= n:
+            raise ValueError("order holds an index out of range")
+    spec.kind = kind
+    spec.eps = eps
+    spec.gh_order = <int> gh_nodes.shape[0]
+    spec.gh_nodes = &gh_nodes[0]
+    spec.gh_weights = &gh_weights[0]
+    cdef double* P = &work[0, 0]                 # block rows p_k
+    cdef double* Q = &work[block, 0]             # scaled copies for dsyrk
+    cdef double* s = &work[2 * block, 0]         # current column
+    cdef double* cw = &work[2 * block + 1, 0]    # weights c_k
+    cdef double* w = &work[2 * block + 2, 0]     # dgemv's c_k p_k[i]
+    with nogil:
+        for t in range(order.shape[0]):
+            i = order[t]
+            column(&Sigma[0, 0], n, i, P, cw, nb, w, s)
+            sii = s[i]
+            mui = mu[i]
+            if rule == RULE_EP:
+                # cavity: remove site i from the marginal N(mu_i, Sigma_ii)       (R&W eq. (3.56))
+                tau_cav = 1.0 / sii - tau[i]
+                nu_cav = mui / sii - nu[i]
+                if not (tau_cav > 0.0):
+                    if on_negative == NEG_RAISE:
+                        status = 1
+                        bad_index = i
+                        bad_value = 1.0 / tau_cav if tau_cav != 0.0 else -1e308
+                        break
+                    n_fixed += 1
+                    continue                      # clip and skip: no moments without a cavity
+                cav_var = 1.0 / tau_cav
+                cav_mean = nu_cav * cav_var
+                lik_status = tilted_moments(&spec, y[i], cav_mean, cav_var, &lz, &m_hat, &v_hat)
+                if lik_status != 0:
+                    status = 2
+                    bad_index = i
+                    break
+                log_z[i] = lz
+                tau_new = 1.0 / v_hat - tau_cav                                 # R&W eq. (3.59)
+                nu_new = m_hat / v_hat - nu_cav
+            else:
+                # PL eq. (9)-(16): SLR of E(y|f) against the current marginal N(mui, sii)
+                lik_status = slr_moments(&spec, mui, sii, &mu_y, &cov_fy, &var_y)
+                if lik_status != 0:
+                    status = 2
+                    bad_index = i
+                    break
+                A = cov_fy / sii
+                b = mu_y - A * mui
+                omega = var_y - A * A * sii
+                if not (omega > 0.0):
+                    omega = 1e-300
+                tau_new = A * A / omega
+                nu_new = A * (y[i] - b) / omega
+            # damping on the natural parameters (RMGPC §3)
+            tau_new = damping * tau_new + (1.0 - damping) * tau[i]
+            nu_new = damping * nu_new + (1.0 - damping) * nu[i]
+            if tau_new < 0.0:
+                if on_negative == NEG_RAISE and rule == RULE_EP:
+                    status = 1
+                    bad_index = i
+                    bad_value = 1.0 / tau_new
+                    break
+                n_fixed += 1
+                if on_negative == NEG_SKIP:
+                    continue
+                nu_new = nu_new * CLIP_PRECISION / tau_new if tau_new != 0.0 else 0.0
+                tau_new = CLIP_PRECISION
+            dtau = tau_new - tau[i]
+            dnu = nu_new - nu[i]
+            tau[i] = tau_new
+            nu[i] = nu_new
+            denom = 1.0 + dtau * sii
+            if not (denom > 0.0):                  # the new posterior would not be positive definite
+                status = 3
+                bad_index = i
+                bad_value = denom
+                break
+            # mu += s (dnu - dtau mu_i) / (1 + dtau Sigma_ii); the Sigma update joins the block
+            g = (dnu - dtau * mui) / denom
+            for k in range(n):
+                mu[k] += g * s[k]
+            ck = dtau / denom
+            for k in range(n):
+                P[nb * n + k] = s[k]
+            cw[nb] = ck
+            nb += 1
+            if nb == block:
+                flush(&Sigma[0, 0], n, P, cw, nb, Q)
+                nb = 0
+        if nb > 0:
+            flush(&Sigma[0, 0], n, P, cw, nb, Q)
+    return status, bad_index, bad_value, n_fixed

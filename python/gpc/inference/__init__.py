@@ -20,6 +20,8 @@ from ._result import InferenceResult
 #: function other than ``run`` (one module may hold several methods, e.g. the two mean-field ones)
 METHODS = {
     "laplace": ("laplace", (None,), None),
+    "ep": ("ep", ("sequential", "parallel"), "sequential"),
+    "pl": ("pl", ("sequential", "parallel"), "sequential"),
     "kl": ("kl", (None,), None),
     "vb": ("vb", (None,), None),
     "mf-ensemble": ("meanfield:run_ensemble", ("sequential",), "sequential"),

@@ -174,6 +174,7 @@ class _LaplacePosterior(SitePosterior):
         self.mean = f
         self._diag_cov = None
         self._cov = None
+        self._B_inv = None
 
 
 def _gradient_matrix(K, W, sW, L, a, g, d3):

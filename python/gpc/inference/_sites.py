@@ -1,0 +1,188 @@
+"""The Gaussian-site engine shared by EP and PL: one site rule, two schedules (DESIGN.md).
+
+- ``sequential``: sites visited one at a time; after each, the posterior N(μ, Σ) takes a rank-one
+  update (in Cython, deferred in blocks and applied as rank-b BLAS-3 updates, gpc._sweeps).  Σ is
+  recomputed from the sites every ``RECOMPUTE_EVERY`` sweeps to stop rounding drift.
+- ``parallel``: every site is updated against one posterior, which is then refactored once.
+
+Negative site precisions are never stored: EP produces them by its nature for non-log-concave
+likelihoods (the noisy threshold, PL supplement), and the policy ``on_negative`` decides — "raise"
+(NegativeVarianceError with the site and the cavity variance), "clip" (a negative site precision
+becomes ``CLIP_PRECISION``; a site whose cavity is not positive keeps its old value: without a
+cavity there are no moments to match) or "skip" (the site keeps its old value for this sweep).
+So every posterior is represented by the Cholesky factor of B = I + S K S with τ ≥ 0.
+"""
+
+import warnings
+
+import numpy as np
+
+from .. import _sweeps
+from ..exceptions import ConvergenceWarning, NegativeVarianceError, NotPositiveDefiniteError
+from ..posterior import SitePosterior
+
+RULES = {"ep": 0, "pl": 1}
+ON_NEGATIVE = {"raise": 0, "clip": 1, "skip": 2}
+CLIP_PRECISION = 1e-8      # the value _sweeps.pyx uses too
+RECOMPUTE_EVERY = 5
+DEFAULT_BLOCK = 64
+
+
+class NegativeSitesWarning(RuntimeWarning):
+    """EP met negative cavity or site variances and clipped or skipped those sites."""
+
+
+def check_options(damping, on_negative, schedule):
+    if not (isinstance(damping, (int, float)) and 0.0 < damping <= 1.0):
+        raise ValueError(f"damping must be a number in (0, 1], got {damping!r}")
+    if on_negative not in ON_NEGATIVE:
+        raise ValueError(f"on_negative must be one of {', '.join(ON_NEGATIVE)}, got {on_negative!r}")
+    if schedule not in ("sequential", "parallel"):
+        raise ValueError(f"schedule must be 'sequential' or 'parallel', got {schedule!r}")
+
+
+def visiting_order(n, order, random_state):
+    """None: natural order; "random": a fresh permutation per sweep; or a given permutation."""
+    if order is None:
+        return lambda sweep: np.arange(n, dtype=np.intp)
+    if isinstance(order, str):
+        if order != "random":
+            raise ValueError(f"order must be None, 'random' or a permutation, got {order!r}")
+        rng = random_state if isinstance(random_state, np.random.Generator) else np.random.default_rng(random_state)
+        return lambda sweep: rng.permutation(n).astype(np.intp)
+    perm = np.asarray(order)
+    if perm.shape != (n,) or not np.array_equal(np.sort(perm), np.arange(n)):
+        raise ValueError("order must be a permutation of range(n)")
+    perm = perm.astype(np.intp)
+    return lambda sweep: perm
+
+
+def initial_sites(n, init, method):
+    """Zero sites, or the sites of a previous result of the same method (warm start)."""
+    if init is not None and init.method == method and init.site_precision.shape == (n,):
+        return init.site_precision.copy(), init.site_location.copy()
+    return np.zeros(n), np.zeros(n)
+
+
+def _moments(K, tau, nu, m0):
+    post = SitePosterior(K, tau, nu, m0)
+    return post, post.mean.copy(), post.diag_cov().copy()
+
+
+def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping, on_negative,
+                 order, random_state, block, init, converged_by):
+    """Iterate the site rule to a fixed point.
+
+    ``converged_by`` is "sites" (EP: largest change of τ, ν relative to 1 + |value|) or "moments"
+    (PL: largest change of the posterior means and variances).  Returns
+    (posterior, tau, nu, n_iter, converged, n_fixed).
+    """
+    n = K.shape[0]
+    tau, nu = initial_sites(n, init, rule)
+    kind, eps, gh_x, gh_w = likelihood._spec_args()
+    code_rule, code_neg = RULES[rule], ON_NEGATIVE[on_negative]
+    next_order = visiting_order(n, order, random_state)
+    post, mu, var = _moments(K, tau, nu, m0)
+    n_fixed = 0
+    converged = False
+    n_iter = 0
+    if schedule == "sequential":
+        block = min(DEFAULT_BLOCK if block is None else int(block), n)
+        if block < 1:
+            raise ValueError("block must be a positive integer")
+        Sigma = _lower_cov(post)
+        work = np.empty((2 * block + 3, n))
+        log_z = np.zeros(n)
+    for n_iter in range(1, max_iter + 1):
+        tau_old, nu_old, mu_old, var_old = tau.copy(), nu.copy(), mu.copy(), var.copy()
+        if schedule == "sequential":
+            status, index, value, fixed = _sweeps.sequential_sweep(
+                Sigma, mu, tau, nu, y, next_order(n_iter), code_rule, kind, eps, gh_x, gh_w,
+                float(damping), code_neg, block, log_z, work)
+            _raise_for(status, index, value, likelihood)
+            n_fixed += fixed
+            var = np.diag(Sigma).copy()
+            if n_iter % RECOMPUTE_EVERY == 0:
+                post, mu, var = _moments(K, tau, nu, m0)
+                Sigma = _lower_cov(post)
+        else:
+            tau, nu, fixed = _parallel_update(y, likelihood, mu, var, tau, nu, code_rule, damping,
+                                              on_negative)
+            n_fixed += fixed
+            post, mu, var = _moments(K, tau, nu, m0)
+        if converged_by == "sites":
+            change = max(np.max(np.abs(tau - tau_old) / (1.0 + np.abs(tau))),
+                         np.max(np.abs(nu - nu_old) / (1.0 + np.abs(nu))))
+        else:
+            change = max(np.max(np.abs(mu - mu_old)), np.max(np.abs(var - var_old) / (1e-12 + var)))
+        if change < tol:
+            converged = True
+            break
+    if schedule == "sequential":
+        post = SitePosterior(K, tau, nu, m0)   # the final posterior from the sites, not the updates
+        post._diag_cov = None
+    if not converged:
+        warnings.warn(f"{rule.upper()} ({schedule}) did not converge in {max_iter} sweeps (last change "
+                      f"{change:.3g} > tol {tol:g})", ConvergenceWarning, stacklevel=4)
+    if n_fixed:
+        warnings.warn(f"{rule.upper()}: {n_fixed} site updates met a negative cavity or site variance "
+                      f"and were handled by on_negative={on_negative!r}", NegativeSitesWarning,
+                      stacklevel=4)
+    return post, tau, nu, n_iter, converged, n_fixed
+
+
+def _lower_cov(post):
+    """Σ as a C-ordered array whose lower triangle the sweep maintains."""
+    return np.ascontiguousarray(post.cov(), dtype=np.float64).copy()
+
+
+def _raise_for(status, index, value, likelihood):
+    if status == 1:
+        raise NegativeVarianceError(index, value)
+    if status == 2:
+        raise ValueError(f"the {likelihood.name} likelihood could not be evaluated at site {index} "
+                         "(its tilted distribution underflows: labels contradict a confident cavity)")
+    if status == 3:
+        raise NotPositiveDefiniteError(f"a site update at {index} would make the posterior covariance "
+                                       f"indefinite (1 + Δτ Σ_ii = {value:.3g})")
+
+
+def _parallel_update(y, likelihood, mu, var, tau, nu, rule, damping, on_negative):
+    """All sites against one posterior (marginals mu, var); returns the new (τ, ν) and a count."""
+    fixed = 0
+    if rule == 0:
+        tau_cav = 1.0 / var - tau
+        nu_cav = mu / var - nu
+        bad = ~(tau_cav > 0)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            if on_negative == "raise":
+                raise NegativeVarianceError(i, 1.0 / tau_cav[i] if tau_cav[i] != 0 else -np.inf)
+            fixed += int(bad.sum())
+        ok = ~bad
+        tau_new, nu_new = tau.copy(), nu.copy()
+        if ok.any():
+            _, m_hat, v_hat = likelihood.tilted_moments(y[ok], nu_cav[ok] / tau_cav[ok], 1.0 / tau_cav[ok])
+            tau_new[ok] = 1.0 / v_hat - tau_cav[ok]
+            nu_new[ok] = m_hat / v_hat - nu_cav[ok]
+    else:
+        mu_y, cov_fy, var_y = likelihood.slr_moments(mu, var)
+        A = cov_fy / var
+        b = mu_y - A * mu
+        omega = np.maximum(var_y - A * A * var, 1e-300)
+        tau_new = A * A / omega
+        nu_new = A * (y - b) / omega
+    tau_new = damping * tau_new + (1.0 - damping) * tau
+    nu_new = damping * nu_new + (1.0 - damping) * nu
+    neg = tau_new < 0
+    if neg.any():
+        i = int(np.flatnonzero(neg)[0])
+        if on_negative == "raise" and rule == 0:
+            raise NegativeVarianceError(i, 1.0 / tau_new[i])
+        fixed += int(neg.sum())
+        if on_negative == "skip":
+            tau_new[neg], nu_new[neg] = tau[neg], nu[neg]
+        else:
+            nu_new[neg] = nu_new[neg] * CLIP_PRECISION / tau_new[neg]
+            tau_new[neg] = CLIP_PRECISION
+    return tau_new, nu_new, fixed
