@@ -101,11 +101,9 @@ def plot_pl_figure1(out, directory):
     ax.axvline(0, color="0.8", lw=0.6)
     ax.set_xlabel("$f_1$")
     ax.set_ylabel("$f_2$")
-    ep = out["ep"]["ep sequential (1, 2)"]
-    if ep["failed"] and ep.get("cavity_variance") is not None:
-        note = f"EP stops: cavity variance {ep['cavity_variance']:.1f}"
-    elif ep["failed"]:
-        note = "EP fails"
+    ep = out["ep"]["ep sequential (1, 2)"].get("without_fixes", {})
+    if ep.get("failed"):
+        note = f"EP stops: cavity var. of $f_{ep['site']}$ = {ep['cavity_variance']:.1f}"
     else:
         note = "EP did not fail"
     ax.set_title(f"Exact posterior (log-spaced contours), PL; {note}", fontsize=8.5)
