@@ -1,4 +1,12 @@
-"""``python -m gpc`` / ``gpc``: the command line."""
+"""``python -m gpc`` / ``gpc``: the command line.
+
+    gpc compare [--data NAME | --csv FILE --label COL] [--methods …] [--likelihood …] [--folds K]
+                [--jobs N] [--out results.json] [--plot out.png]
+    gpc reproduce NAME [--out results.json] [--plots DIR] [--folds K] [--datasets …] [--methods …]
+
+Errors the user can fix (a missing file, an unknown data set, method or column, a method this build
+lacks) end with a one-line message and exit status 2, not a traceback.
+"""
 
 import argparse
 import sys
@@ -6,13 +14,16 @@ import sys
 
 def build_parser():
     from .experiments.compare import METHOD_LABELS
+    from .experiments.reproduce import add_parsers
 
     parser = argparse.ArgumentParser(prog="gpc", description="Gaussian process classification")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    cmp_ = sub.add_parser("compare", help="cross-validate the methods on a data set")
+    cmp_ = sub.add_parser("compare", help="cross-validate the methods on a data set",
+                          description="Cross-validated test error, negative test log-likelihood, log "
+                                      "evidence and fit time per method and likelihood.")
     src = cmp_.add_mutually_exclusive_group()
-    src.add_argument("--data", default="crabs", help="a bundled data set (see gpc.datasets.available())")
+    src.add_argument("--data", default="crabs", help="a bundled binary data set (see gpc.datasets.available())")
     src.add_argument("--csv", help="a CSV file with a header row")
     cmp_.add_argument("--label", default="label", help="the label column of --csv (default: label)")
     cmp_.add_argument("--methods", nargs="+", metavar="M", help=f"method labels ({', '.join(METHOD_LABELS)})")
@@ -20,30 +31,34 @@ def build_parser():
                       help="probit, logit, noisy_threshold, heaviside (default probit)")
     cmp_.add_argument("--folds", type=int, default=5)
     cmp_.add_argument("--seed", type=int, default=0)
+    cmp_.add_argument("--subsample", type=int, metavar="N",
+                      help="use a seeded stratified subset of N points (a quick look at a large set)")
     cmp_.add_argument("--jobs", type=int, default=1, help="processes for the folds")
     cmp_.add_argument("--out", help="write the records as JSON")
-    cmp_.add_argument("--plot", help="write a PNG bar chart (needs matplotlib)")
+    cmp_.add_argument("--plot", help="write a PNG chart of error and NLL per method (needs matplotlib)")
     cmp_.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    add_parsers(sub)
     return parser
 
 
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "compare":
-        from .experiments import compare
-        from . import datasets
+    from .experiments._common import MissingMethodError
 
-        if args.folds < 2:
-            parser.error("--folds must be at least 2")
-        if args.csv is None and args.data not in datasets.available():
-            parser.error(f"unknown data set {args.data!r}; available: {', '.join(datasets.available())}")
-        try:
+    try:
+        if args.command == "compare":
+            from .experiments import compare
             compare.main(args)
-        except FileNotFoundError as exc:
-            parser.error(str(exc))
-        except ValueError as exc:
-            parser.error(str(exc))
+        elif args.command == "reproduce":
+            from .experiments import reproduce
+            reproduce.main(args)
+    except (FileNotFoundError, ValueError, MissingMethodError) as exc:
+        msg = str(exc)
+        if isinstance(exc, FileNotFoundError) and exc.filename and exc.filename not in msg:
+            msg = f"{msg}: {exc.filename}"
+        parser.exit(2, f"gpc {args.command}: error: {msg}\n")
     return 0
 
 

@@ -151,33 +151,69 @@ def format_table(records, title=""):
     return "\n".join(lines)
 
 
-def main(args):
+LIKELIHOODS = ("probit", "logit", "noisy_threshold", "heaviside")
+
+
+def load_data(args):
+    """(X, y, name) from --csv/--label or --data, with errors a user can act on."""
     if args.csv:
         X, y = datasets.load_csv(args.csv, label=args.label, return_X_y=True)
-        name = args.csv
-    else:
-        X, y = datasets.load(args.data, return_X_y=True)
-        name = args.data
-    if len(np.unique(y)) < 2:
-        raise SystemExit(f"gpc compare: {name} has one class only")
-    labels = args.methods or available_labels()
+        return X, y, args.csv
+    if args.data not in datasets.available():
+        raise ValueError(f"unknown data set {args.data!r}; available: {', '.join(datasets.available())}")
+    X, y = datasets.load(args.data, return_X_y=True)
+    return X, y, args.data
+
+
+def check_methods(labels):
+    """Method labels -> the same list; ValueError for an unknown label or one this build lacks."""
     unknown = [m for m in labels if m not in METHOD_LABELS]
     if unknown:
-        raise SystemExit(f"gpc compare: unknown method(s) {', '.join(unknown)}; "
-                         f"available: {', '.join(available_labels())}")
+        raise ValueError(f"unknown method(s) {', '.join(unknown)}; known: {', '.join(METHOD_LABELS)} "
+                         f"(in this build: {', '.join(available_labels())})")
     missing = [m for m in labels if METHOD_LABELS[m][0] not in METHODS]
     if missing:
-        raise SystemExit(f"gpc compare: method(s) {', '.join(missing)} not in this build; "
-                         f"available: {', '.join(available_labels())}")
+        raise ValueError(f"method(s) {', '.join(missing)} not in this build of gpc; available: "
+                         f"{', '.join(available_labels())}")
+    return list(labels)
+
+
+def main(args):
+    if args.folds < 2:
+        raise ValueError("--folds must be at least 2")
+    if args.jobs < 1:
+        raise ValueError("--jobs must be at least 1")
+    labels = check_methods(args.methods or available_labels())
     likelihoods = args.likelihood or ["probit"]
+    bad = [lik for lik in likelihoods if lik not in LIKELIHOODS]
+    if bad:
+        raise ValueError(f"unknown likelihood(s) {', '.join(bad)}; choose from {', '.join(LIKELIHOODS)}")
+    X, y, name = load_data(args)
+    if getattr(args, "subsample", None) and args.subsample < len(y):
+        if args.subsample < 2 * args.folds:
+            raise ValueError(f"--subsample {args.subsample} is too small for {args.folds} folds")
+        # the first fold of a stratified partition into len(y)/N parts is a stratified subset
+        parts = max(2, int(np.floor(len(y) / args.subsample)))
+        keep = stratified_folds(y, parts, args.seed)[0][: args.subsample]
+        X, y = X[keep], y[keep]
+        name = f"{name} (subsample {len(y)})"
+    classes, counts = np.unique(y, return_counts=True)
+    if len(classes) < 2:
+        raise ValueError(f"{name} has one class only ({classes[0]!r})")
+    if counts.min() < args.folds:
+        raise ValueError(f"{name}: class {classes[np.argmin(counts)]!r} has {counts.min()} points, fewer "
+                         f"than --folds {args.folds}")
     records = run(X, y, labels, likelihoods, n_folds=args.folds, seed=args.seed, jobs=args.jobs,
                   progress=not args.quiet)
+    for r in records:
+        r["dataset"] = name
     print(format_table(records, title=f"{name}: n = {len(y)}, d = {X.shape[1]}, {args.folds}-fold CV, "
                                          "kernel σ² exp(−‖x−x'‖²/2ℓ²), type-II ML"))
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(records, fh, indent=2)
+        print("wrote", args.out)
     if args.plot:
         from .plots import plot_compare
-        plot_compare(records, args.plot, title=name)
+        print("wrote", plot_compare(records, args.plot, title=f"{name}, {args.folds}-fold CV"))
     return records

@@ -1,0 +1,102 @@
+"""Helpers shared by the reproductions: method availability, whitening, progress bars, data paths."""
+
+import contextlib
+import warnings
+from importlib import resources
+
+import numpy as np
+
+from ..exceptions import ConvergenceWarning
+from ..inference import METHODS
+
+#: where each inference method comes from (for the message when a build lacks it)
+METHOD_ORIGIN = {
+    "laplace": "issue 2 (Laplace)",
+    "ep": "issue 3 (EP, sequential and parallel)",
+    "pl": "issue 3 (posterior linearisation, sequential and parallel)",
+    "kl": "issue 4 (KL)",
+    "vb": "issue 4 (VB)",
+    "mf-ensemble": "issue 4 (mean field I)",
+    "mf-naive": "issue 4 (mean field II)",
+    "online": "issue 4 (online ADF)",
+}
+
+
+class MissingMethodError(RuntimeError):
+    """An experiment needs an inference method that this build does not have."""
+
+
+def require_methods(experiment, methods):
+    """Raise MissingMethodError naming every method of ``methods`` that is not in this build."""
+    missing = [m for m in dict.fromkeys(methods) if m not in METHODS]
+    if missing:
+        names = ", ".join(f"{m!r} ({METHOD_ORIGIN.get(m, 'unknown')})" for m in missing)
+        raise MissingMethodError(
+            f"{experiment} needs inference method(s) {names}, which this build of gpc does not have "
+            f"(available: {', '.join(sorted(METHODS))}); pass --methods with available ones for a "
+            "partial run")
+
+
+def data_path(filename):
+    """Path of a CSV shipped inside the package (works from a wheel and an editable install)."""
+    return str(resources.files("gpc.datasets") / "data" / filename)
+
+
+def whiten(X_train, X_test):
+    """Zero mean and identity covariance from the training part (PL §IV, after Kuss & Rasmussen).
+
+    ZCA whitening W = Σ^{-1/2} (eigh of the training covariance); directions with eigenvalue below
+    1e-10 × the largest are dropped (a constant column would otherwise make W singular).
+    """
+    mu = X_train.mean(axis=0)
+    Xc = X_train - mu
+    cov = Xc.T @ Xc / max(len(X_train) - 1, 1)
+    evals, evecs = np.linalg.eigh(cov)
+    keep = evals > 1e-10 * evals.max()
+    W = evecs[:, keep] / np.sqrt(evals[keep])
+    return Xc @ W, (X_test - mu) @ W
+
+
+def standardise(X_train, X_test):
+    """Zero mean and unit standard deviation per feature, from the training part."""
+    mu, sd = X_train.mean(axis=0), X_train.std(axis=0)
+    sd = np.where(sd > 0, sd, 1.0)
+    return (X_train - mu) / sd, (X_test - mu) / sd
+
+
+def progress(iterable, total=None, desc=None, enabled=True):
+    """tqdm around ``iterable`` when ``enabled`` and tqdm is installed (to stderr, left behind)."""
+    if enabled:
+        try:
+            from tqdm import tqdm
+            return tqdm(iterable, total=total, desc=desc, leave=False, dynamic_ncols=True)
+        except ImportError:  # pragma: no cover
+            pass
+    return iterable
+
+
+@contextlib.contextmanager
+def count_convergence_warnings():
+    """Collect ConvergenceWarnings (the papers cap EP/PL at 10 iterations on purpose); yields a list."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield caught
+
+
+def mean_se(values):
+    """Mean and standard error (ddof=1) of a 1-D sequence; se is 0 for one value."""
+    v = np.asarray(values, dtype=float)
+    if len(v) == 0:
+        return float("nan"), float("nan")
+    se = float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else 0.0
+    return float(v.mean()), se
+
+
+def map_tasks(fn, tasks, jobs=1, desc=None, show=True):
+    """fn over tasks, in a process pool when jobs > 1, with a progress bar; results in task order."""
+    if jobs > 1 and len(tasks) > 1:
+        from concurrent.futures import ProcessPoolExecutor
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            return list(progress(pool.map(fn, tasks), total=len(tasks), desc=desc, enabled=show))
+    return [fn(t) for t in progress(tasks, total=len(tasks), desc=desc, enabled=show)]
