@@ -9,15 +9,23 @@ class NegativeVarianceError(ArithmeticError):
     """EP met a negative cavity (or site) variance and the policy is ``on_negative="raise"``.
 
     EP produces these by its nature with non-log-concave likelihoods such as the noisy threshold
-    (PL paper, supplement).  ``index`` is the site being updated and ``cavity_variance`` the value met.
+    (PL paper, supplement).  ``index`` is the (0-based) site being updated and ``cavity_variance`` its
+    cavity variance: negative when the cavity is the problem; positive, with ``site_variance``
+    negative, when the moment-matched site is.
     """
 
-    def __init__(self, index, cavity_variance, message=None):
+    def __init__(self, index, cavity_variance, site_variance=None, message=None):
         self.index = int(index)
         self.cavity_variance = float(cavity_variance)
+        self.site_variance = None if site_variance is None else float(site_variance)
         if message is None:
-            message = (f"EP: negative cavity variance {self.cavity_variance:.6g} at site {self.index}; "
-                       "use on_negative='clip' or 'skip', damping, or method='pl'")
+            if self.site_variance is None:
+                what = f"negative cavity variance {self.cavity_variance:.6g}"
+            else:
+                what = (f"negative site variance {self.site_variance:.6g} (cavity variance "
+                        f"{self.cavity_variance:.6g})")
+            message = (f"EP: {what} at site {self.index}; use on_negative='clip' or 'skip', damping, "
+                       "or method='pl'")
         super().__init__(message)
 
 

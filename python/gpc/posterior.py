@@ -118,3 +118,69 @@ class SitePosterior:
         V = solve_lower(self.L, self.sqrt_tau[:, None] * K_cross)
         var = k_diag - np.einsum("ij,ij->j", V, V)
         return mean, np.maximum(var, 0.0)
+
+
+class SignedSitePosterior:
+    """The same posterior when some site precisions are negative (EP without fixes).
+
+    B = I + S K S needs √τ, so it is replaced by the LU factorisation of A = I + T K (not symmetric):
+
+        Σ = K A⁻ᵀ = K (I + T K)⁻¹,   α = (I + T K)⁻¹ (ν − T m0),   μ = m0 + K α,
+        R = (K + T⁻¹)⁻¹ = (I + T K)⁻¹ T,   log|B| = log|det A|.
+
+    q is a distribution only if Σ is positive definite; the constructor checks that (a Cholesky of
+    Σ) and raises NotPositiveDefiniteError naming the cause otherwise.
+    """
+
+    def __init__(self, K, site_precision, site_location, prior_mean):
+        from scipy.linalg import lu_factor, lu_solve
+        from .exceptions import NotPositiveDefiniteError
+        self.K = K
+        self.site_precision = np.asarray(site_precision, dtype=np.float64)
+        self.site_location = np.asarray(site_location, dtype=np.float64)
+        self.prior_mean = prior_mean
+        tau = self.site_precision
+        A = tau[:, None] * K
+        A.flat[:: K.shape[0] + 1] += 1.0
+        self._lu = lu_factor(A, check_finite=False)
+        self._lu_solve = lu_solve
+        self.alpha = self._solve(self.site_location - tau * prior_mean)
+        self.mean = prior_mean + K @ self.alpha
+        diag_u = np.diag(self._lu[0])
+        if np.any(diag_u == 0):
+            raise NotPositiveDefiniteError("EP sites make I + T K singular: no posterior")
+        self.log_det_B = float(np.sum(np.log(np.abs(diag_u))))
+        Sigma = K - K @ self._solve(tau[:, None] * K)        # K − K (I + T K)⁻¹ T K
+        self._cov = 0.5 * (Sigma + Sigma.T)
+        try:
+            cholesky_lower(self._cov, name="the EP posterior covariance")
+        except NotPositiveDefiniteError:
+            raise NotPositiveDefiniteError(
+                "EP's negative site variances make the posterior covariance indefinite (the case "
+                "on_negative='raise' leaves unfixed); use on_negative='clip' or 'skip', or method='pl'"
+            ) from None
+
+    def _solve(self, b):
+        return self._lu_solve(self._lu, b, check_finite=False)
+
+    def cov(self):
+        return self._cov
+
+    def diag_cov(self):
+        return np.diag(self._cov).copy()
+
+    def R(self):
+        R = self._solve(np.diag(self.site_precision))
+        return 0.5 * (R + R.T)
+
+    def predict(self, K_cross, k_diag, prior_mean=0.0):
+        mean = prior_mean + K_cross.T @ self.alpha
+        var = k_diag - np.einsum("ij,ij->j", K_cross, self._solve(self.site_precision[:, None] * K_cross))
+        return mean, np.maximum(var, 0.0)
+
+
+def site_posterior(K, site_precision, site_location, prior_mean):
+    """SitePosterior when every τ ≥ 0, SignedSitePosterior otherwise."""
+    if np.all(np.asarray(site_precision) >= 0):
+        return SitePosterior(K, site_precision, site_location, prior_mean)
+    return SignedSitePosterior(K, site_precision, site_location, prior_mean)

@@ -85,10 +85,10 @@ def sequential_sweep(double[:, ::1] Sigma, double[::1] mu, double[::1] tau, doub
     """One sequential sweep of EP (rule 0) or PL (rule 1) over the sites in ``order``.
 
     Updates Sigma (lower triangle), mu, tau and nu in place and writes each site's log Z_i (EP).
-    ``work`` is scratch of shape (2 * block + 3, n).  Returns (status, index, value): status 0 = done;
-    1 = a negative cavity variance at site ``index`` under on_negative="raise" (value = the cavity
-    variance); 2 = the likelihood could not be evaluated at site ``index``.  Sites met under "skip" or
-    "clip" are counted in the fourth return value.
+    ``work`` is scratch of shape (2 * block + 3, n).  Returns (status, index, value, n_fixed):
+    status 0 = done; 1 = a negative cavity variance at site ``index`` under on_negative="raise" (value
+    = the cavity variance); 2 = the likelihood could not be evaluated at site ``index``; 3 = an update
+    would make the posterior indefinite.  Updates fixed under "skip" or "clip" are counted in n_fixed.
     """
     cdef Py_ssize_t n = Sigma.shape[0], t, i, nb = 0, k
     cdef Py_ssize_t bad_index = -1
@@ -167,16 +167,13 @@ def sequential_sweep(double[:, ::1] Sigma, double[::1] mu, double[::1] tau, doub
             # damping on the natural parameters (RMGPC §3)
             tau_new = damping * tau_new + (1.0 - damping) * tau[i]
             nu_new = damping * nu_new + (1.0 - damping) * nu[i]
-            if tau_new < 0.0:
-                if on_negative == NEG_RAISE and rule == RULE_EP:
-                    status = 1
-                    bad_index = i
-                    bad_value = 1.0 / tau_new
-                    break
+            if tau_new < 0.0 and on_negative != NEG_RAISE:
+                # "raise" is EP without fixes: a negative site is kept (EP allows it) and the run
+                # fails only where a cavity stops being a distribution; "clip" and "skip" fix it here
                 n_fixed += 1
                 if on_negative == NEG_SKIP:
                     continue
-                nu_new = nu_new * CLIP_PRECISION / tau_new if tau_new != 0.0 else 0.0
+                nu_new = nu_new * CLIP_PRECISION / tau_new
                 tau_new = CLIP_PRECISION
             dtau = tau_new - tau[i]
             dnu = nu_new - nu[i]

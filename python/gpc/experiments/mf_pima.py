@@ -93,14 +93,19 @@ def _test_errors(y_alpha, Xtr, Xte, yte, w):
     return int(np.sum(pred != yte))
 
 
-def run(train_path="/work/shared/datasets/pima_tr.csv", test_path="/work/shared/datasets/pima_te.csv",
-        max_iter=200, verbose=False):
+def _bundled(split):
+    from ..datasets import load_pima as load_bundled
+    ds = load_bundled(split=split)
+    return ds.X, ds.y_pm1()
+
+
+def run(train_path=None, test_path=None, max_iter=200, verbose=False):
     """Run the experiment and return Table 1 as a list of dicts.
 
     Parameters
     ----------
-    train_path, test_path : str
-        The Pima.tr (200) and Pima.te (332) CSV files.
+    train_path, test_path : str, optional
+        The Pima.tr (200) and Pima.te (332) CSV files; by default the copies shipped in gpc.datasets.
     max_iter : int
         L-BFGS-B iteration limit for each free-energy minimisation.
 
@@ -111,8 +116,8 @@ def run(train_path="/work/shared/datasets/pima_tr.csv", test_path="/work/shared/
         method m in ("mf-ensemble", "mf-naive") ``errors[m]`` (test errors of 332) and
         ``free_energy[m]`` (−ln P(D) at the hyperparameters found), plus the paper's figures.
     """
-    Xtr, ytr = load_pima(train_path)
-    Xte, yte = load_pima(test_path)
+    Xtr, ytr = _bundled("train") if train_path is None else load_pima(train_path)
+    Xte, yte = _bundled("test") if test_path is None else load_pima(test_path)
     mu, sd = Xtr.mean(0), Xtr.std(0)
     Xtr, Xte = (Xtr - mu) / sd, (Xte - mu) / sd
     d = Xtr.shape[1]

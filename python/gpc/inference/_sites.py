@@ -5,12 +5,17 @@
   recomputed from the sites every ``RECOMPUTE_EVERY`` sweeps to stop rounding drift.
 - ``parallel``: every site is updated against one posterior, which is then refactored once.
 
-Negative site precisions are never stored: EP produces them by its nature for non-log-concave
-likelihoods (the noisy threshold, PL supplement), and the policy ``on_negative`` decides — "raise"
-(NegativeVarianceError with the site and the cavity variance), "clip" (a negative site precision
-becomes ``CLIP_PRECISION``; a site whose cavity is not positive keeps its old value: without a
-cavity there are no moments to match) or "skip" (the site keeps its old value for this sweep).
-So every posterior is represented by the Cholesky factor of B = I + S K S with τ ≥ 0.
+EP produces negative site and cavity variances by its nature for non-log-concave likelihoods (the
+noisy threshold, PL supplement); the policy ``on_negative`` decides:
+
+- "raise": EP without fixes.  Negative site precisions are kept (the posterior is then held by
+  SignedSitePosterior, an LU of I + T K, which checks that Σ stays positive definite) and the run
+  stops with NegativeVarianceError(index, cavity_variance) where a cavity variance turns negative.
+- "clip": a negative site precision becomes ``CLIP_PRECISION`` (its site mean kept), as GPML and the
+  PL paper's experiments do; a site whose cavity is not positive keeps its old value (no cavity, no
+  moments to match).
+- "skip": the site keeps its old value for this sweep.
+With "clip" and "skip" every τ ≥ 0 and the posterior is the Cholesky of B = I + S K S.
 """
 
 import warnings
@@ -19,7 +24,7 @@ import numpy as np
 
 from .. import _sweeps
 from ..exceptions import ConvergenceWarning, NegativeVarianceError, NotPositiveDefiniteError
-from ..posterior import SitePosterior
+from ..posterior import site_posterior
 
 RULES = {"ep": 0, "pl": 1}
 ON_NEGATIVE = {"raise": 0, "clip": 1, "skip": 2}
@@ -67,7 +72,7 @@ def initial_sites(n, init, method):
 def _moments(K, tau, nu, m0):
     if not np.any(tau) and not np.any(nu):      # the prior itself: no factorisation needed
         return None, m0.copy(), np.diag(K).copy()
-    post = SitePosterior(K, tau, nu, m0)
+    post = site_posterior(K, tau, nu, m0)
     return post, post.mean.copy(), post.diag_cov().copy()
 
 
@@ -121,8 +126,7 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
             converged = True
             break
     if schedule == "sequential":
-        post = SitePosterior(K, tau, nu, m0)   # the final posterior from the sites, not the updates
-        post._diag_cov = None
+        post = site_posterior(K, tau, nu, m0)  # the final posterior from the sites, not the updates
     if not converged:
         warnings.warn(f"{rule.upper()} ({schedule}) did not converge in {max_iter} sweeps (last change "
                       f"{change:.3g} > tol {tol:g})", ConvergenceWarning, stacklevel=4)
@@ -177,10 +181,7 @@ def _parallel_update(y, likelihood, mu, var, tau, nu, rule, damping, on_negative
     tau_new = damping * tau_new + (1.0 - damping) * tau
     nu_new = damping * nu_new + (1.0 - damping) * nu
     neg = tau_new < 0
-    if neg.any():
-        i = int(np.flatnonzero(neg)[0])
-        if on_negative == "raise" and rule == 0:
-            raise NegativeVarianceError(i, 1.0 / tau_new[i])
+    if neg.any() and on_negative != "raise":   # "raise" keeps negative sites: EP without fixes
         fixed += int(neg.sum())
         if on_negative == "skip":
             tau_new[neg], nu_new[neg] = tau[neg], nu[neg]
