@@ -1,4 +1,4 @@
-"""Fit time of the issue-4 methods at n = 1000 next to Laplace and a LAPACK Cholesky of the same K.
+"""Fit time of every method at n = 1000 next to Laplace, EP and a LAPACK Cholesky of the same K.
 
 BLAS pinned to one thread for every side (threadpoolctl, BUILD-NOTES "Threads").  Run with
 ``pytest bench/bench_approx.py`` (``--benchmark-disable`` for a smoke run).  "fit" = one call of
@@ -17,6 +17,8 @@ N = 1000
 
 CASES = [
     ("laplace", "probit"), ("laplace", "logit"),
+    ("ep", "probit"), ("ep", "logit"), ("ep:parallel", "probit"),
+    ("pl", "probit"), ("pl:parallel", "probit"),
     ("kl", "probit"), ("kl", "logit"),
     ("vb", "probit"), ("vb", "logit"),
     ("mf-ensemble", "probit"), ("mf-naive", "probit"),
@@ -41,17 +43,24 @@ def one_thread():
         yield
 
 
-def test_cholesky_baseline(benchmark, problem):
+def _run(K, y, method, lik):
+    name, _, schedule = method.partition(":")
+    return infer(K, y, lik, name, schedule=schedule or None)
+
+
+def test_cholesky_baseline(benchmark, problem, record):
     K, _ = problem
+    benchmark.group = f"methods n={N}"
     benchmark.extra_info["threads"] = 1
-    benchmark.pedantic(lambda: lapack.dpotrf(K, lower=True), rounds=5, iterations=1)
+    record("lapack dpotrf", lambda: lapack.dpotrf(K, lower=True), rounds=5)
 
 
 @pytest.mark.parametrize("method,lik", CASES)
-def test_fit(benchmark, problem, method, lik):
+def test_fit(benchmark, problem, method, lik, record):
     K, y = problem
+    benchmark.group = f"methods n={N}"
     benchmark.extra_info.update(threads=1, n=N, method=method, likelihood=lik)
-    res = benchmark.pedantic(lambda: infer(K, y, lik, method), rounds=3, iterations=1)
+    res = record(f"fit {method} {lik}", lambda: _run(K, y, method, lik), rounds=3)
     benchmark.extra_info.update(n_iter=res.n_iter, converged=res.converged,
                                 log_evidence=float(res.log_evidence))
 
@@ -59,6 +68,7 @@ def test_fit(benchmark, problem, method, lik):
 @pytest.mark.parametrize("method,lik", [c for c in CASES if c[0] != "online"])
 def test_gradient_matrix(benchmark, problem, method, lik):
     K, y = problem
-    res = infer(K, y, lik, method)
+    res = _run(K, y, method, lik)
+    benchmark.group = f"gradient_matrix n={N}"
     benchmark.extra_info.update(threads=1, n=N)
     benchmark.pedantic(res.gradient_matrix, rounds=3, iterations=1)

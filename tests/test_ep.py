@@ -6,25 +6,14 @@ from scipy import stats
 
 from gpc import NegativeVarianceError
 from gpc.datasets import load_breast_cancer
-
-# runs with tol=1e-300 make a fixed number of sweeps on purpose; their ConvergenceWarning is expected
-pytestmark = pytest.mark.filterwarnings("ignore:.*tol 1e-300:gpc.exceptions.ConvergenceWarning")
 from gpc.inference import infer
 from gpc.inference._sites import NegativeSitesWarning
 from gpc.likelihoods import Logit, NoisyThreshold, Probit
+from problems import rbf, toy
 from reference_ep_pl import ep_reference
 
-
-def rbf(X, ell=1.0, sf2=1.0):
-    d2 = ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1)
-    return sf2 * np.exp(-0.5 * d2 / ell**2)
-
-
-def toy(n, seed):
-    rng = np.random.default_rng(seed)
-    X = rng.normal(size=(n, 2))
-    y = np.where(X[:, 0] + 0.7 * rng.normal(size=n) > 0, 1.0, -1.0)
-    return X, y
+# runs with tol=1e-300 make a fixed number of sweeps on purpose; their ConvergenceWarning is expected
+pytestmark = pytest.mark.filterwarnings("ignore:.*tol 1e-300:gpc.exceptions.ConvergenceWarning")
 
 
 @pytest.fixture(scope="module")

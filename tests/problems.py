@@ -1,0 +1,17 @@
+"""Small synthetic problems shared by the method tests."""
+
+import numpy as np
+
+
+def rbf(X, ell=1.0, sf2=1.0):
+    """sf2 · exp(−‖x − x'‖²/2ℓ²), written out so the tests do not depend on gpc.kernels."""
+    d2 = ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1)
+    return sf2 * np.exp(-0.5 * d2 / ell**2)
+
+
+def toy(n, seed, noise=0.7):
+    """n points in 2-D with labels from the sign of the first coordinate plus noise."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 2))
+    y = np.where(X[:, 0] + noise * rng.normal(size=n) > 0, 1.0, -1.0)
+    return X, y
