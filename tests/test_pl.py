@@ -120,3 +120,14 @@ def test_slr_matches_its_definition_by_quadrature():
     assert abs(A[0] - cov / v[0]) < 1e-7
     assert abs(b[0] - (mean_y - A[0] * m[0])) < 1e-7
     assert abs(om[0] - (1 - mean_y**2 - A[0] ** 2 * v[0])) < 1e-7
+
+
+def test_empty_sites_still_give_a_posterior():
+    # noisy threshold with a tiny prior variance and far-away prior means: A = 0 for every point, so
+    # every PL site is empty; the result is the prior itself, not a failure
+    K = 1e-6 * np.eye(3)
+    m0 = np.array([5.0, -5.0, 5.0])
+    r = infer(K, np.array([1.0, 1.0, -1.0]), likelihood=NoisyThreshold(0.1), method="pl",
+              schedule="parallel", prior_mean=m0, max_iter=3)
+    np.testing.assert_allclose(r.mean, m0, atol=1e-6)
+    assert np.isfinite(r.log_evidence)

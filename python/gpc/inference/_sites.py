@@ -125,8 +125,9 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
         if change < tol:
             converged = True
             break
-    if schedule == "sequential":
-        post = site_posterior(K, tau, nu, m0)  # the final posterior from the sites, not the updates
+    if schedule == "sequential" or post is None:
+        # the final posterior from the sites (not from the updates), also when every site is empty
+        post = site_posterior(K, tau, nu, m0)
     if not converged:
         warnings.warn(f"{rule.upper()} ({schedule}) did not converge in {max_iter} sweeps (last change "
                       f"{change:.3g} > tol {tol:g})", ConvergenceWarning, stacklevel=4)
