@@ -8,19 +8,16 @@ for both sides of every comparison (threadpoolctl).
 
 import os
 
-import numpy as np
 import pytest
 
 MEDIANS = {}
 THREADS = int(os.environ.get("GPC_BENCH_THREADS", "1"))
-
 
 @pytest.fixture(scope="session", autouse=True)
 def pinned_threads():
     from threadpoolctl import threadpool_limits
     with threadpool_limits(THREADS):
         yield
-
 
 @pytest.fixture
 def record(benchmark, request):
@@ -33,7 +30,6 @@ def record(benchmark, request):
         return result
 
     return run
-
 
 def pytest_terminal_summary(terminalreporter):
     if not MEDIANS:

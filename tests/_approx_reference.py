@@ -116,7 +116,6 @@ def ep_first_sweep(K, y, tilted_moments, prior_mean=None):
 def mf_ensemble_free_energy(K, y, m, lam):
     """Variational free energy E_q ln q − E_q ln[π P] for q_j ∝ Θ(y_j a) N(a | m_j, λ_j), from the
     definition term by term (truncated-normal moments), for any (m, λ)."""
-    n = len(y)
     s = np.sqrt(lam)
     z = y * m / s
     r = np.exp(norm.logpdf(z) - norm.logcdf(z))

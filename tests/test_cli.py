@@ -7,17 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from gpc.__main__ import main
-
-
-def run_cli(argv, capsys):
-    """Run the CLI in-process; returns (exit status, stdout, stderr)."""
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+from helpers import run_cli
 
 
 def test_compare_bundled_dataset(tmp_path, capsys):

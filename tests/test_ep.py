@@ -9,7 +9,7 @@ from gpc.datasets import load_breast_cancer
 from gpc.inference import infer
 from gpc.inference._sites import NegativeSitesWarning
 from gpc.likelihoods import Logit, NoisyThreshold, Probit
-from problems import rbf, toy
+from helpers import rbf, toy
 from reference_ep_pl import ep_reference
 
 # runs with tol=1e-300 make a fixed number of sweeps on purpose; their ConvergenceWarning is expected

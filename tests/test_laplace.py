@@ -4,24 +4,20 @@ import numpy as np
 import pytest
 from scipy import integrate, optimize
 
-import gpc
 from gpc.exceptions import ConvergenceWarning, NotPositiveDefiniteError
 from gpc.inference import infer
 from gpc.likelihoods import Logit, NoisyThreshold, Probit, Heaviside
 from reference_laplace import laplace_reference
 
-
 def rbf(X, ell=1.0, sf2=1.0):
     d2 = ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1)
     return sf2 * np.exp(-0.5 * d2 / ell**2)
-
 
 def problem(n, seed, d=2):
     rng = np.random.default_rng(seed)
     X = rng.normal(size=(n, d))
     y = np.where(X[:, 0] + 0.5 * rng.normal(size=n) > 0, 1.0, -1.0)
     return X, y
-
 
 @pytest.mark.parametrize("lik", [Logit(), Probit()], ids=["logit", "probit"])
 @pytest.mark.parametrize("with_mean", [False, True])
@@ -42,7 +38,6 @@ def test_matches_slow_reference(lik, with_mean):
     assert abs(r.log_evidence - lz_ref) < 1e-8
     g = r.log_evidence_gradient(lambda M: np.einsum("ij,ijk->k", M, dK))
     np.testing.assert_allclose(g, g_ref, rtol=1e-8, atol=1e-10)
-
 
 @pytest.mark.parametrize("lik", [Logit(), Probit()], ids=["logit", "probit"])
 def test_gradient_matches_finite_differences(lik):
@@ -65,7 +60,6 @@ def test_gradient_matches_finite_differences(lik):
     fd = [(evidence(theta + h * e) - evidence(theta - h * e)) / (2 * h) for e in np.eye(2)]
     np.testing.assert_allclose(g, fd, rtol=1e-6)
 
-
 def test_mode_is_the_argmax_of_the_exact_posterior():
     # n = 3: the Laplace mean must be the maximiser of log p(y|f) + log N(f|0, K), found here by a
     # general-purpose optimiser to its tolerance (gtol 1e-10 → f to ~1e-8).
@@ -81,7 +75,6 @@ def test_mode_is_the_argmax_of_the_exact_posterior():
     res = optimize.minimize(neg_log_post, np.zeros(3), jac=True, method="BFGS", options={"gtol": 1e-10})
     r = infer(K, y, likelihood=lik, tol=1e-14)
     np.testing.assert_allclose(r.mean, res.x, atol=1e-7)
-
 
 @pytest.mark.parametrize("k", [0.05, 0.5, 4.0])
 def test_one_point_against_quadrature(k):
@@ -101,7 +94,6 @@ def test_one_point_against_quadrature(k):
     # the error of Laplace grows with k; these bounds are about 3x the errors seen
     assert abs(r.log_evidence - exact) < {0.05: 1e-3, 0.5: 2e-2, 4.0: 0.15}[k]
 
-
 def test_laplace_refuses_step_likelihoods():
     K = np.eye(3)
     y = np.array([1.0, -1.0, 1.0])
@@ -109,13 +101,11 @@ def test_laplace_refuses_step_likelihoods():
         with pytest.raises(ValueError, match="gradient"):
             infer(K, y, likelihood=lik, method="laplace")
 
-
 def test_iteration_limit_warns_and_reports():
     X, y = problem(50, 4)
     with pytest.warns(ConvergenceWarning, match="did not converge"):
         r = infer(rbf(X, 1.0, 10.0), y, likelihood="logit", max_iter=1)
     assert r.n_iter == 1 and not r.converged
-
 
 def test_warm_start_reaches_the_same_mode_in_fewer_steps():
     X, y = problem(60, 5)
@@ -125,7 +115,6 @@ def test_warm_start_reaches_the_same_mode_in_fewer_steps():
     again = infer(rbf(X, 1.05, 5.0), y, likelihood="logit", tol=1e-13)
     assert abs(warm.log_evidence - again.log_evidence) < 1e-9
     assert warm.n_iter < again.n_iter
-
 
 @pytest.mark.parametrize("bad, match", [
     (lambda K, y: (K[:, :2], y), "square"),
@@ -141,11 +130,9 @@ def test_bad_input_is_named(bad, match):
     with pytest.raises(ValueError, match=match):
         infer(K, y2, likelihood="logit")
 
-
 def test_not_positive_definite_is_its_own_error():
     with pytest.raises(NotPositiveDefiniteError):
         infer(-np.eye(2), np.array([1.0, -1.0]))
-
 
 def test_unknown_method_lists_the_available_ones():
     with pytest.raises(ValueError, match="laplace"):

@@ -15,7 +15,7 @@ import pytest
 from scipy import integrate, special
 
 from gpc import _likelihoods as core
-from gpc.likelihoods import (Heaviside, Likelihood, Logit, NoisyThreshold, Probit,
+from gpc.likelihoods import (Heaviside, Logit, NoisyThreshold, Probit,
                              get_likelihood)
 
 MEANS = np.linspace(-5.0, 5.0, 5)

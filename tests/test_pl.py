@@ -8,7 +8,7 @@ from gpc.datasets import load_breast_cancer
 from gpc.inference import infer
 from gpc.inference.pl import slr
 from gpc.likelihoods import Logit, NoisyThreshold, Probit
-from problems import rbf, toy
+from helpers import rbf, toy
 from reference_ep_pl import pl_reference
 
 # runs with tol=1e-300 make a fixed number of sweeps on purpose; their ConvergenceWarning is expected

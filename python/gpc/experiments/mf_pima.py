@@ -77,7 +77,6 @@ class _Model:
     def objective(self, p):
         res, R, w, v = self.fit(p)
         M = res.gradient_matrix()                         # ∂(−F)/∂K
-        d = len(w)
         # ∂K/∂log w_l = −½ w_l D_l ∘ R,  ∂K/∂log v = v I
         MR = M * R
         g_w = -0.5 * w * np.einsum("ij,ijl->l", MR, self.D)

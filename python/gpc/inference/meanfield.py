@@ -88,7 +88,6 @@ def _reduce(K, likelihood, method):
 
 def _fixed_point_map(P, lam, y, m0, naive, s):
     """T(s) of the sweep (all coordinates at once) and its derivative pieces: T'(s) = diag(d) J."""
-    n = y.shape[0]
     g = P @ s
     if naive:
         m = m0 + g - lam * s                       # MF eq. (9)

@@ -119,7 +119,7 @@ def run(K, y, likelihood, prior_mean, *, schedule=None, max_iter=None, tol=None,
         # The EM fixed point is the MAP (module docstring): solve it by Newton instead of the slow
         # (linearly convergent, rate → 1 for confident points) EM iteration.
         from . import laplace
-        with warnings.catch_warnings(record=True) as caught:
+        with warnings.catch_warnings(record=True):       # VB reports its own convergence
             warnings.simplefilter("always", ConvergenceWarning)
             lap = laplace.run(K, y, likelihood, m0, max_iter=max_iter, tol=tol)
         converged, n_iter = lap.converged, lap.n_iter

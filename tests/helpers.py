@@ -1,4 +1,4 @@
-"""Small synthetic problems shared by the method tests."""
+"""Helpers shared by the tests: small synthetic problems and an in-process command line."""
 
 import numpy as np
 
@@ -15,3 +15,14 @@ def toy(n, seed, noise=0.7):
     X = rng.normal(size=(n, 2))
     y = np.where(X[:, 0] + noise * rng.normal(size=n) > 0, 1.0, -1.0)
     return X, y
+
+
+def run_cli(argv, capsys):
+    """Run the command line in-process; returns (exit status, stdout, stderr)."""
+    from gpc.__main__ import main
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
