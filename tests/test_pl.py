@@ -34,7 +34,7 @@ def test_parallel_matches_slow_reference(lik):
     K = rbf(X, 1.0, 2.0) + 1e-6 * np.eye(10)
     m0 = np.full(10, 0.2)
     mu, W, lz, _ = pl_reference(K, y, lik, m0, sweeps=8, order=32)
-    r = infer(K, y, likelihood=lik, method="pl", schedule="parallel", prior_mean=m0, max_iter=8,
+    r = infer(K, y, likelihood=lik, method="pl", schedule="parallel", prior_mean=m0, max_iter=8, damping=1.0,
               tol=1e-300)
     np.testing.assert_allclose(r.mean, mu, atol=1e-8)
     np.testing.assert_allclose(r.cov, W, atol=1e-8)
@@ -87,7 +87,8 @@ def test_supplement_example_converges_to_the_higher_mode():
     y = np.array([1.0, 1.0])
     lik = NoisyThreshold(0.01)
     seq = infer(K, y, likelihood=lik, method="pl", schedule="sequential", prior_mean=m0, tol=1e-10)
-    par = infer(K, y, likelihood=lik, method="pl", schedule="parallel", prior_mean=m0, tol=1e-10)
+    par = infer(K, y, likelihood=lik, method="pl", schedule="parallel", prior_mean=m0, tol=1e-10,
+                damping=1.0)   # the paper's parallel PL is undamped
     assert seq.converged and par.converged
     np.testing.assert_allclose(seq.mean, par.mean, atol=1e-6)
     np.testing.assert_allclose(seq.cov, par.cov, atol=1e-6)
@@ -131,3 +132,20 @@ def test_empty_sites_still_give_a_posterior():
               schedule="parallel", prior_mean=m0, max_iter=3)
     np.testing.assert_allclose(r.mean, m0, atol=1e-6)
     assert np.isfinite(r.log_evidence)
+
+
+def test_parallel_default_damping_converges_where_undamped_oscillates():
+    # crabs at a large amplitude: undamped parallel PL does not converge in 200 sweeps, the default
+    # (damping 0.5) does, to the sequential fixed point (evidence to 1e-6)
+    from gpc.datasets import load_crabs
+    X, y = load_crabs(return_X_y=True)
+    X = (X - X.mean(0)) / X.std(0)
+    y = np.where(y == np.unique(y)[1], 1.0, -1.0)
+    K = rbf(X, np.e, np.exp(6.0)) + 0.1 * np.eye(len(y))
+    with pytest.warns(Warning, match="did not converge"):
+        undamped = infer(K, y, likelihood="probit", method="pl", schedule="parallel", damping=1.0,
+                         max_iter=200)
+    damped = infer(K, y, likelihood="probit", method="pl", schedule="parallel", max_iter=400, tol=1e-9)
+    seq = infer(K, y, likelihood="probit", method="pl", schedule="sequential", tol=1e-9)
+    assert not undamped.converged and damped.converged
+    assert abs(damped.log_evidence - seq.log_evidence) < 1e-6

@@ -18,6 +18,7 @@ from ..classifier import GaussianProcessClassifier
 from ..exceptions import ConvergenceWarning
 from ..inference import METHODS
 from ..kernels import ConstantKernel, RBF
+from ._common import progress as progress_bar
 
 #: method labels (the PL paper's names for the EP/PL schedules) -> (method, schedule)
 METHOD_LABELS = {
@@ -97,20 +98,10 @@ def run(X, y, labels, likelihoods, n_folds=5, seed=0, jobs=1, progress=None):
                 tasks.append((X[train], y[train], X[test], y[test], label, lik, seed + k))
     if jobs > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            results = list(_progress(pool.map(_fit_one, tasks), len(tasks), progress))
+            results = list(progress_bar(pool.map(_fit_one, tasks), total=len(tasks), desc="fits", enabled=progress))
     else:
-        results = [_fit_one(t) for t in _progress(tasks, len(tasks), progress)]
+        results = [_fit_one(t) for t in progress_bar(tasks, total=len(tasks), desc="fits", enabled=progress)]
     return summarise(results, n_folds)
-
-
-def _progress(iterable, total, enabled):
-    if enabled:
-        try:
-            from tqdm import tqdm
-            return tqdm(iterable, total=total, desc="fits", leave=False)
-        except ImportError:
-            pass
-    return iterable
 
 
 def summarise(results, n_folds):

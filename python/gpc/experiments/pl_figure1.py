@@ -114,11 +114,11 @@ def run(n_iter=20, progress=False):
     with count_convergence_warnings():
         path = [PRIOR_MEAN.copy()]
         for k in range(1, n_iter + 1):
-            _, mean, _ = _infer("pl", "parallel", max_iter=k)
+            _, mean, _ = _infer("pl", "parallel", max_iter=k, damping=1.0)   # the paper's PL: undamped
             path.append(mean)
         out["pl_parallel_path"] = np.array(path)
         for schedule in ("parallel", "sequential"):
-            res, mean, cov = _infer("pl", schedule, max_iter=200)
+            res, mean, cov = _infer("pl", schedule, max_iter=200, damping=1.0)
             out["pl"][schedule] = {"mean": mean, "cov": cov, "log_evidence": float(res.log_evidence),
                                    "n_iter": int(res.n_iter), "converged": bool(res.converged)}
     for label, schedule, order in (("ep sequential (1, 2)", "sequential", (0, 1)),
