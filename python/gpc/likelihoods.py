@@ -15,7 +15,7 @@ from ._validation import check_finite_array
 
 __all__ = ["Likelihood", "Probit", "Logit", "NoisyThreshold", "Heaviside", "get_likelihood"]
 
-# Kind codes of the LikelihoodSpec contract (src/gpc_core/_likelihoods.pxd).
+# Kind codes of the LikelihoodSpec contract (src/gpc_core/_moments.pxi).
 LIK_PROBIT, LIK_LOGIT, LIK_NOISY_THRESHOLD, LIK_HEAVISIDE = 0, 1, 2, 3
 
 #: Default Gauss-Hermite order.  Measured against scipy.integrate.quad on the grid means in

@@ -51,7 +51,7 @@ N_CLASSES = {
 # Sets whose source is multi-class (or continuous) and that accept binary=True/False.
 GROUPED = ("glass", "thyroid", "housing")
 
-# The data sets each paper uses (short names as in /work/shared/papers/README.md).
+# The data sets each paper uses (the short names of the papers: PL, NR, SEP, MF, RMGPC).
 PAPERS = {
     "PL": ("breast_cancer", "crabs", "glass", "ionosphere", "thyroid", "housing"),
     "MF": ("pima", "sonar", "crabs"),

@@ -1,6 +1,6 @@
 """One loader per benchmark set of the papers. See docs/datasets.md for every decision taken here.
 
-The CSV files in ``data/`` are byte-identical copies of /work/shared/datasets (SHA-256 in ``SHA256``).
+The CSV files in ``data/`` are byte-identical copies of the project's shared CSV exports of the papers' data sets (SHA-256 in ``SHA256``).
 No scaling is done: the papers normalise inside their experimental protocol (PL: zero mean and identity
 covariance; RMGPC: zero mean and unit s.d. on the training split), so that belongs to the experiment code.
 """
