@@ -113,13 +113,20 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
                 post, mu, var = _moments(K, tau, nu, m0)
                 Sigma = K.copy() if post is None else _lower_cov(post)
         else:
-            tau, nu, fixed = _parallel_update(y, likelihood, mu, var, tau, nu, code_rule, damping,
-                                              on_negative)
+            new_tau, new_nu, fixed = _parallel_update(y, likelihood, mu, var, tau, nu, code_rule,
+                                                      damping, on_negative)
             n_fixed += fixed
+            if converged_by == "sites":
+                change = _site_change(new_tau, new_nu, tau, nu)
+                if change < tol and post is not None:
+                    # one more update would move no site by more than tol: keep the sites whose
+                    # posterior is already factored (saves the last refactorisation)
+                    converged = True
+                    break
+            tau, nu = new_tau, new_nu
             post, mu, var = _moments(K, tau, nu, m0)
         if converged_by == "sites":
-            change = max(np.max(np.abs(tau - tau_old) / (1.0 + np.abs(tau))),
-                         np.max(np.abs(nu - nu_old) / (1.0 + np.abs(nu))))
+            change = _site_change(tau, nu, tau_old, nu_old)
         else:
             change = max(np.max(np.abs(mu - mu_old)), np.max(np.abs(var - var_old) / (1e-12 + var)))
         if change < tol:
@@ -136,6 +143,12 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
                       f"and were handled by on_negative={on_negative!r}", NegativeSitesWarning,
                       stacklevel=4)
     return post, tau, nu, n_iter, converged, n_fixed
+
+
+def _site_change(tau, nu, tau_old, nu_old):
+    """Largest change of a site parameter, relative to 1 + |value|."""
+    return max(np.max(np.abs(tau - tau_old) / (1.0 + np.abs(tau))),
+               np.max(np.abs(nu - nu_old) / (1.0 + np.abs(nu))))
 
 
 def _lower_cov(post):
