@@ -22,8 +22,11 @@ def problem(n, seed, d=2):
 @pytest.mark.parametrize("lik", [Logit(), Probit()], ids=["logit", "probit"])
 @pytest.mark.parametrize("with_mean", [False, True])
 def test_matches_slow_reference(lik, with_mean):
-    # Same arithmetic up to the order of operations and the Newton path: 1e-8 leaves room for
-    # the conditioning of B (< 1e3 here) times rounding.
+    # Same formulas, different Newton paths and stopping rules (here: ΔΨ < 1e-14 with a chord bound;
+    # the reference: Δf < 1e-13), so the two modes agree to ~1e-9 (atol on the mean).  The evidence
+    # is stationary in f̂ up to log|B|, so 1e-8 holds for it; the gradient moves with f̂ at first
+    # order (measured: modes 3e-10 apart give 1.2e-8 relative with probit, while each code agrees
+    # with 50-digit arithmetic at its own mode to 2e-11), hence rtol 1e-7 on the gradient.
     X, y = problem(30, 1)
     ell, sf2 = 1.3, 2.5
     K = rbf(X, ell, sf2)
@@ -37,7 +40,7 @@ def test_matches_slow_reference(lik, with_mean):
     np.testing.assert_allclose(r.mean, f_ref, rtol=0, atol=1e-8)
     assert abs(r.log_evidence - lz_ref) < 1e-8
     g = r.log_evidence_gradient(lambda M: np.einsum("ij,ijk->k", M, dK))
-    np.testing.assert_allclose(g, g_ref, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(g, g_ref, rtol=1e-7, atol=1e-10)
 
 @pytest.mark.parametrize("lik", [Logit(), Probit()], ids=["logit", "probit"])
 def test_gradient_matches_finite_differences(lik):
