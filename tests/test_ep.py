@@ -7,8 +7,10 @@ from scipy import stats
 from gpc import NegativeVarianceError
 from gpc.datasets import load_breast_cancer
 from gpc.inference import infer
-from gpc.inference._sites import NegativeSitesWarning
+from gpc.inference import _sites
+from gpc.inference._sites import NegativeSitesWarning, ParallelMarginals
 from gpc.likelihoods import Logit, NoisyThreshold, Probit
+from gpc.posterior import SitePosterior
 from helpers import rbf, toy
 from reference_ep_pl import ep_reference
 
@@ -165,3 +167,107 @@ def test_negative_sites_without_fixes_are_represented_exactly():
     np.testing.assert_allclose(r.cov, Sigma, atol=1e-10)
     np.testing.assert_allclose(r.mean, Sigma @ (np.linalg.solve(K, m0) + nu), atol=1e-10)
     assert np.isfinite(r.log_evidence)
+
+
+# -- the parallel schedule's in-place refactorisation (ParallelMarginals) ---------------------------
+
+@pytest.fixture(scope="module")
+def cancer_400():
+    # n = 400 ≥ SINGLE_PRECISION_MIN_N, so parallel EP takes its single-precision early sweeps
+    X, y = load_breast_cancer(return_X_y=True)
+    X = (X - X.mean(0)) / X.std(0)
+    return rbf(X[:400], 3.0, 4.0), np.where(y[:400] == np.unique(y)[1], 1.0, -1.0)
+
+
+def random_sites(n, seed, low=1e-2, high=2.0):
+    rng = np.random.default_rng(seed)
+    return rng.uniform(low, high, n), rng.normal(size=n)
+
+
+def test_parallel_marginals_equal_the_site_posterior(cancer_400):
+    # double precision: the same formulas as SitePosterior on a reused buffer; B has eigenvalues
+    # in [1, 1 + 2 λmax(K)] (~1e3 here), so rounding differences stay below 1e-11
+    K, _ = cancer_400
+    tau, nu = random_sites(len(K), 0)
+    m0 = np.full(len(K), 0.2)
+    ref = SitePosterior(K, tau, nu, m0)
+    pm = ParallelMarginals(K, m0)
+    mu, var = pm(tau, nu)
+    assert not pm.single
+    np.testing.assert_allclose(mu, ref.mean, rtol=0, atol=1e-11)
+    np.testing.assert_allclose(var, ref.diag_cov(), rtol=1e-11)
+    post = pm.posterior()                        # hands its factor over: no refactorisation
+    np.testing.assert_allclose(post.L, ref.L, atol=1e-12)
+    assert abs(post.log_det_B - ref.log_det_B) < 1e-9
+    np.testing.assert_allclose(post.R(), ref.R(), atol=1e-11)   # needs the zero upper triangle
+
+
+def test_single_precision_marginals_are_within_their_stated_error(cancer_400):
+    # float32 factor and inverse: relative error of (1 − [B⁻¹]_ii)/τ_i is ~ u32 cond(B) / (τ_i Σ_ii)
+    # with u32 = 6e-8; here τ ≥ 1e-2 and cond(B) ~ 1e3, so 1e-3 relative bounds it with margin, and
+    # the mean (a corrected solve) within 1e-4.  This is what the early sweeps may carry.
+    K, _ = cancer_400
+    tau, nu = random_sites(len(K), 1)
+    m0 = np.zeros(len(K))
+    ref = SitePosterior(K, tau, nu, m0)
+    pm = ParallelMarginals(K, m0)
+    mu, var = pm(tau, nu, single=True)
+    assert pm.single
+    np.testing.assert_allclose(var, ref.diag_cov(), rtol=1e-3)
+    np.testing.assert_allclose(mu, ref.mean, rtol=0, atol=1e-4)
+    with pytest.raises(RuntimeError, match="single precision"):
+        pm.posterior()
+
+
+@pytest.mark.parametrize("single", [False, True])
+def test_tiny_site_precisions_take_the_exact_column(cancer_400, single):
+    # sites with τ below TINY_TAU (1e-6 double, 1e-3 single) get Σ_ii = K_ii − ‖L⁻¹ S K e_i‖²; the
+    # plain formula would divide a rounding error of ~u by τ_i (1e-16/1e-9 = 1e-7 in double, 6e-8/1e-9
+    # = 60 in single).  The column cancels K_ii against ‖·‖² (K_ii/Σ_ii ~ 100 here), so in single
+    # precision it holds to the 1e-3 of the other single-precision marginals, in double to 1e-12.
+    K, _ = cancer_400
+    tau, nu = random_sites(len(K), 2)
+    tau[::7] = 1e-9
+    ref = SitePosterior(K, tau, nu, np.zeros(len(K)))
+    pm = ParallelMarginals(K, np.zeros(len(K)))
+    _, var = pm(tau, nu, single=single)
+    np.testing.assert_allclose(var[::7], ref.diag_cov()[::7], rtol=1e-3 if single else 1e-12)
+
+
+def test_single_precision_falls_back_to_double_when_B_does_not_factor():
+    # τ = 1e8 on a nearly constant K: B = I + S K S has condition ~1e11, beyond float32 (spotrf
+    # fails) but within float64; the marginals must then come from the double factor
+    X, _ = toy(300, 3)
+    K = rbf(X, 50.0, 1.0) + 1e-6 * np.eye(300)
+    tau, nu = np.full(300, 1e8), np.linspace(-1, 1, 300)
+    ref = SitePosterior(K, tau, nu, np.zeros(300))
+    pm = ParallelMarginals(K, np.zeros(300))
+    _, var = pm(tau, nu, single=True)
+    assert not pm.single
+    np.testing.assert_allclose(var, ref.diag_cov(), rtol=1e-8)
+
+
+@pytest.mark.parametrize("lik", ["probit", "logit"])
+def test_single_precision_sweeps_do_not_move_the_fixed_point(cancer_400, lik, monkeypatch):
+    # mixed precision (float32 while sites move by > 1e-2) against all-double parallel EP: both stop
+    # when no site moves by more than tol = 1e-8 relative, so they agree to ~1e-7 in every output
+    K, y = cancer_400
+    calls = []
+    original = ParallelMarginals.__call__
+
+    def counting(self, tau, nu, single=False):
+        out = original(self, tau, nu, single)
+        calls.append(self.single)
+        return out
+
+    monkeypatch.setattr(ParallelMarginals, "__call__", counting)
+    mixed = infer(K, y, likelihood=lik, method="ep", schedule="parallel", tol=1e-8)
+    assert any(calls) and not calls[-1]          # float32 early, double at the end
+    calls.clear()
+    monkeypatch.setattr(_sites, "SINGLE_PRECISION_ABOVE", np.inf)
+    double = infer(K, y, likelihood=lik, method="ep", schedule="parallel", tol=1e-8)
+    assert not any(calls)
+    assert mixed.converged and double.converged
+    assert abs(mixed.log_evidence - double.log_evidence) < 1e-6
+    np.testing.assert_allclose(mixed.mean, double.mean, atol=1e-6)
+    np.testing.assert_allclose(mixed.site_precision, double.site_precision, rtol=1e-6, atol=1e-9)

@@ -50,6 +50,27 @@ class SitePosterior:
         self._cov = None
         self._B_inv = None
 
+    @classmethod
+    def from_factor(cls, K, site_precision, site_location, prior_mean, L, alpha, diag_cov=None):
+        """The posterior from a Cholesky factor L of B = I + S K S that the caller already holds.
+
+        ``L`` must be C-contiguous, lower triangular with a zero strict upper triangle, and
+        ``alpha`` = (I + T K)⁻¹ (ν − T m0); ``diag_cov``, if given, is diag Σ.  Nothing is refactored.
+        """
+        self = cls.__new__(cls)
+        self.K = K
+        self.site_precision = np.asarray(site_precision, dtype=np.float64)
+        self.site_location = np.asarray(site_location, dtype=np.float64)
+        self.prior_mean = prior_mean
+        self.sqrt_tau = np.sqrt(self.site_precision)
+        self.L = L
+        self.alpha = alpha
+        self.mean = prior_mean + K @ alpha
+        self._diag_cov = diag_cov
+        self._cov = None
+        self._B_inv = None
+        return self
+
     def B_inverse(self):
         """B⁻¹ (LAPACK dpotri from the factor; cached)."""
         if self._B_inv is None:

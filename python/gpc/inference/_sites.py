@@ -3,7 +3,12 @@
 - ``sequential``: sites visited one at a time; after each, the posterior N(μ, Σ) takes a rank-one
   update (in Cython, deferred in blocks and applied as rank-b BLAS-3 updates, gpc._sweeps).  Σ is
   recomputed from the sites every ``RECOMPUTE_EVERY`` sweeps to stop rounding drift.
-- ``parallel``: every site is updated against one posterior, which is then refactored once.
+- ``parallel``: every site is updated against one posterior, which is then refactored once
+  (``ParallelMarginals``: in place, in reused buffers).  While the sites still move by more than
+  ``SINGLE_PRECISION_ABOVE`` in a sweep, that refactorisation is made in single precision (half the
+  cost of dpotrf + dtrtri); its error (~1e-4 relative in the marginal variances) is far below the
+  change of those sweeps, and every later sweep, and so the fixed point and the result, is double
+  precision.
 
 EP produces negative site and cavity variances by its nature for non-log-concave likelihoods (the
 noisy threshold, PL supplement); the policy ``on_negative`` decides:
@@ -22,15 +27,21 @@ import warnings
 
 import numpy as np
 
-from .. import _sweeps
+from scipy.linalg import lapack
+
+from .. import _dense, _sweeps
 from ..exceptions import ConvergenceWarning, NegativeVarianceError, NotPositiveDefiniteError
-from ..posterior import site_posterior
+from ..posterior import SitePosterior, site_posterior
 
 RULES = {"ep": 0, "pl": 1}
 ON_NEGATIVE = {"raise": 0, "clip": 1, "skip": 2}
 CLIP_PRECISION = 1e-8      # the value _sweeps.pyx uses too
 RECOMPUTE_EVERY = 5
 DEFAULT_BLOCK = 64
+#: parallel sweeps whose sites moved by more than this refactor in single precision
+SINGLE_PRECISION_ABOVE = 1e-2
+#: ... when n is at least this (below it the factorisation is cheap and double precision is kept)
+SINGLE_PRECISION_MIN_N = 256
 
 
 class NegativeSitesWarning(RuntimeWarning):
@@ -76,6 +87,88 @@ def _moments(K, tau, nu, m0):
     return post, post.mean.copy(), post.diag_cov().copy()
 
 
+class ParallelMarginals:
+    """Marginals μ, diag Σ of the site posterior for the parallel schedule, refactored in place.
+
+    Per call: B = I + S K S is written into a reused buffer (gpc._dense.fill_b), factored there
+    (potrf), α = b − S B⁻¹ S K b with b = ν − T m0 and μ = m0 + K α (R&W eq. (3.67)), and
+    diag Σ = (1 − diag B⁻¹)/τ from the inverse of the factor (trtri on a second buffer).  Sites with
+    small τ take the exact column Σ_ii = K_ii − ‖L⁻¹ S K e_i‖² instead, since the rounding error of
+    1 − [B⁻¹]_ii is divided by τ_i.  ``single=True`` does all of this in float32 (except the
+    products with K); :meth:`posterior` then refuses, so the result always comes from a double
+    factor.
+    """
+
+    #: below these τ the exact column is used (the error of (1 − [B⁻¹]_ii)/τ_i is ~u/τ_i)
+    TINY_TAU = {np.float64: 1e-6, np.float32: 1e-3}
+
+    def __init__(self, K, m0):
+        n = K.shape[0]
+        self.K, self.m0, self.n = K, m0, n
+        self._buffers = {}
+        self._K32 = None
+        self.single = False
+
+    def _buffer(self, dtype, k):
+        key = (np.dtype(dtype).name, k)
+        if key not in self._buffers:
+            self._buffers[key] = np.empty((self.n, self.n), dtype=dtype)
+        return self._buffers[key]
+
+    def __call__(self, tau, nu, single=False):
+        """(μ, diag Σ) for sites (τ ≥ 0, ν); falls back to double if float32 cannot factor B."""
+        if single and self._marginals(tau, nu, np.float32):
+            self.single = True
+            return self.mu, self.var
+        self.single = False
+        if not self._marginals(tau, nu, np.float64):
+            raise NotPositiveDefiniteError("B = I + S K S is not positive definite: K is not a "
+                                           "covariance matrix, or the site precisions overflow")
+        return self.mu, self.var
+
+    def _marginals(self, tau, nu, dtype):
+        K, m0 = self.K, self.m0
+        s = np.sqrt(tau)
+        L = self._buffer(dtype, 0)
+        _dense.fill_b(K, s, L)
+        potrf, potrs, trtri = ((lapack.spotrf, lapack.spotrs, lapack.strtri) if dtype == np.float32
+                               else (lapack.dpotrf, lapack.dpotrs, lapack.dtrtri))
+        # C-order lower triangle = Fortran 'upper' of the transpose
+        _, info = potrf(L.T, lower=False, clean=False, overwrite_a=True)
+        if info != 0:
+            return False
+        b = nu - tau * m0
+        x, info = potrs(L.T, (s * (K @ b)).astype(dtype), lower=False)
+        if info != 0:  # pragma: no cover - the factor exists
+            return False
+        self.alpha = b - s * x
+        self.mu = m0 + K @ self.alpha
+        Linv = self._buffer(dtype, 1)
+        np.copyto(Linv, L)
+        _, info = trtri(Linv.T, lower=False, overwrite_c=True)
+        if info != 0:  # pragma: no cover - a Cholesky factor has a positive diagonal
+            return False
+        diag_B_inv = np.empty(self.n)
+        _dense.column_sq_sums_lower(Linv, diag_B_inv)
+        var = np.empty(self.n)
+        ok = tau > self.TINY_TAU[dtype]
+        var[ok] = (1.0 - diag_B_inv[ok]) / tau[ok]
+        idx = np.flatnonzero(~ok)
+        if idx.size:
+            V = Linv @ (s[:, None] * K[:, idx]).astype(dtype)          # L⁻¹ S K e_i
+            var[idx] = K[idx, idx] - np.einsum("ij,ij->j", V, V, dtype=np.float64)
+        self.var = var
+        self.tau, self.nu = tau, nu
+        return True
+
+    def posterior(self):
+        """The SitePosterior of the last (double-precision) call, handing over its factor."""
+        if self.single:
+            raise RuntimeError("the last parallel refactorisation was single precision")
+        L = self._buffers.pop(("float64", 0))
+        return SitePosterior.from_factor(self.K, self.tau, self.nu, self.m0, L, self.alpha, self.var)
+
+
 def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping, on_negative,
                  order, random_state, block, init, converged_by):
     """Iterate the site rule to a fixed point.
@@ -90,6 +183,7 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
     code_rule, code_neg = RULES[rule], ON_NEGATIVE[on_negative]
     next_order = visiting_order(n, order, random_state)
     post, mu, var = _moments(K, tau, nu, m0)
+    marginals = ParallelMarginals(K, m0) if schedule == "parallel" else None
     n_fixed = 0
     converged = False
     n_iter = 0
@@ -116,15 +210,20 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
             new_tau, new_nu, fixed = _parallel_update(y, likelihood, mu, var, tau, nu, code_rule,
                                                       damping, on_negative)
             n_fixed += fixed
-            if converged_by == "sites":
-                change = _site_change(new_tau, new_nu, tau, nu)
-                if change < tol and post is not None:
-                    # one more update would move no site by more than tol: keep the sites whose
-                    # posterior is already factored (saves the last refactorisation)
-                    converged = True
-                    break
+            site_change = _site_change(new_tau, new_nu, tau, nu)
+            if converged_by == "sites" and site_change < tol and post is not None:
+                # one more update would move no site by more than tol: keep the sites whose
+                # posterior is already factored (saves the last refactorisation)
+                converged = True
+                break
             tau, nu = new_tau, new_nu
-            post, mu, var = _moments(K, tau, nu, m0)
+            if np.all(tau >= 0):
+                single = site_change > SINGLE_PRECISION_ABOVE and n >= SINGLE_PRECISION_MIN_N
+                mu, var = marginals(tau, nu, single=single)
+                mu, var = mu.copy(), var.copy()
+                post = marginals
+            else:                       # EP without fixes kept negative sites: the LU posterior
+                post, mu, var = _moments(K, tau, nu, m0)
         if converged_by == "sites":
             change = _site_change(tau, nu, tau_old, nu_old)
         else:
@@ -132,8 +231,12 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
         if change < tol:
             converged = True
             break
-    if schedule == "sequential" or post is None:
+    from_marginals = marginals is not None and post is marginals
+    if from_marginals and not marginals.single:
+        post = marginals.posterior()
+    elif schedule == "sequential" or post is None or from_marginals:
         # the final posterior from the sites (not from the updates), also when every site is empty
+        # or when the run stopped after a single-precision sweep
         post = site_posterior(K, tau, nu, m0)
     if not converged:
         warnings.warn(f"{rule.upper()} ({schedule}) did not converge in {max_iter} sweeps (last change "

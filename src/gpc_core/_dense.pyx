@@ -1,0 +1,49 @@
+# Dense helpers for the site posterior (R&W §3.6): B = I + S K S written in place into a reusable
+# buffer, and diag B^-1 from the inverse of its Cholesky factor.  One pass each, GIL released;
+# LAPACK itself is called from Python through scipy's wrappers on these buffers (no copies).
+#
+# Matrices are C-ordered and only their lower triangle is meaningful; Fortran LAPACK sees the
+# transpose, so uplo='U' there addresses this lower triangle.
+
+ctypedef fused real:
+    float
+    double
+
+
+def fill_b(const double[:, ::1] K, const double[::1] s, real[:, ::1] out):
+    """out := lower triangle of I + diag(s) K diag(s), strict upper triangle zero.
+
+    ``out`` may be float64 or float32 (the single-precision factor of the early parallel sweeps);
+    the products are formed in double precision and rounded once.  Zeroing the upper triangle makes
+    the Cholesky factor that LAPACK leaves in ``out`` a clean triangular matrix.
+    """
+    cdef Py_ssize_t n = K.shape[0], i, j
+    cdef double si
+    if K.shape[1] != n or s.shape[0] != n or out.shape[0] != n or out.shape[1] != n:
+        raise ValueError("fill_b: K must be n x n, s of length n and out n x n")
+    with nogil:
+        for i in range(n):
+            si = s[i]
+            for j in range(i):
+                out[i, j] = <real> (si * K[i, j] * s[j])
+            out[i, i] = <real> (1.0 + si * K[i, i] * si)
+            for j in range(i + 1, n):
+                out[i, j] = 0
+
+
+def column_sq_sums_lower(const real[:, ::1] T, double[::1] out):
+    """out[j] := sum_{i >= j} T[i, j]^2 for a lower-triangular T (accumulated in double).
+
+    With T = L^-1 and B = L L^T this is diag B^-1 = diag(L^-T L^-1).
+    """
+    cdef Py_ssize_t n = T.shape[0], i, j
+    cdef double t
+    if T.shape[1] != n or out.shape[0] != n:
+        raise ValueError("column_sq_sums_lower: T must be n x n and out of length n")
+    with nogil:
+        for j in range(n):
+            out[j] = 0.0
+        for i in range(n):
+            for j in range(i + 1):
+                t = T[i, j]
+                out[j] += t * t
