@@ -118,11 +118,13 @@ cdef inline double gauss_pdf(double t, double a, double v, double sd) noexcept n
     return exp(-0.5 * (t - a) * (t - a) / v - LOG_SQRT_2PI) / sd
 
 
-cdef void logit_split_moments(double a, double v, double* j0, double* j1, double* j2) noexcept nogil:
+cdef void logit_split_direct(double a, double v, double* j0, double* j1, double* j2) noexcept nogil:
     # J_k = int sigma(t) (t - a)^k N(t | a, v) dt, k = 0, 1, 2, via sigma = H + d:
     #   step part: Phi(z), s phi(z), v (Phi(z) - z phi(z)), z = a / s;
     #   remainder: int_0^inf sigma(-t) [g(-t) - g(t)] dt = sum_j W_j [g(-t_j) - g(t_j)] / (1 + e^-t_j)
     #   (Gauss-Laguerre: e^t sigma(-t) = 1 / (1 + e^-t)).
+    # Accurate where the Gaussian reaches the transition at t = 0 (|a| <= v/2 with v > 1): far out, a
+    # narrow Gaussian falls between the Laguerre nodes, so logit_tilted() uses it only there.
     cdef double sd = sqrt(v), z = a / sd, ph = norm_pdf(z), cdf = ndtr(z)
     cdef double t, wg, gm, gp, dm, dp
     cdef int j
@@ -139,6 +141,44 @@ cdef void logit_split_moments(double a, double v, double* j0, double* j1, double
         j0[0] += wg * (gm - gp)
         j1[0] += wg * (dm * gm - dp * gp)
         j2[0] += wg * (dm * dm * gm - dp * dp * gp)
+
+
+cdef void logit_tilted_right(double a, double v, double* log_z, double* e1, double* var) noexcept nogil:
+    # logit_tilted() for a >= -v/2.  Beyond a > v/2 the complement sigma(t) = 1 - sigma(-t) with
+    #   sigma(-t) N(t | a, v) = eps sigma(t) N(t | c, v),   eps = e^(v/2 - a),  c = a - v
+    # gives, with A_k = J_k(c):  Z = 1 - eps A_0,  E[t - a] = -eps B / Z,  B = A_1 - v A_0,
+    #   v - Var[t] = eps (C - v A_0) / Z + E[t - a]^2,  C = A_2 - 2 v A_1 + v^2 A_0,
+    # so the (tiny) variance reduction, which EP turns into a site precision, has no cancellation.
+    # The A_k only need relative accuracy, which the direct split has for every c >= -v/2.
+    cdef double j0, j1, j2, eps, z, b, c
+    if a <= 0.5 * v:
+        logit_split_direct(a, v, &j0, &j1, &j2)
+        log_z[0] = log(j0)
+        e1[0] = j1 / j0
+        var[0] = j2 / j0 - e1[0] * e1[0]
+        return
+    logit_split_direct(a - v, v, &j0, &j1, &j2)
+    eps = exp(0.5 * v - a)
+    z = 1.0 - eps * j0
+    b = j1 - v * j0
+    c = j2 - 2.0 * v * j1 + v * v * j0
+    log_z[0] = log1p(-eps * j0)
+    e1[0] = -eps * b / z
+    var[0] = v - (eps * (c - v * j0) / z + e1[0] * e1[0])
+
+
+cdef void logit_tilted(double a, double v, double* log_z, double* e1, double* var) noexcept nogil:
+    # Tilted moments of sigma(t) N(t | a, v) for v > LOGIT_SPLIT_VAR: log Z, E[t] - a and Var[t],
+    # accurate for every a (docs/derivations.md, "logit far from the transition").  For a < -v/2
+    # the reflection sigma(t) N(t | a, v) = e^(a + v/2) sigma(-t) N(t | a + v, v) turns the problem
+    # into the mirror image at a' = -(a + v) > -v/2, and log Z is carried in log space (no underflow).
+    cdef double lz, m
+    if a >= -0.5 * v:
+        logit_tilted_right(a, v, log_z, e1, var)
+        return
+    logit_tilted_right(-(a + v), v, &lz, &m, var)
+    log_z[0] = a + 0.5 * v + lz
+    e1[0] = v - m
 
 
 cdef double logit_split_elog(double a, double v) noexcept nogil:
@@ -198,21 +238,6 @@ cdef int log_prob_derivatives(const LikelihoodSpec* spec, double y, double f,
 
 # ----------------------------------------------------------------------------- tilted moments (EP / ADF)
 
-cdef bint _logit_split_tilted(double y, double m, double v,
-                              double* log_z, double* mean, double* var) noexcept nogil:
-    # t = y f ~ N(y m, v); Z = J0, E[f] = m + y J1/J0, Var[f] = J2/J0 - (J1/J0)^2.
-    # Returns False (caller falls back to log-space GH) when Z is too small to trust.
-    cdef double j0, j1, j2, e1
-    logit_split_moments(y * m, v, &j0, &j1, &j2)
-    if not (j0 > 1e-250):
-        return False
-    e1 = j1 / j0
-    log_z[0] = log(j0)
-    mean[0] = m + y * e1
-    var[0] = j2 / j0 - e1 * e1
-    return True
-
-
 cdef int tilted_moments(const LikelihoodSpec* spec, double y, double cav_mean, double cav_var,
                         double* log_z, double* mean, double* var) noexcept nogil:
     cdef double z, r, zr, s, sd, lw, lmax, acc, pk, fk, m1, m2, la, a, lz
@@ -247,9 +272,10 @@ cdef int tilted_moments(const LikelihoodSpec* spec, double y, double cav_mean, d
         log_z[0] = lz
         mean[0] = cav_mean + sd * y * a
         var[0] = cav_var * (1.0 - a * zr)
-    elif spec.kind == LIK_LOGIT and cav_var > LOGIT_SPLIT_VAR and _logit_split_tilted(
-            y, cav_mean, cav_var, log_z, mean, var):
-        pass
+    elif spec.kind == LIK_LOGIT and cav_var > LOGIT_SPLIT_VAR:
+        # t = y f ~ N(y m, v): E[f] = m + y E[t - y m], Var[f] = Var[t]
+        logit_tilted(y * cav_mean, cav_var, log_z, &a, var)
+        mean[0] = cav_mean + y * a
     elif spec.kind == LIK_LOGIT:
         # Gauss-Hermite in log space: l_k = log w_k + log sigma(y f_k), f_k = m + sqrt(v) x_k.
         sd = sqrt(cav_var)
@@ -317,11 +343,14 @@ cdef int slr_moments(const LikelihoodSpec* spec, double mean, double var,
         cov_fy[0] = 2.0 * c * sd * norm_pdf(z)
         var_y[0] = 4.0 * p * q
     elif spec.kind == LIK_LOGIT and var > LOGIT_SPLIT_VAR:
-        # split form: P = J0(m), 1 - P = J0(-m), Cov[f, tanh(f/2)] = J1(m) + J1(-m)
-        logit_split_moments(mean, var, &p, &c, &fk)
-        logit_split_moments(-mean, var, &q, &sk, &fk)
+        # P = Z(m), 1 - P = Z(-m) (each accurate, also the tiny one), and
+        # Cov[f, tanh(f/2)] = Cov[f, sigma(f)] + Cov[-f, sigma(-f)] = P E_P[f - m] + Q E_Q[-f + m]
+        logit_tilted(mean, var, &p, &c, &fk)
+        logit_tilted(-mean, var, &q, &sk, &fk)
+        p = exp(p)
+        q = exp(q)
         mu_y[0] = p - q
-        cov_fy[0] = c + sk
+        cov_fy[0] = p * c + q * sk
         var_y[0] = 4.0 * p * q
     elif spec.kind == LIK_LOGIT:
         # E(y|f) = tanh(f/2) = sigma(f) - sigma(-f), by Gauss-Hermite (PL supplement)
@@ -369,13 +398,14 @@ cdef int expected_log_prob(const LikelihoodSpec* spec, double y, double mean, do
     if spec.kind != LIK_PROBIT and spec.kind != LIK_LOGIT:
         return 1
     if spec.kind == LIK_LOGIT and var > LOGIT_SPLIT_VAR:
-        # split form; dE/dm = y E[sigma(-t)] = y J0(-a); dE/dv = -E[sigma'(t)]/2 = -J1(a) / (2 v)
+        # split form; dE/dm = y E[sigma(-t)] = y Z(-a); dE/dv = -E[sigma'(t)]/2 = -J1(a) / (2 v)
+        # with J1(a) = Z(a) E_Z[t - a] (Stein: Cov[t, sigma(t)] = v E[sigma'(t)])
         a = y * mean
         e[0] = logit_split_elog(a, var)
-        logit_split_moments(-a, var, &b, &r, &t)
-        de_dmean[0] = y * b
-        logit_split_moments(a, var, &b, &r, &t)
-        de_dvar[0] = -0.5 * r / var
+        logit_tilted(-a, var, &b, &r, &t)
+        de_dmean[0] = y * exp(b)
+        logit_tilted(a, var, &b, &r, &t)
+        de_dvar[0] = -0.5 * exp(b) * r / var
         return 0 if (isfinite(e[0]) and isfinite(de_dmean[0]) and isfinite(de_dvar[0])) else 2
     a = 0.0
     b = 0.0
@@ -415,8 +445,8 @@ cdef int predictive_probability(const LikelihoodSpec* spec, double mean, double 
     elif spec.kind == LIK_HEAVISIDE:
         p[0] = ndtr(mean / sqrt(var))
     elif spec.kind == LIK_LOGIT and var > LOGIT_SPLIT_VAR:
-        logit_split_moments(mean, var, &acc, &sd, &sd)
-        p[0] = acc
+        logit_tilted(mean, var, &acc, &sd, &sd)
+        p[0] = exp(acc)
     elif spec.kind == LIK_LOGIT:
         sd = sqrt(var)
         acc = 0.0
