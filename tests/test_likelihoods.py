@@ -372,3 +372,23 @@ def test_logit_slr_predictive_and_expected_log_prob_far_from_the_transition():
                                    mi - 40 * sd, mi + 40 * sd, points=[0.0] if abs(mi) < 40 * sd else None,
                                    limit=800, epsabs=1e-14, epsrel=1e-13)[0]
         assert abs(e[i] - ref_e) < 1e-9 * max(1.0, abs(ref_e)), (mi, vi, e[i], ref_e)
+
+
+def test_logit_pl_sites_far_out_are_accurate_and_bounded():
+    # PL's site from SLR: A = cov/v, Omega = Var[y] - A^2 v, tau = A^2/Omega (as _sites builds it).
+    # Omega >= E[C(y|f)] = 4 E[sigma sigma(-)] = 2 cov/v, so tau <= cov/(2v) <= 1/8 exactly.  Means as
+    # far out as undamped parallel PL sends them (|m| = 4550 was seen on breast cancer): cov by
+    # Stein to 1e-9 relative where representable (GH of a smooth positive integrand), tau finite
+    # and within the bound; before, cov cancelled to ~1e-17 and tau reached 1e266.
+    lik = Logit()
+    m = np.array([mi for vi in (0.01, 0.3, 1.0, 4.88) for mi in (-4550.0, -700.0, -100.0, -40.0, 40.0, 700.0)])
+    v = np.array([vi for vi in (0.01, 0.3, 1.0, 4.88) for mi in range(6)])
+    mu_y, cov, var_y = lik.slr_moments(m, v)
+    A = cov / v
+    omega = np.maximum(var_y - A * A * v, 1e-300)
+    tau = A * A / omega
+    assert np.all(np.isfinite(tau)) and np.all(tau >= 0) and np.all(tau <= 0.125 * (1 + 1e-12))
+    for i, (mi, vi) in enumerate(zip(m, v)):
+        ref = 2 * vi * np.exp(log_expect(lambda t: log_sig(t) + log_sig(-t), mi, vi))
+        if ref > 1e-300:
+            assert abs(cov[i] - ref) < 1e-9 * ref, (mi, vi, cov[i], ref)

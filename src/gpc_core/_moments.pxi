@@ -353,7 +353,10 @@ cdef int slr_moments(const LikelihoodSpec* spec, double mean, double var,
         cov_fy[0] = p * c + q * sk
         var_y[0] = 4.0 * p * q
     elif spec.kind == LIK_LOGIT:
-        # E(y|f) = tanh(f/2) = sigma(f) - sigma(-f), by Gauss-Hermite (PL supplement)
+        # E(y|f) = tanh(f/2) = sigma(f) - sigma(-f), by Gauss-Hermite (PL supplement).  The covariance
+        # by Stein, Cov[f, tanh(f/2)] = v E[2 sigma(f) sigma(-f)]: a sum of positive terms, where the
+        # direct sqrt(v) sum_k w_k x_k tanh(f_k/2) cancels to ~1e-17 around a true value that can be
+        # e^-4000 (undamped parallel PL swings means that far; A^2/Omega then overflowed).
         sd = sqrt(var)
         p = 0.0
         q = 0.0
@@ -364,9 +367,9 @@ cdef int slr_moments(const LikelihoodSpec* spec, double mean, double var,
             smk = sigmoid(-fk)
             p += spec.gh_weights[k] * sk
             q += spec.gh_weights[k] * smk
-            c += spec.gh_weights[k] * spec.gh_nodes[k] * (sk - smk)
+            c += spec.gh_weights[k] * sk * smk
         mu_y[0] = p - q
-        cov_fy[0] = sd * c
+        cov_fy[0] = 2.0 * var * c
         var_y[0] = 4.0 * p * q
     else:
         return 1
