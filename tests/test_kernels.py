@@ -64,6 +64,12 @@ GRAD_KERNELS = {
     "sum_product": lambda: ConstantKernel(2.0) * Matern(LS3, nu=2.5) + WhiteKernel(0.1),
     "product_of_stationary": lambda: RBF(1.5) * Matern(0.7, nu=1.5),
     "poly_times_const": lambda: Polynomial(2) * ConstantKernel(0.5) + Linear(0.3),
+    # c * stationary: the constant's gradient comes from the stationary pass's sum of M o K
+    "const_times_rbf_iso": lambda: ConstantKernel(1.3) * RBF(0.8),
+    "rbf_ard_times_const": lambda: RBF(LS3) * ConstantKernel(0.6),
+    "fixed_const_times_matern05_iso": lambda: ConstantKernel(2.0, "fixed") * Matern(0.6, nu=0.5),
+    "matern05_iso": lambda: Matern(0.6, nu=0.5),
+    "matern25_iso": lambda: Matern(1.1, nu=2.5),
 }
 
 # kernels for which gradient_inputs is implemented (white and constant: derivative 0)
@@ -341,3 +347,17 @@ def test_bad_theta_and_inputs_raise():
 def test_is_kernel_subclass():
     for k in PSD_KERNELS:
         assert isinstance(k, Kernel) and k.requires_vector_input
+
+
+@pytest.mark.parametrize("name", sorted(GRAD_KERNELS))
+def test_duplicate_inputs(name):
+    # repeated rows give r = 0 off the diagonal, where Matern 1/2 has W = e^-r / r; its products with
+    # r^2 and with (u_d - u'_d)^2 vanish there, so the contraction must stay finite and exact
+    k = GRAD_KERNELS[name]()
+    Xd = np.vstack([X[:6], X[:3]])
+    M = RNG.normal(size=(9, 9))
+    K, dK = k(Xd, eval_gradient=True)
+    assert np.all(np.isfinite(K)) and np.array_equal(K, K.T)
+    assert_allclose(K[6:, 3:6], K[:3, 3:6], rtol=1e-14, atol=1e-15)   # duplicated rows, other columns
+    g = k.gradient_contract(Xd, M)
+    assert_allclose(g, np.einsum("ij,ijk->k", M, dK), rtol=1e-10, atol=1e-12 * np.abs(dK).max())

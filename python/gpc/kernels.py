@@ -34,6 +34,7 @@ import warnings
 import numpy as np
 from scipy.linalg.blas import dsyrk as _dsyrk
 
+from . import _kernels
 from ._validation import check_finite_array
 from .exceptions import ConvergenceWarning
 
@@ -122,6 +123,25 @@ def _sqdist(U, V=None):
         R2 += sv[None, :]
     np.maximum(R2, 0.0, out=R2)
     return R2
+
+
+def _gram_lower(U):
+    """(G, su): G C-ordered with U U^T in its lower triangle (dsyrk), su_i = |u_i|^2."""
+    su = np.einsum("ij,ij->i", U, U)
+    # dsyrk on the Fortran-ordered U fills the upper triangle of a Fortran array; its transpose is
+    # a C-ordered array holding the lower triangle
+    return _dsyrk(1.0, np.asfortranarray(U)).T, su
+
+
+def _gram(U, V, kind):
+    """K = f(r^2) between the rows of U and V (V None: U itself) for a stationary ``kind``."""
+    if V is None:
+        G, su = _gram_lower(U)
+        _kernels.gram_to_kernel(G, su, kind, 1.0)
+        return G
+    G = np.ascontiguousarray(U @ V.T)
+    _kernels.cross_to_kernel(G, np.einsum("ij,ij->i", U, U), np.einsum("ij,ij->i", V, V), kind, 1.0)
+    return G
 
 
 def _check_positive_values(value, name):
@@ -408,6 +428,11 @@ class Kernel:
     def _grad_inputs(self, X, Y, M):
         raise NotImplementedError(f"gradient_inputs is not implemented for {type(self).__name__}")
 
+    def _contract_value(self, X, M):
+        """(gradient_contract(X, M), sum_ij M_ij K_ij); stationary kernels do both in one pass."""
+        K = self._call(X, None, False)
+        return self._contract(X, M, K=K), float(np.vdot(M, K))
+
     def is_stationary(self):
         """Whether k(x, y) depends on x - y only."""
         return True
@@ -457,10 +482,18 @@ def _is_kernel_like(obj):
 
 
 class _Stationary(Kernel):
-    """k = f(r), r^2 = sum_d (x_d - y_d)^2 / l_d^2.  Subclasses give f and W = -f'(r)/r of R2."""
+    """k = f(r), r^2 = sum_d (x_d - y_d)^2 / l_d^2.  Subclasses give f and W = -f'(r)/r of R2.
+
+    The kernel matrix and the gradient contraction run in gpc._kernels (one pass over the lower
+    triangle after a BLAS Gram matrix); the NumPy ``_f``/``_w`` serve the gradient tensor and the
+    input gradient.
+    """
 
     _hyper = ("length_scale",)
     _w_is_f = False   # True where W = -f'(r)/r equals f itself (the squared exponential)
+
+    def _kind(self):
+        raise NotImplementedError
 
     def _length_scales(self, n_features):
         ls = _check_positive_values(self.length_scale, "length_scale")
@@ -491,10 +524,10 @@ class _Stationary(Kernel):
 
     def _call(self, X, Y, eval_gradient):
         ls, U, V = self._scaled(X, Y)
+        if not eval_gradient:
+            return _gram(U, V, self._kind())
         R2 = _sqdist(U, V)
         K = self._f(R2)
-        if not eval_gradient:
-            return K
         if not self._free():
             return K, np.empty(K.shape + (0,))
         W = self._w(R2, K)
@@ -508,23 +541,22 @@ class _Stationary(Kernel):
         return np.ones(X.shape[0])
 
     def _contract(self, X, M, K=None):
-        if not self._free():
-            return np.empty(0)
+        return self._contract_value(X, M)[0] if self._free() else np.empty(0)
+
+    def _contract_value(self, X, M):
+        """(sum_ij M_ij dK_ij/dlog l, sum_ij M_ij K_ij) in one pass (gpc._kernels.contract)."""
         ls, U, _ = self._scaled(X, None)
-        if K is not None and self._w_is_f:
-            A = K * M        # W = f for the squared exponential: reuse the caller's K
-            R2 = None
-        else:
-            R2 = _sqdist(U)
-            A = self._w(R2, None)
-            A *= M  # A = M o W
-        if ls.size == 1 and R2 is not None:
-            return np.array([np.vdot(A, R2)])
-        del R2
-        # sum_ij A_ij (u_id - u_jd)^2 = sum_i u_id^2 (A 1)_i + sum_j u_jd^2 (A^T 1)_j - 2 sum_i u_id (A U)_id
-        U2 = U * U
-        g = A.sum(axis=1) @ U2 + A.sum(axis=0) @ U2 - 2.0 * np.einsum("id,id->d", U, A @ U)
-        return g if ls.size > 1 else np.array([g.sum()])
+        ard = ls.size > 1 and self._free()
+        G, su = _gram_lower(U)
+        value, iso = _kernels.contract(G, su, M, self._kind(), ard)
+        if not self._free():
+            return np.empty(0), value
+        if not ard:
+            return np.array([iso]), value
+        # G is now S, S_ij = (M_ij + M_ji) W_ij / 2 (zero diagonal):
+        # sum_ij M_ij W_ij (u_id - u_jd)^2 = 2 [sum_i u_id^2 (S 1)_i - sum_i u_id (S U)_id]
+        g = 2.0 * (G.sum(axis=1) @ (U * U) - np.einsum("id,id->d", U, G @ U))
+        return g, value
 
     def _grad_inputs(self, X, Y, M):
         ls, U, V = self._scaled(X, Y)
@@ -562,6 +594,9 @@ class RBF(_Stationary):
 
     def _w(self, R2, K):
         return self._f(R2) if K is None else K.copy()
+
+    def _kind(self):
+        return 0
 
     _w_is_f = True
 
@@ -614,6 +649,9 @@ class Matern(_Stationary):
         K = np.exp(-r)
         K *= 1.0 + r + r * r / 3.0
         return K
+
+    def _kind(self):
+        return {0.5: 1, 1.5: 2, 2.5: 3}[float(self.nu)]
 
     def _w(self, R2, K):
         r = np.sqrt(R2)
@@ -937,6 +975,11 @@ class Product(_Binary):
     def _call(self, X, Y, eval_gradient):
         a, b = self._a, self._b
         if not eval_gradient:
+            ca, cb = a._constant(), b._constant()
+            if ca is not None or cb is not None:   # a constant factor scales, no n x n of it
+                K = b(X, Y) if ca is not None else a(X, Y)
+                K *= ca if ca is not None else cb
+                return K
             K = a(X, Y)
             K *= b(X, Y)
             return K
@@ -953,6 +996,13 @@ class Product(_Binary):
         # being expanded into an n x n matrix
         a, b = self._a, self._b
         ca, cb = a._constant(), b._constant()
+        if (ca is None) != (cb is None):
+            # c * k: d/dlog c = c sum M o K_k and d/dtheta_k = c sum M o dK_k, both from one pass of k
+            c, const, other = (ca, a, b) if ca is not None else (cb, b, a)
+            g_other, value = other._contract_value(X, M)
+            g_const = np.array([c * value]) if const.n_dims else np.empty(0)
+            parts = (g_const, c * np.asarray(g_other)) if ca is not None else (c * np.asarray(g_other), g_const)
+            return np.concatenate(parts)
         Ka = None if ca is not None else a(X)
         Kb = None if cb is not None else b(X)
         parts = []
