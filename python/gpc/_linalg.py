@@ -43,10 +43,22 @@ def cholesky_lower(A, name="matrix", overwrite=False):
 
 def cho_solve_lower(L, b):
     """Solve (L Lᵀ) x = b for a lower Cholesky factor L (C-contiguous)."""
-    x, info = lapack.dpotrs(L.T, b, lower=False)
-    if info != 0:  # pragma: no cover
-        raise RuntimeError(f"dpotrs failed with info={info}")
-    return x
+    return cho_solve_upper_f(L.T, b)
+
+
+def cho_solve_upper_f(U, b):
+    """Solve (Uᵀ U) x = b for an upper factor U in Fortran order (float32 or float64).
+
+    Two triangular solves (?trtrs), not ?potrs: scipy's ?potrs wrapper took 3.3 ms at n = 2000
+    against 1.0 ms for the two ?trtrs calls it consists of (it handles the factor differently).
+    """
+    trtrs = lapack.strtrs if U.dtype == np.float32 else lapack.dtrtrs
+    z, info = trtrs(U, b, lower=False, trans=1)
+    if info == 0:
+        z, info = trtrs(U, z, lower=False, trans=0, overwrite_b=True)
+    if info != 0:  # pragma: no cover - a factor with a zero diagonal entry
+        raise RuntimeError(f"triangular solve failed with info={info}")
+    return z
 
 
 def solve_lower(L, b, trans=False):

@@ -120,9 +120,10 @@ def contract(double[:, ::1] G, const double[::1] su, const double[:, ::1] M, int
     Returns (sum_ij M_ij f_ij, sum_ij M_ij W_ij r_ij^2).  With ``ard`` the second is 0 and G is
     overwritten by the symmetric S with S_ij = (M_ij + M_ji) W_ij / 2 off the diagonal and 0 on it,
     so that sum_ij M_ij W_ij (u_id - u_jd)^2 = 2 [sum_i u_id^2 (S 1)_i - sum_i u_id (S U)_id], which
-    the caller forms with one matrix product.  M need not be symmetric.
+    the caller forms with one matrix product.  M need not be symmetric; it is read tile by tile so
+    that M[j, i] stays in cache.
     """
-    cdef Py_ssize_t n = G.shape[0], i, j
+    cdef Py_ssize_t n = G.shape[0], tile = 64, i0 = 0, j0, i, j, i1, j1
     cdef double value = 0.0, iso = 0.0, r2, m, f, w, wr2
     check_kind(kind)
     if G.shape[1] != n or su.shape[0] != n or M.shape[0] != n or M.shape[1] != n:
@@ -130,17 +131,25 @@ def contract(double[:, ::1] G, const double[::1] su, const double[:, ::1] M, int
     with nogil:
         for i in range(n):
             value += M[i, i]
-            for j in range(i):
-                r2 = dist2(su, su, G[i, j], i, j)
-                m = M[i, j] + M[j, i]
-                f = value_and_weight(kind, r2, &w, &wr2)
-                value += m * f
-                if ard:
-                    G[i, j] = 0.5 * m * w
-                else:
-                    iso += m * wr2
-            if ard:
-                G[i, i] = 0.0
+        while i0 < n:
+            i1 = min(i0 + tile, n)
+            j0 = 0
+            while j0 <= i0:
+                j1 = min(j0 + tile, n)
+                for i in range(i0, i1):
+                    for j in range(j0, min(j1, i)):
+                        r2 = dist2(su, su, G[i, j], i, j)
+                        m = M[i, j] + M[j, i]
+                        f = value_and_weight(kind, r2, &w, &wr2)
+                        value += m * f
+                        if ard:
+                            G[i, j] = 0.5 * m * w
+                        else:
+                            iso += m * wr2
+                j0 += tile
+            i0 += tile
         if ard:
+            for i in range(n):
+                G[i, i] = 0.0
             mirror_lower(G)
     return value, iso

@@ -30,6 +30,7 @@ import numpy as np
 from scipy.linalg import lapack
 
 from .. import _dense, _sweeps
+from .._linalg import cho_solve_upper_f
 from ..exceptions import ConvergenceWarning, NegativeVarianceError, NotPositiveDefiniteError
 from ..posterior import SitePosterior, site_posterior
 
@@ -131,16 +132,14 @@ class ParallelMarginals:
         s = np.sqrt(tau)
         L = self._buffer(dtype, 0)
         _dense.fill_b(K, s, L)
-        potrf, potrs, trtri = ((lapack.spotrf, lapack.spotrs, lapack.strtri) if dtype == np.float32
-                               else (lapack.dpotrf, lapack.dpotrs, lapack.dtrtri))
+        potrf, trtri = ((lapack.spotrf, lapack.strtri) if dtype == np.float32
+                        else (lapack.dpotrf, lapack.dtrtri))
         # C-order lower triangle = Fortran 'upper' of the transpose
         _, info = potrf(L.T, lower=False, clean=False, overwrite_a=True)
         if info != 0:
             return False
         b = nu - tau * m0
-        x, info = potrs(L.T, (s * (K @ b)).astype(dtype), lower=False)
-        if info != 0:  # pragma: no cover - the factor exists
-            return False
+        x = cho_solve_upper_f(L.T, (s * (K @ b)).astype(dtype))
         self.alpha = b - s * x
         self.mu = m0 + K @ self.alpha
         Linv = self._buffer(dtype, 1)
