@@ -361,3 +361,30 @@ def test_duplicate_inputs(name):
     assert_allclose(K[6:, 3:6], K[:3, 3:6], rtol=1e-14, atol=1e-15)   # duplicated rows, other columns
     g = k.gradient_contract(Xd, M)
     assert_allclose(g, np.einsum("ij,ijk->k", M, dK), rtol=1e-10, atol=1e-12 * np.abs(dK).max())
+
+
+@pytest.mark.parametrize("name", ["rbf_iso", "rbf_ard", "matern05_iso", "matern05_ard", "matern15_ard",
+                                  "matern25_iso", "const_times_rbf_iso", "sum_product"])
+def test_direct_and_gram_paths_agree(name, monkeypatch):
+    # Few input dimensions use direct differences, many a BLAS Gram matrix |u|^2 + |v|^2 - 2 u.v
+    # (gpc.kernels.DIRECT_MAX_D).  Both must give the same K and contraction: the Gram form loses
+    # ~1e-16 |u|^2 to cancellation, so 1e-12 relative to the largest entry.
+    import gpc.kernels as gk
+    k = GRAD_KERNELS[name]()
+    M = RNG.normal(size=(25, 25))
+    direct = k(X), k.gradient_contract(X, M)
+    monkeypatch.setattr(gk, "DIRECT_MAX_D", 0)
+    gram = k(X), k.gradient_contract(X, M)
+    close_to(gram[0], direct[0])
+    assert_allclose(gram[1], direct[1], rtol=1e-12, atol=1e-12 * np.abs(direct[1]).max())
+
+
+def test_wide_inputs_match_sklearn():
+    # d = 12 > DIRECT_MAX_D: the Gram path, values and contraction against scikit-learn's tensor
+    Xw = RNG.normal(size=(30, 12))
+    ours, theirs = ConstantKernel(1.7) * RBF(np.linspace(0.5, 3.0, 12)), sk.ConstantKernel(1.7) * sk.RBF(np.linspace(0.5, 3.0, 12))
+    K_sk, dK_sk = theirs(Xw, eval_gradient=True)
+    close_to(ours(Xw), K_sk)
+    M = RNG.normal(size=(30, 30))
+    g = ours.gradient_contract(Xw, M)
+    assert_allclose(g, np.einsum("ij,ijk->k", M, dK_sk), rtol=1e-10, atol=1e-12 * np.abs(g).max())

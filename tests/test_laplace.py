@@ -140,3 +140,18 @@ def test_not_positive_definite_is_its_own_error():
 def test_unknown_method_lists_the_available_ones():
     with pytest.raises(ValueError, match="laplace"):
         infer(np.eye(2), np.array([1.0, -1.0]), method="magic")
+
+
+def test_jittered_retry_starts_from_the_matrix_not_its_half_factored_remains():
+    # cholesky_lower(overwrite=True) factors in place; when the unjittered attempt fails, A is half
+    # overwritten, so the retries must rebuild it.  A slightly indefinite A (eigenvalue -1e-9) is
+    # factored with a 1e-8 jitter; before the fix the retries ran on the remains and raised.
+    from gpc._linalg import cholesky_lower
+    rng = np.random.default_rng(0)
+    Q, _ = np.linalg.qr(rng.normal(size=(50, 50)))
+    A = Q @ np.diag(np.r_[np.ones(49), -1e-9]) @ Q.T
+    L, jitter = cholesky_lower(A.copy(), overwrite=True, rebuild=A.copy)
+    assert 0 < jitter < 1e-7
+    np.testing.assert_allclose(L @ L.T, A + jitter * np.eye(50), atol=1e-12)
+    with pytest.raises(NotPositiveDefiniteError, match="not positive definite"):
+        cholesky_lower(A.copy(), overwrite=True)      # no way to rebuild: no retries, a clear error

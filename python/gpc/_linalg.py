@@ -14,12 +14,14 @@ from .exceptions import NotPositiveDefiniteError
 JITTERS = (0.0, 1e-10, 1e-8, 1e-6)
 
 
-def cholesky_lower(A, name="matrix", overwrite=False):
+def cholesky_lower(A, name="matrix", overwrite=False, rebuild=None):
     """Lower Cholesky factor L (A = L Lᵀ) of a symmetric positive definite A.
 
-    Tries the jitters of ``JITTERS`` (relative to the mean diagonal) in turn and raises
-    :class:`NotPositiveDefiniteError` naming ``name`` when none works.  Returns (L, jitter) with L
-    C-contiguous and lower triangular (the strict upper triangle is zeroed).
+    Only the lower triangle of A is read.  Tries the jitters of ``JITTERS`` (relative to the mean
+    diagonal) in turn and raises :class:`NotPositiveDefiniteError` naming ``name`` when none works.
+    Returns (L, jitter) with L C-contiguous and lower triangular (the strict upper triangle is
+    zeroed).  With ``overwrite`` the first attempt factors A in place; a failed attempt leaves A
+    half factored, so the jittered retries start from ``rebuild()`` (a fresh A), or there are none.
     """
     A = np.asarray(A, dtype=np.float64)
     n = A.shape[0]
@@ -28,6 +30,10 @@ def cholesky_lower(A, name="matrix", overwrite=False):
         if jitter == 0.0:
             work = A if overwrite else A.copy()
         else:
+            if overwrite:
+                if rebuild is None:
+                    break
+                A, overwrite = np.asarray(rebuild(), dtype=np.float64), False
             work = A.copy()
             work.flat[:: n + 1] += jitter * scale
         # work is symmetric: its C order is the transpose's Fortran order, so 'upper' in LAPACK's
@@ -37,6 +43,8 @@ def cholesky_lower(A, name="matrix", overwrite=False):
             return c.T, jitter * scale
         if info < 0:  # pragma: no cover - argument error, a bug
             raise RuntimeError(f"dpotrf argument {-info} invalid")
+    if overwrite:
+        raise NotPositiveDefiniteError(f"{name} is not positive definite")
     raise NotPositiveDefiniteError(
         f"{name} is not positive definite even after adding {JITTERS[-1]:g} x mean diagonal jitter")
 

@@ -133,8 +133,18 @@ def _gram_lower(U):
     return _dsyrk(1.0, np.asfortranarray(U)).T, su
 
 
+#: up to this many input dimensions, stationary kernels form distances directly (gpc._kernels
+#: gram_direct / contract_direct); above, from a BLAS Gram matrix
+DIRECT_MAX_D = 8
+
+
 def _gram(U, V, kind):
     """K = f(r^2) between the rows of U and V (V None: U itself) for a stationary ``kind``."""
+    if V is None and U.shape[1] <= DIRECT_MAX_D:
+        n = U.shape[0]
+        K = np.empty((n, n))
+        _kernels.gram_direct(np.ascontiguousarray(U.T), kind, 1.0, K, np.empty(n))
+        return K
     if V is None:
         G, su = _gram_lower(U)
         _kernels.gram_to_kernel(G, su, kind, 1.0)
@@ -547,6 +557,13 @@ class _Stationary(Kernel):
         """(sum_ij M_ij dK_ij/dlog l, sum_ij M_ij K_ij) in one pass (gpc._kernels.contract)."""
         ls, U, _ = self._scaled(X, None)
         ard = ls.size > 1 and self._free()
+        if U.shape[1] <= DIRECT_MAX_D:
+            g = np.zeros(U.shape[1])
+            value, iso = _kernels.contract_direct(np.ascontiguousarray(U.T), M, self._kind(), ard, g,
+                                                  np.empty((64, U.shape[0])))
+            if not self._free():
+                return np.empty(0), value
+            return (g if ard else np.array([iso])), value
         G, su = _gram_lower(U)
         value, iso = _kernels.contract(G, su, M, self._kind(), ard)
         if not self._free():

@@ -14,6 +14,7 @@ through the Cholesky factor L of the well-conditioned B = I + S K S, S = T^½ (R
 import numpy as np
 from scipy.linalg import lapack
 
+from . import _dense
 from ._linalg import cho_inverse_lower, cholesky_lower, cho_solve_lower, log_det_from_cholesky, solve_lower
 
 
@@ -40,9 +41,13 @@ class SitePosterior:
         self.prior_mean = prior_mean
         self.sqrt_tau = np.sqrt(tau)
         s = self.sqrt_tau
-        B = s[:, None] * K * s[None, :]
-        B.flat[:: len(s) + 1] += 1.0
-        self.L, _ = cholesky_lower(B, name="B = I + S K S", overwrite=True)
+
+        def build():
+            B = np.empty_like(K, dtype=np.float64)
+            _dense.fill_b(np.ascontiguousarray(K, dtype=np.float64), s, B)
+            return B
+
+        self.L, _ = cholesky_lower(build(), name="B = I + S K S", overwrite=True, rebuild=build)
         b = self.site_location - tau * prior_mean
         self.alpha = b - s * cho_solve_lower(self.L, s * (K @ b))
         self.mean = prior_mean + K @ self.alpha

@@ -153,3 +153,74 @@ def contract(double[:, ::1] G, const double[::1] su, const double[:, ::1] M, int
                 G[i, i] = 0.0
             mirror_lower(G)
     return value, iso
+
+
+# -- direct differences, for few input dimensions ------------------------------------------------
+# r^2 = sum_d (u_id - u_jd)^2 accumulated row by row from U^T (d x n, each dimension contiguous), so
+# the loop over j vectorises; no n x n Gram matrix is written and read back, and there is no
+# cancellation in |u|^2 + |v|^2 - 2 u.v.
+
+cdef void row_dist2(const double[:, ::1] Ut, Py_ssize_t i, Py_ssize_t jmax, double* r2) noexcept nogil:
+    """r2[j] = |u_i - u_j|^2 for j < jmax."""
+    cdef Py_ssize_t d = Ut.shape[0], k, j
+    cdef double ui, t
+    for j in range(jmax):
+        r2[j] = 0.0
+    for k in range(d):
+        ui = Ut[k, i]
+        for j in range(jmax):
+            t = ui - Ut[k, j]
+            r2[j] += t * t
+
+
+def gram_direct(const double[:, ::1] Ut, int kind, double scale, double[:, ::1] out,
+                double[::1] work):
+    """out := scale * f(|u_i - u_j|^2) for the columns u of Ut (d x n); ``work`` is n scratch."""
+    cdef Py_ssize_t n = Ut.shape[1], i, j
+    check_kind(kind)
+    if out.shape[0] != n or out.shape[1] != n or work.shape[0] < n:
+        raise ValueError("gram_direct: out must be n x n and work of length n")
+    with nogil:
+        for i in range(n):
+            row_dist2(Ut, i, i, &work[0])
+            for j in range(i):
+                out[i, j] = scale * kernel_value(kind, work[j])
+            out[i, i] = scale
+        mirror_lower(out)
+
+
+def contract_direct(const double[:, ::1] Ut, const double[:, ::1] M, int kind, bint ard,
+                    double[::1] g_ard, double[:, ::1] work):
+    """As ``contract`` from the inputs themselves: (sum M o f, sum M o W r^2), and with ``ard``
+    g_ard[d] += sum_ij M_ij W_ij (u_id - u_jd)^2.  ``work`` is (n_tile_rows = 64) x n scratch."""
+    cdef Py_ssize_t d = Ut.shape[0], n = Ut.shape[1], tile = 64, i0 = 0, j0, i, j, k, i1, j1
+    cdef double value = 0.0, iso = 0.0, m, f, w, wr2, t
+    check_kind(kind)
+    if M.shape[0] != n or M.shape[1] != n or (ard and g_ard.shape[0] != d) \
+            or work.shape[0] < tile or work.shape[1] < n:
+        raise ValueError("contract_direct: M must be n x n, g_ard of length d, work 64 x n")
+    with nogil:
+        for i in range(n):
+            value += M[i, i]
+        while i0 < n:
+            i1 = min(i0 + tile, n)
+            for i in range(i0, i1):              # distances of this tile's rows to every j < i
+                row_dist2(Ut, i, i, &work[i - i0, 0])
+            j0 = 0
+            while j0 <= i0:
+                j1 = min(j0 + tile, n)
+                for i in range(i0, i1):
+                    for j in range(j0, min(j1, i)):
+                        m = M[i, j] + M[j, i]
+                        f = value_and_weight(kind, work[i - i0, j], &w, &wr2)
+                        value += m * f
+                        if ard:
+                            w = m * w
+                            for k in range(d):
+                                t = Ut[k, i] - Ut[k, j]
+                                g_ard[k] += w * t * t
+                        else:
+                            iso += m * wr2
+                j0 += tile
+            i0 += tile
+    return value, iso

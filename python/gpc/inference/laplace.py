@@ -44,12 +44,15 @@ SUBSET_STRIDE = 4
 
 
 def _factor(K, W):
-    """W^½ and the float64 Cholesky factor of B = I + W^½ K W^½."""
+    """W^½ and the float64 Cholesky factor of B = I + W^½ K W^½ (lower, zero upper triangle)."""
     sW = np.sqrt(W)
-    B = K * sW[:, None]
-    B *= sW
-    B.flat[:: K.shape[0] + 1] += 1.0
-    L, _ = cholesky_lower(B, name="B = I + W^1/2 K W^1/2", overwrite=True)
+
+    def build():
+        B = np.empty_like(K)
+        _dense.fill_b(K, sW, B)
+        return B
+
+    L, _ = cholesky_lower(build(), name="B = I + W^1/2 K W^1/2", overwrite=True, rebuild=build)
     return sW, L
 
 
