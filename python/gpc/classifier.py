@@ -174,6 +174,12 @@ class _BinaryGPC:
                                          optimizer=self.optimizer, n_restarts=self.n_restarts,
                                          random_state=self.rng)
             self.kernel_ = self.kernel_.clone_with_theta(theta)
+            # the final posterior continues from the optimiser's last one, as every evaluation did
+            # (GPML's infEP keeps its sites across calls the same way): a cold restart can land
+            # elsewhere, e.g. undamped parallel EP diverges from zero sites with logit at large σ²
+            # where the warm-started evaluations converged (breast cancer, PL Table I)
+            self.result_ = self._infer(self.kernel_, init=state["init"])
+            return self
         self.result_ = self._infer(self.kernel_)
         return self
 
