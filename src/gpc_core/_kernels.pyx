@@ -10,6 +10,8 @@
 
 from libc.math cimport exp, sqrt
 
+include "_tiles.pxi"
+
 cdef enum:
     RBF = 0
     MATERN12 = 1
@@ -65,21 +67,6 @@ cdef inline double dist2(const double[::1] su, const double[::1] sv, double g,
                          Py_ssize_t i, Py_ssize_t j) noexcept nogil:
     cdef double r2 = su[i] + sv[j] - 2.0 * g
     return r2 if r2 > 0.0 else 0.0
-
-
-cdef void mirror_lower(double[:, ::1] A) noexcept nogil:
-    """A[j, i] = A[i, j] for i > j, tile by tile (cache friendly)."""
-    cdef Py_ssize_t n = A.shape[0], tile = 64, i0 = 0, j0, i, j, i1, j1
-    while i0 < n:
-        i1 = min(i0 + tile, n)
-        j0 = 0
-        while j0 <= i0:
-            j1 = min(j0 + tile, n)
-            for i in range(i0, i1):
-                for j in range(j0, min(j1, i)):
-                    A[j, i] = A[i, j]
-            j0 += tile
-        i0 += tile
 
 
 def check_kind(int kind):
