@@ -12,6 +12,7 @@ from scipy.stats import multivariate_normal
 
 from helpers import run_cli
 from gpc.experiments._ais import ais_log_z, ais_log_z_from_gaussian
+from gpc.experiments._common import map_tasks
 from gpc.inference import METHODS, infer
 
 PL_KEYS = {"dataset", "likelihood", "method", "error_mean", "error_se", "n_folds"}
@@ -151,6 +152,18 @@ def test_nr_bounds_reduced(tmp_path, capsys):
             assert kl["log_evidence"] <= a["log_evidence"] + 3 * a["log_evidence_se"] + 0.1
     assert pngs(tmp_path) == ["nr-bounds-error.png", "nr-bounds-evidence.png", "nr-bounds-gap.png",
                               "nr-bounds-testll.png"]
+
+
+def _blas_threads(_):
+    from threadpoolctl import threadpool_info
+    return max(p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas")
+
+
+def test_parallel_workers_share_the_cores():
+    # --jobs N workers must not each start one BLAS thread per core (they spin against each other)
+    import os
+    per_worker = max(1, (os.cpu_count() or 1) // 2)
+    assert map_tasks(_blas_threads, [0, 1, 2], jobs=2, show=False) == [per_worker] * 3
 
 
 # -- the full runs ----------------------------------------------------------------------------------
