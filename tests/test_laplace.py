@@ -110,6 +110,17 @@ def test_iteration_limit_warns_and_reports():
         r = infer(rbf(X, 1.0, 10.0), y, likelihood="logit", max_iter=1)
     assert r.n_iter == 1 and not r.converged
 
+@pytest.mark.parametrize("n", [80, 1200])        # 1200: the subset start and chord steps
+def test_converged_mode_leaves_less_than_tol_for_a_newton_step(n):
+    # the stopping rule: a further Newton step could gain at most ½ rᵀ K r < tol (r = ∇Ψ)
+    X, y = problem(n, 3)
+    K = rbf(X, 1.0, 4.0)
+    tol = 1e-9
+    r = infer(K, y, likelihood="logit", tol=tol)
+    grad = Logit().log_prob_derivatives(y, r.info["f"])[1] - r.info["a"]
+    assert r.converged and 0.5 * grad @ K @ grad < tol
+
+
 def test_warm_start_reaches_the_same_mode_in_fewer_steps():
     X, y = problem(60, 5)
     # tol 1e-13 so that both runs end at the same mode to ~1e-10 and the evidences agree to 1e-9
