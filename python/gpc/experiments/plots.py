@@ -59,6 +59,7 @@ def plot_pl_table1(records, directory):
     colors = dict(zip(methods, plt.cm.tab10.colors))
     for ax, lik in zip(axes[:, 0], liks):
         gh = min(r["gh_order"] for r in records if r["likelihood"] == lik)
+        top = 0.0
         for j, m in enumerate(methods):
             for i, d in enumerate(dsets):
                 r = next((r for r in records if (r["dataset"], r["likelihood"], r["method"], r["gh_order"])
@@ -66,6 +67,8 @@ def plot_pl_table1(records, directory):
                 if r is None:
                     continue
                 xpos = i - 0.4 + (j + 0.5) * width
+                top = max(top, (r["error_mean"] + r["error_se"]) if r["n_folds"] else 0.0,
+                          r.get("paper") or 0.0)
                 if r["n_folds"]:
                     ax.bar(xpos, r["error_mean"], width, yerr=r["error_se"], color=colors[m],
                            label=m if i == 0 else None, capsize=1.5, error_kw={"lw": 0.6})
@@ -75,6 +78,7 @@ def plot_pl_table1(records, directory):
         ax.set_xticks(np.arange(len(dsets)), dsets, fontsize=8)
         ax.set_ylabel("test error")
         ax.set_title(f"{lik} (GH order {gh})", fontsize=9)
+        ax.set_ylim(0.0, 1.3 * top if top > 0 else 1.0)   # headroom: the legend covers no tick
         ax.legend(fontsize=6, ncol=len(methods) + 1, loc="upper left")
     return _save(fig, os.path.join(directory, "pl-table1.png"))
 
