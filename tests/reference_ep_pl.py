@@ -44,11 +44,28 @@ def ep_reference(K, y, likelihood, m0, sweeps, parallel=False):
     return mu, Sigma, tau, nu, float(log_prior_int + log_c.sum())
 
 
-def pl_reference(K, y, likelihood, m0, sweeps, order=20):
-    """Parallel iterated SLR (PL §III-B steps 1-4) and eq. (18) through explicit matrices."""
+def pl_reference(K, y, likelihood, m0, sweeps, order=20, sequential=False):
+    """Iterated SLR (PL §III-B steps 1-4) and eq. (18) through explicit matrices.
+
+    Parallel: every label relinearised at the same posterior, then one Kalman-type update.
+    Sequential: label i relinearised at the current posterior marginal, its pseudo-observation
+    y_i ≈ A_i f_i + b_i + e_i replacing the previous one, the posterior recomputed, then label i+1.
+    """
     n = len(y)
     mu, W = m0.copy(), K.copy()
-    for _ in range(sweeps):
+    if sequential:
+        Kinv = np.linalg.inv(K)
+        tau, nu = np.zeros(n), np.zeros(n)
+        for _ in range(sweeps):
+            for i in range(n):
+                mu_y, cov_fy, var_y = likelihood.slr_moments(mu[i:i + 1], W[i:i + 1, i])
+                A = cov_fy[0] / W[i, i]
+                b = mu_y[0] - A * mu[i]
+                Om = var_y[0] - A ** 2 * W[i, i]
+                tau[i], nu[i] = A ** 2 / Om, A * (y[i] - b) / Om
+                W = np.linalg.inv(Kinv + np.diag(tau))
+                mu = W @ (Kinv @ m0 + nu)
+    for _ in range(0 if sequential else sweeps):
         var = np.diag(W)
         mu_y, cov_fy, var_y = likelihood.slr_moments(mu, var)
         A = cov_fy / var
