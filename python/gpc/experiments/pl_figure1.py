@@ -50,10 +50,10 @@ def exact_posterior(n_grid=800, lim1=(-4.0, 4.0), lim2=(-7.0, 3.0)):
 def ep_without_fixes(schedule="sequential", order=(0, 1), max_sweeps=100):
     """EP exactly as the supplement describes it, with no fix: stop at the first negative cavity variance.
 
-    gpc's EP with ``on_negative="raise"`` stops one step earlier, at the first negative *site*
-    variance (the cause the supplement names); this two-variable trace (explicit 2 × 2 inverses, the
-    noisy threshold's closed-form tilted moments) continues to the cavity, which is the number the
-    paper reports.  Returns a dict: failed, sweep, site (1-based), cavity_variance, or the mean reached.
+    An independent check of gpc's EP with ``on_negative="raise"``, which keeps negative site
+    precisions and stops at the same cavity: this trace uses explicit 2 × 2 inverses and the noisy
+    threshold's closed-form tilted moments.  Returns a dict: failed, sweep, site (1-based),
+    cavity_variance, or the mean reached.
     """
     from scipy.stats import norm
 
@@ -168,8 +168,8 @@ def report(out):
             lines.append(f"  {label:<22}: no negative cavity in {t['sweep']} sweeps; mean "
                          f"({t['mean'][0]:+.3f}, {t['mean'][1]:+.3f})   (paper: cavity variance "
                          f"{rec['paper_cavity_variance']})")
-    lines.append("gpc's EP with on_negative='raise' (stops at the first negative site variance, one step "
-                 "earlier):")
+    lines.append("gpc's EP with on_negative='raise' (keeps negative sites, stops at the first negative "
+                 "cavity variance):")
     for label, rec in out["ep"].items():
         if rec["failed"]:
             lines.append(f"  {label:<22}: {rec['message'][:100]}")
