@@ -122,6 +122,7 @@ def run(K, y, likelihood, prior_mean, *, schedule=None, max_iter=None, tol=None,
     m0 = prior_mean
     buffer = None
     refactor_rate = REFACTOR_RATE_LARGE if n >= REFACTOR_LARGE_N else REFACTOR_RATE
+    window = ANDERSON_WINDOW if n >= REFACTOR_LARGE_N else 0
 
     a = np.zeros(n)
     if init is not None and init.method == "laplace" and init.info["a"].shape == (n,):
@@ -154,9 +155,9 @@ def run(K, y, likelihood, prior_mean, *, schedule=None, max_iter=None, tol=None,
             newton = _NewtonMatrix(K, -d2, buffer)
             history = []
         step = newton.step(r, Kr)
-        history = (history + [(a, step)])[-(ANDERSON_WINDOW + 1):]
+        history = (history + [(a, step)])[-(window + 1):]
         # the accelerated step first; if Ψ does not increase, the plain step, then halvings of it
-        tries = [_anderson(history, step)] if len(history) > 1 and n >= REFACTOR_LARGE_N else []
+        tries = [_anderson(history, step)] if len(history) > 1 else []
         tries += [step * 0.5 ** h for h in range(MAX_HALVINGS + 1)]
         for k, step_try in enumerate(tries):
             a_try = a + step_try
@@ -165,7 +166,7 @@ def run(K, y, likelihood, prior_mean, *, schedule=None, max_iter=None, tol=None,
             psi_try = -0.5 * a_try @ (f_try - m0) + lp_t.sum()
             if psi_try >= psi - 1e-12 * abs(psi):
                 break
-        if k > len(tries) - MAX_HALVINGS - 1:       # a halved step: start the history afresh
+        if k >= len(tries) - MAX_HALVINGS:          # a halved step: start the history afresh
             history = []
         change = psi_try - psi
         a, f, psi = a_try, f_try, psi_try
