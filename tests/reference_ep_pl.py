@@ -51,6 +51,11 @@ def pl_reference(K, y, likelihood, m0, sweeps, order=20, sequential=False):
     Sequential: label i relinearised at the current posterior marginal, its pseudo-observation
     y_i ≈ A_i f_i + b_i + e_i replacing the previous one, the posterior recomputed, then label i+1.
     """
+    def slr(mean, var):                 # PL eq. (15)-(16)
+        mu_y, cov_fy, var_y = likelihood.slr_moments(mean, var)
+        A = cov_fy / var
+        return A, mu_y - A * mean, var_y - A ** 2 * var
+
     n = len(y)
     mu, W = m0.copy(), K.copy()
     if sequential:
@@ -58,29 +63,20 @@ def pl_reference(K, y, likelihood, m0, sweeps, order=20, sequential=False):
         tau, nu = np.zeros(n), np.zeros(n)
         for _ in range(sweeps):
             for i in range(n):
-                mu_y, cov_fy, var_y = likelihood.slr_moments(mu[i:i + 1], W[i:i + 1, i])
-                A = cov_fy[0] / W[i, i]
-                b = mu_y[0] - A * mu[i]
-                Om = var_y[0] - A ** 2 * W[i, i]
+                A, b, Om = (v[0] for v in slr(mu[i:i + 1], W[i:i + 1, i]))
                 tau[i], nu[i] = A ** 2 / Om, A * (y[i] - b) / Om
                 W = np.linalg.inv(Kinv + np.diag(tau))
                 mu = W @ (Kinv @ m0 + nu)
-    for _ in range(0 if sequential else sweeps):
-        var = np.diag(W)
-        mu_y, cov_fy, var_y = likelihood.slr_moments(mu, var)
-        A = cov_fy / var
-        b = mu_y - A * mu
-        Om = var_y - A ** 2 * var
-        # PL eq. (10)-(11): Kalman-type update with y ≈ A f + b + e, e ~ N(0, Ω)
-        S = np.diag(A) @ K @ np.diag(A) + np.diag(Om)
-        G = K @ np.diag(A) @ np.linalg.inv(S)
-        mu = m0 + G @ (y - A * m0 - b)
-        W = K - G @ S @ G.T
+    else:
+        for _ in range(sweeps):
+            A, b, Om = slr(mu, np.diag(W))
+            # PL eq. (10)-(11): Kalman-type update with y ≈ A f + b + e, e ~ N(0, Ω)
+            S = np.diag(A) @ K @ np.diag(A) + np.diag(Om)
+            G = K @ np.diag(A) @ np.linalg.inv(S)
+            mu = m0 + G @ (y - A * m0 - b)
+            W = K - G @ S @ G.T
     var = np.diag(W)
-    mu_y, cov_fy, var_y = likelihood.slr_moments(mu, var)
-    A = cov_fy / var
-    b = mu_y - A * mu
-    Om = var_y - A ** 2 * var
+    A, b, Om = slr(mu, var)
     S = np.diag(A) @ K @ np.diag(A) + np.diag(Om)
     r = y - b - A * m0
     log_p_hat = -0.5 * (r @ np.linalg.solve(S, r) + np.linalg.slogdet(S)[1] + n * np.log(2 * np.pi))
