@@ -43,6 +43,28 @@ def test_laplace_logit_equals_scikit_learn_on_real_data(cancer):
         <= 1e-6 * abs(theirs.log_marginal_likelihood_value_)
 
 
+@pytest.mark.parametrize("method, likelihood", [
+    ("laplace", "logit"), ("ep", "probit"), ("pl", "probit"), ("kl", "logit"), ("vb", "logit"),
+    ("mf-ensemble", "probit"), ("mf-naive", "probit")])
+def test_evidence_gradient_reuses_K_and_reads_half_of_M(cancer, method, likelihood):
+    # log_marginal_likelihood hands the kernel its K and the promise that M is symmetric (only the
+    # lower triangle is read).  Both must hold for every method: M symmetric to rounding, and the
+    # gradient equal to the plain contraction of the full M against the gradient tensor (1e-10
+    # relative: the two sum the same terms in another order).
+    X, y = cancer
+    X, y = X[:120], y[:120]
+    kernel = ConstantKernel(2.0) * RBF(3.0)
+    clf = GaussianProcessClassifier(kernel=kernel, likelihood=likelihood, method=method,
+                                    optimizer=None).fit(X, y)
+    binary = clf.base_estimators_[0]
+    theta = kernel.theta + np.array([0.3, -0.2])
+    _, grad, result = binary.log_marginal_likelihood(theta, True)
+    M = result.gradient_matrix()
+    assert np.max(np.abs(M - M.T)) <= 1e-13 * np.max(np.abs(M))
+    _, dK = kernel.clone_with_theta(theta)(X, eval_gradient=True)
+    np.testing.assert_allclose(grad, np.einsum("ij,ijk->k", M, dK), rtol=1e-10)
+
+
 def test_fitted_hyperparameters_agree_with_scikit_learn(cancer):
     # Both maximise the same evidence with L-BFGS-B from the same start; optima agree to the
     # optimiser's tolerance (evidence to 1e-4 relative).

@@ -126,6 +126,68 @@ def test_gradient_contract_symmetric_M_and_no_free_hyperparameters():
     assert Polynomial(2).gradient_contract(X, M).shape == (0,)
 
 
+@pytest.mark.parametrize("path", ["direct", "gram"])
+@pytest.mark.parametrize("name", sorted(GRAD_KERNELS))
+def test_gradient_contract_with_K_and_symmetric_M(name, path, monkeypatch):
+    # K = k(X) handed in (as an evidence gradient does) and the promise that M is symmetric change
+    # where the values and M's entries are read from, not the result: 1e-10 relative, as against
+    # the tensor above.  The diagonal of K carries jitter, which must not be read.
+    import gpc.kernels as gk
+    if path == "gram":
+        monkeypatch.setattr(gk, "DIRECT_MAX_D", 0)
+    k = GRAD_KERNELS[name]()
+    Xs = X[:14]
+    M = RNG.normal(size=(14, 14))
+    _, dK = k(Xs, eval_gradient=True)
+    K_jittered = k(Xs)
+    K_jittered.flat[:: 15] += 0.1
+    for Ms, symmetric in ((M, False), (M + M.T, True)):
+        g_tensor = np.einsum("ij,ijk->k", Ms, dK)
+        g = k.gradient_contract(Xs, Ms, K=K_jittered, symmetric=symmetric)
+        assert_allclose(g, g_tensor, rtol=1e-10, atol=1e-12 * np.abs(g_tensor).max())
+
+
+@pytest.mark.parametrize("path", ["direct", "gram"])
+def test_gradient_contract_reads_the_values_from_K(path, monkeypatch):
+    # For the squared exponential W = f, so with K = c A for an arbitrary symmetric A the
+    # contraction must be (sum M o A, sum M o A o r^2) scaled as for c * RBF: proof that the values
+    # come from K and not from recomputed exponentials.
+    import gpc.kernels as gk
+    if path == "gram":
+        monkeypatch.setattr(gk, "DIRECT_MAX_D", 0)
+    ls, c = 0.8, 1.3
+    A = RNG.uniform(0.1, 1.0, size=(25, 25))
+    A = A + A.T
+    M = RNG.normal(size=(25, 25))
+    r2 = np.sum((X[:, None, :] - X[None, :, :]) ** 2, axis=2) / ls ** 2
+    off = ~np.eye(25, dtype=bool)
+    expected = [c * (np.trace(M) + np.sum((M * A)[off])), c * np.sum(M * A * r2)]
+    g = (ConstantKernel(c) * RBF(ls)).gradient_contract(X, M, K=c * A)
+    assert_allclose(g, expected, rtol=1e-12)
+    assert not np.allclose(g, (ConstantKernel(c) * RBF(ls)).gradient_contract(X, M))
+
+
+def test_gradient_contract_symmetric_reads_the_lower_triangle_only():
+    # symmetric=True is a promise: a non-symmetric M is then contracted as its mirrored lower
+    # triangle (what a caller breaking the promise gets, and proof that the upper is not read)
+    M = RNG.normal(size=(25, 25))
+    M_lower = np.tril(M) + np.tril(M, -1).T
+    for k in (RBF(0.8), RBF(LS3), Matern(0.7, nu=1.5), ConstantKernel(2.0) * RBF(0.9)):
+        assert_allclose(k.gradient_contract(X, M, symmetric=True), k.gradient_contract(X, M_lower),
+                        rtol=1e-12)
+
+
+def test_gradient_contract_bad_K_raises():
+    k = ConstantKernel(2.0) * RBF(0.8)
+    M = RNG.normal(size=(25, 25))
+    with pytest.raises(ValueError, match="K must have shape"):
+        k.gradient_contract(X, M, K=np.ones((24, 24)))
+    K = k(X)
+    K[3, 1] = np.nan
+    with pytest.raises(ValueError, match="K contains NaN"):
+        k.gradient_contract(X, M, K=K)
+
+
 @pytest.mark.parametrize("name", sorted(INPUT_KERNELS))
 def test_gradient_inputs_finite_differences(name):
     k = INPUT_KERNELS[name]()

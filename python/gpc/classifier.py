@@ -109,8 +109,9 @@ class _BinaryGPC:
         self.rng = rng
         self.method_options = method_options
 
-    def _infer(self, kernel, init=None, check_kernel=True):
-        K = kernel(self.X_train_)
+    def _infer(self, kernel, init=None, check_kernel=True, K=None):
+        if K is None:
+            K = kernel(self.X_train_)
         options = dict(self.method_options)
         if init is not None:
             options["init"] = init
@@ -120,7 +121,8 @@ class _BinaryGPC:
 
     def log_marginal_likelihood(self, theta, eval_gradient=False, init=None, check_kernel=True):
         kernel = self.kernel_.clone_with_theta(theta)
-        result = self._infer(kernel, init=init, check_kernel=check_kernel)
+        K = kernel(self.X_train_)     # the inference reads K and does not change it
+        result = self._infer(kernel, init=init, check_kernel=check_kernel, K=K)
         if not eval_gradient:
             return result.log_evidence, result
         if result.gradient_matrix is None:
@@ -135,7 +137,10 @@ class _BinaryGPC:
                 grad[k] = (up.log_evidence - down.log_evidence) / (2 * FD_STEP)
             result.info["gradient"] = "finite-differences"
             return result.log_evidence, grad, result
-        grad = result.log_evidence_gradient(lambda M: kernel.gradient_contract(self.X_train_, M))
+        # the kernel's values come from K (a stationary kernel recomputes no exponentials), and M is
+        # symmetric (InferenceResult.gradient_matrix) so only its lower triangle is read
+        grad = result.log_evidence_gradient(
+            lambda M: kernel.gradient_contract(self.X_train_, M, K=K, symmetric=True))
         return result.log_evidence, grad, result
 
     def partial_fit(self, X, y):

@@ -64,21 +64,23 @@ def _check_XY(X, Y):
     return X, Y
 
 
-def _check_M(M, shape):
+def _check_M(M, shape, name="M"):
     """Shape and dtype only: finiteness is checked on the (length-p) result, which NaN/inf in M
-    reaches, so the hot path skips an O(n^2) pass over M."""
+    (or in a K handed to a contraction) reaches, so the hot path skips an O(n^2) pass over M."""
     try:
         M = np.ascontiguousarray(M, dtype=np.float64)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"M must be numeric: {exc}") from None
+        raise ValueError(f"{name} must be numeric: {exc}") from None
     if M.shape != shape:
-        raise ValueError(f"M must have shape {shape}, got {M.shape}")
+        raise ValueError(f"{name} must have shape {shape}, got {M.shape}")
     return M
 
 
-def _check_result(out, M):
+def _check_result(out, M, K=None):
     if not np.all(np.isfinite(out)):
-        check_finite_array(M, "M")  # names NaN / inf in M when that is the cause
+        check_finite_array(M, "M")  # names NaN / inf in M (or K) when that is the cause
+        if K is not None:
+            check_finite_array(K, "K")
         raise ValueError("the gradient is not finite: hyperparameters out of floating-point range?")
     return out
 
@@ -216,9 +218,10 @@ class Kernel:
     (a (low, high) pair, an (n, 2) array, or ``"fixed"``).  Fixed hyperparameters are not part of
     ``theta``.
 
-    Subclasses implement ``_call(X, Y, eval_gradient)``, ``diag``, ``_contract(X, M, K=None)`` and
-    ``_grad_inputs(X, Y, M)`` on validated inputs (Y None means Y = X).  ``_contract`` may be handed
-    the kernel's own K(X, X) when the caller (a product) already computed it.
+    Subclasses implement ``_call(X, Y, eval_gradient)``, ``diag``,
+    ``_contract(X, M, K=None, symmetric=False)`` and ``_grad_inputs(X, Y, M)`` on validated inputs
+    (Y None means Y = X).  ``_contract`` may be handed the kernel's own K(X, X) when the caller
+    already computed it, and the promise that M is symmetric (see :meth:`gradient_contract`).
     """
 
     _hyper = ()
@@ -400,7 +403,7 @@ class Kernel:
         X = _check_X(X)
         return self._diag(X)
 
-    def gradient_contract(self, X, M):
+    def gradient_contract(self, X, M, K=None, symmetric=False):
         """g_k = sum_ij M_ij dK_ij/dtheta_k (theta in log space) without forming the tensor.
 
         Parameters
@@ -408,14 +411,27 @@ class Kernel:
         X : array of shape (n, d)
         M : array of shape (n, n)
             Any square matrix (need not be symmetric).
+        K : array of shape (n, n), optional
+            This kernel's matrix K(X) when the caller already holds it (an evidence gradient does).
+            Stationary kernels and their products with a constant then read their values from it
+            instead of recomputing them (for the squared exponential that is all its
+            exponentials).  Only the strict lower triangle is read, so jitter on the diagonal does
+            not matter; a K from other hyperparameters gives a wrong gradient.
+        symmetric : bool, default False
+            A promise that M is symmetric, as the matrix of an evidence gradient is.  Stationary
+            kernels then read only its lower triangle (half the memory traffic); for a non-symmetric
+            M the result is that of its lower triangle mirrored, i.e. wrong.
 
         Returns
         -------
         g : array of shape (n_dims,)
         """
         X = _check_X(X)
-        M = _check_M(M, (X.shape[0], X.shape[0]))
-        return _check_result(self._contract(X, M), M)
+        n = X.shape[0]
+        M = _check_M(M, (n, n))
+        if K is not None:
+            K = _check_M(K, (n, n), name="K")
+        return _check_result(self._contract(X, M, K=K, symmetric=bool(symmetric)), M, K)
 
     def gradient_inputs(self, X, Y, M):
         """G[i, d] = sum_j M_ij d k(x_i, y_j) / d x_id (derivative in the first argument only).
@@ -438,10 +454,11 @@ class Kernel:
     def _grad_inputs(self, X, Y, M):
         raise NotImplementedError(f"gradient_inputs is not implemented for {type(self).__name__}")
 
-    def _contract_value(self, X, M):
-        """(gradient_contract(X, M), sum_ij M_ij K_ij); stationary kernels do both in one pass."""
+    def _contract_value(self, X, M, K=None, scale=1.0, symmetric=False):
+        """(gradient_contract(X, M), sum_ij M_ij k_ij); stationary kernels do both in one pass and
+        may take k from K = scale * k(X) when given (here it is recomputed)."""
         K = self._call(X, None, False)
-        return self._contract(X, M, K=K), float(np.vdot(M, K))
+        return self._contract(X, M, K=K, symmetric=symmetric), float(np.vdot(M, K))
 
     def is_stationary(self):
         """Whether k(x, y) depends on x - y only."""
@@ -550,22 +567,26 @@ class _Stationary(Kernel):
         self._length_scales(X.shape[1])
         return np.ones(X.shape[0])
 
-    def _contract(self, X, M, K=None):
-        return self._contract_value(X, M)[0] if self._free() else np.empty(0)
+    def _contract(self, X, M, K=None, symmetric=False):
+        return self._contract_value(X, M, K, symmetric=symmetric)[0] if self._free() else np.empty(0)
 
-    def _contract_value(self, X, M):
-        """(sum_ij M_ij dK_ij/dlog l, sum_ij M_ij K_ij) in one pass (gpc._kernels.contract)."""
+    def _contract_value(self, X, M, K=None, scale=1.0, symmetric=False):
+        """(sum_ij M_ij dK_ij/dlog l, sum_ij M_ij K_ij) in one pass (gpc._kernels.contract).
+
+        Given K = scale * k(X) (strict lower triangle read), the values come from it: no
+        exponentials, which are most of the pass's cost."""
         ls, U, _ = self._scaled(X, None)
         ard = ls.size > 1 and self._free()
         if U.shape[1] <= DIRECT_MAX_D:
             g = np.zeros(U.shape[1])
             value, iso = _kernels.contract_direct(np.ascontiguousarray(U.T), M, self._kind(), ard, g,
-                                                  np.empty((64, U.shape[0])))
+                                                  np.empty((2, U.shape[0])), K, scale, symmetric)
             if not self._free():
                 return np.empty(0), value
             return (g if ard else np.array([iso])), value
         G, su = _gram_lower(U)
-        value, iso = _kernels.contract(G, su, M, self._kind(), ard)
+        value, iso = _kernels.contract(G, su, M, self._kind(), ard, np.empty((2, U.shape[0])), K,
+                                       scale, symmetric)
         if not self._free():
             return np.empty(0), value
         if not ard:
@@ -730,7 +751,7 @@ class ConstantKernel(Kernel):
     def _diag(self, X):
         return np.full(X.shape[0], float(self.constant_value))
 
-    def _contract(self, X, M, K=None):
+    def _contract(self, X, M, K=None, symmetric=False):
         return np.array([float(self.constant_value) * M.sum()]) if self._free() else np.empty(0)
 
     def _constant(self):
@@ -780,7 +801,7 @@ class WhiteKernel(Kernel):
     def _diag(self, X):
         return np.full(X.shape[0], float(self.noise_level))
 
-    def _contract(self, X, M, K=None):
+    def _contract(self, X, M, K=None, symmetric=False):
         return np.array([float(self.noise_level) * np.trace(M)]) if self._free() else np.empty(0)
 
     def _grad_inputs(self, X, Y, M):
@@ -831,7 +852,7 @@ class Linear(Kernel):
     def _diag(self, X):
         return float(self.variance) * np.einsum("ij,ij->i", X, X)
 
-    def _contract(self, X, M, K=None):
+    def _contract(self, X, M, K=None, symmetric=False):
         if not self._free():
             return np.empty(0)
         # sum_ij M_ij v x_i.x_j = v sum(X o (M X)): O(n^2 d), no n x n temporary
@@ -896,7 +917,7 @@ class Polynomial(Kernel):
     def _diag(self, X):
         return (1.0 + np.einsum("ij,ij->i", X, X) / self._s(X)) ** int(self.degree)
 
-    def _contract(self, X, M, K=None):
+    def _contract(self, X, M, K=None, symmetric=False):
         return np.empty(0)
 
     def _grad_inputs(self, X, Y, M):
@@ -971,8 +992,9 @@ class Sum(_Binary):
     def _diag(self, X):
         return self._a.diag(X) + self._b.diag(X)
 
-    def _contract(self, X, M, K=None):
-        return np.concatenate([self._a.gradient_contract(X, M), self._b.gradient_contract(X, M)])
+    def _contract(self, X, M, K=None, symmetric=False):
+        return np.concatenate([self._a._contract(X, M, symmetric=symmetric),
+                               self._b._contract(X, M, symmetric=symmetric)])
 
     def _grad_inputs(self, X, Y, M):
         return self._a.gradient_inputs(X, Y, M) + self._b.gradient_inputs(X, Y, M)
@@ -1007,7 +1029,7 @@ class Product(_Binary):
     def _diag(self, X):
         return self._a.diag(X) * self._b.diag(X)
 
-    def _contract(self, X, M, K=None):
+    def _contract(self, X, M, K=None, symmetric=False):
         # each factor's own K is computed once and handed to its contraction (an RBF then reuses it
         # instead of recomputing distances and exponentials); a constant factor scales M instead of
         # being expanded into an n x n matrix
@@ -1016,7 +1038,7 @@ class Product(_Binary):
         if (ca is None) != (cb is None):
             # c * k: d/dlog c = c sum M o K_k and d/dtheta_k = c sum M o dK_k, both from one pass of k
             c, const, other = (ca, a, b) if ca is not None else (cb, b, a)
-            g_other, value = other._contract_value(X, M)
+            g_other, value = other._contract_value(X, M, K, c, symmetric)
             g_const = np.array([c * value]) if const.n_dims else np.empty(0)
             parts = (g_const, c * np.asarray(g_other)) if ca is not None else (c * np.asarray(g_other), g_const)
             return np.concatenate(parts)
@@ -1024,9 +1046,9 @@ class Product(_Binary):
         Kb = None if cb is not None else b(X)
         parts = []
         if a.n_dims:
-            parts.append(a._contract(X, M * (cb if Kb is None else Kb), K=Ka))
+            parts.append(a._contract(X, M * (cb if Kb is None else Kb), K=Ka, symmetric=symmetric))
         if b.n_dims:
-            parts.append(b._contract(X, M * (ca if Ka is None else Ka), K=Kb))
+            parts.append(b._contract(X, M * (ca if Ka is None else Ka), K=Kb, symmetric=symmetric))
         return np.concatenate(parts) if parts else np.empty(0)
 
     def _grad_inputs(self, X, Y, M):
@@ -1090,7 +1112,7 @@ class _ForeignKernel(Kernel):
     def _diag(self, X):
         return self.kernel.diag(X)
 
-    def _contract(self, X, M, K=None):
+    def _contract(self, X, M, K=None, symmetric=False):
         _, dK = self.kernel(X, eval_gradient=True)
         return np.einsum("ij,ijk->k", M, dK)
 

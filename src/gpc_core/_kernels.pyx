@@ -36,31 +36,44 @@ cdef inline double kernel_value(int kind, double r2) noexcept nogil:
     return (1.0 + r + r * r / 3.0) * exp(-r)
 
 
-cdef inline double value_and_weight(int kind, double r2, double* w, double* wr2) noexcept nogil:
-    # f, W and W r^2 from one exponential
+cdef inline double value_and_weight(int kind, double r2, double* w) noexcept nogil:
+    # f and W from one exponential (W r^2 is W * r2 for every kind; Matern 1/2 takes W = 0 at
+    # r = 0, where every W r^2 and W (u_d - u'_d)^2 term is 0 in the limit)
     cdef double r, s, e
     if kind == RBF:
         e = exp(-0.5 * r2)
         w[0] = e
-        wr2[0] = e * r2
         return e
     r = sqrt(r2)
     if kind == MATERN12:
         e = exp(-r)
         w[0] = e / r if r > 0.0 else 0.0
-        wr2[0] = r * e
         return e
     if kind == MATERN32:
         s = SQRT3 * r
         e = exp(-s)
         w[0] = 3.0 * e
-        wr2[0] = w[0] * r2
         return (1.0 + s) * e
     s = SQRT5 * r
     e = exp(-s)
     w[0] = (5.0 / 3.0) * (1.0 + s) * e
-    wr2[0] = w[0] * r2
     return (1.0 + s + s * s / 3.0) * e
+
+
+cdef inline double weight_from_value(int kind, double r2, double f) noexcept nogil:
+    # W from a value f = f(r^2) already computed (a kernel matrix the caller holds): no
+    # exponential, the identities of value_and_weight solved for e
+    cdef double r, s
+    if kind == RBF:
+        return f
+    r = sqrt(r2)
+    if kind == MATERN12:
+        return f / r if r > 0.0 else 0.0
+    if kind == MATERN32:
+        s = SQRT3 * r
+        return 3.0 * f / (1.0 + s)
+    s = SQRT5 * r
+    return (5.0 / 3.0) * (1.0 + s) * f / (1.0 + s + s * s / 3.0)
 
 
 cdef inline double dist2(const double[::1] su, const double[::1] sv, double g,
@@ -101,43 +114,88 @@ def cross_to_kernel(double[:, ::1] G, const double[::1] su, const double[::1] sv
                 G[i, j] = scale * kernel_value(kind, dist2(su, sv, G[i, j], i, j))
 
 
-def contract(double[:, ::1] G, const double[::1] su, const double[:, ::1] M, int kind, bint ard):
+cdef double row_terms(int kind, Py_ssize_t i, const double* r2, const double[:, ::1] M,
+                      bint symmetric, const double[:, ::1] K, double inv_scale, bint ard,
+                      double* q, double* iso) noexcept nogil:
+    # Row i of a contraction, j < i: returns sum_j m_j f_ij, and with m_j W_ij either adds
+    # sum_j m_j W_ij r2_j to iso or (ard) stores it in q[j].  m_j = M_ij + M_ji (2 M_ij for a
+    # symmetric M, whose upper triangle is then not read); f comes from K = scale * f when K is
+    # given (inv_scale = 1 / scale > 0), else from exponentials.
+    cdef Py_ssize_t j
+    cdef double value = 0.0, acc = 0.0, m, f, w
+    if symmetric and inv_scale > 0.0 and kind == RBF and not ard:
+        # an isotropic squared exponential's evidence gradient (W = f): one plain loop
+        for j in range(i):
+            m = M[i, j] * K[i, j]
+            value += m
+            acc += m * r2[j]
+        iso[0] += 2.0 * inv_scale * acc
+        return 2.0 * inv_scale * value
+    for j in range(i):
+        m = 2.0 * M[i, j] if symmetric else M[i, j] + M[j, i]
+        if inv_scale > 0.0:
+            f = K[i, j] * inv_scale
+            w = weight_from_value(kind, r2[j], f)
+        else:
+            f = value_and_weight(kind, r2[j], &w)
+        value += m * f
+        if ard:
+            q[j] = m * w
+        else:
+            acc += m * w * r2[j]
+    iso[0] += acc
+    return value
+
+
+cdef double check_contract(Py_ssize_t n, const double[:, ::1] M, const double[:, ::1] K,
+                           double scale, double[:, ::1] work) except -1.0:
+    # shapes of a contraction's arguments; returns 1 / scale when K is given, else 0
+    if M.shape[0] != n or M.shape[1] != n:
+        raise ValueError(f"M must be {n} x {n}, got {M.shape[0]} x {M.shape[1]}")
+    if work.shape[0] < 2 or work.shape[1] < n:
+        raise ValueError(f"work must be at least 2 x {n}")
+    if K is None:
+        return 0.0
+    if K.shape[0] != n or K.shape[1] != n:
+        raise ValueError(f"K must be {n} x {n} like M, got {K.shape[0]} x {K.shape[1]}")
+    if not (scale > 0.0 and scale < 1e308):
+        raise ValueError(f"the scale of K must be positive and finite, got {scale}")
+    return 1.0 / scale
+
+
+def contract(double[:, ::1] G, const double[::1] su, const double[:, ::1] M, int kind, bint ard,
+             double[:, ::1] work, const double[:, ::1] K=None, double scale=1.0,
+             bint symmetric=False):
     """Contractions of M with f and with the length-scale derivatives, from G = U U^T (lower).
 
     Returns (sum_ij M_ij f_ij, sum_ij M_ij W_ij r_ij^2).  With ``ard`` the second is 0 and G is
     overwritten by the symmetric S with S_ij = (M_ij + M_ji) W_ij / 2 off the diagonal and 0 on it,
     so that sum_ij M_ij W_ij (u_id - u_jd)^2 = 2 [sum_i u_id^2 (S 1)_i - sum_i u_id (S U)_id], which
-    the caller forms with one matrix product.  M need not be symmetric; it is read tile by tile so
-    that M[j, i] stays in cache.
+    the caller forms with one matrix product.  M need not be symmetric; with ``symmetric`` (a
+    promise) only its lower triangle is read.  Given ``K`` = scale * f(r^2) (its strict lower
+    triangle is read), f comes from it instead of from exponentials.  ``work``: 2 x n scratch.
     """
-    cdef Py_ssize_t n = G.shape[0], tile = 64, i0 = 0, j0, i, j, i1, j1
-    cdef double value = 0.0, iso = 0.0, r2, m, f, w, wr2
+    cdef Py_ssize_t n = G.shape[0], i, j
+    cdef double value = 0.0, iso = 0.0, inv_scale
+    cdef double* r2
+    cdef double* q
     check_kind(kind)
-    if G.shape[1] != n or su.shape[0] != n or M.shape[0] != n or M.shape[1] != n:
-        raise ValueError("contract: G and M must be n x n and su of length n")
+    if G.shape[1] != n or su.shape[0] != n:
+        raise ValueError("contract: G must be n x n and su of length n")
+    inv_scale = check_contract(n, M, K, scale, work)
+    r2 = &work[0, 0]
+    q = &work[1, 0]
     with nogil:
         for i in range(n):
             value += M[i, i]
-        while i0 < n:
-            i1 = min(i0 + tile, n)
-            j0 = 0
-            while j0 <= i0:
-                j1 = min(j0 + tile, n)
-                for i in range(i0, i1):
-                    for j in range(j0, min(j1, i)):
-                        r2 = dist2(su, su, G[i, j], i, j)
-                        m = M[i, j] + M[j, i]
-                        f = value_and_weight(kind, r2, &w, &wr2)
-                        value += m * f
-                        if ard:
-                            G[i, j] = 0.5 * m * w
-                        else:
-                            iso += m * wr2
-                j0 += tile
-            i0 += tile
-        if ard:
-            for i in range(n):
+            for j in range(i):
+                r2[j] = dist2(su, su, G[i, j], i, j)
+            value += row_terms(kind, i, r2, M, symmetric, K, inv_scale, ard, q, &iso)
+            if ard:
+                for j in range(i):
+                    G[i, j] = 0.5 * q[j]
                 G[i, i] = 0.0
+        if ard:
             mirror_lower(G)
     return value, iso
 
@@ -177,37 +235,31 @@ def gram_direct(const double[:, ::1] Ut, int kind, double scale, double[:, ::1] 
 
 
 def contract_direct(const double[:, ::1] Ut, const double[:, ::1] M, int kind, bint ard,
-                    double[::1] g_ard, double[:, ::1] work):
+                    double[::1] g_ard, double[:, ::1] work, const double[:, ::1] K=None,
+                    double scale=1.0, bint symmetric=False):
     """As ``contract`` from the inputs themselves: (sum M o f, sum M o W r^2), and with ``ard``
-    g_ard[d] += sum_ij M_ij W_ij (u_id - u_jd)^2.  ``work`` is (n_tile_rows = 64) x n scratch."""
-    cdef Py_ssize_t d = Ut.shape[0], n = Ut.shape[1], tile = 64, i0 = 0, j0, i, j, k, i1, j1
-    cdef double value = 0.0, iso = 0.0, m, f, w, wr2, t
+    g_ard[d] += sum_ij M_ij W_ij (u_id - u_jd)^2.  ``work``: 2 x n scratch; ``K``, ``scale`` and
+    ``symmetric`` as in ``contract``."""
+    cdef Py_ssize_t d = Ut.shape[0], n = Ut.shape[1], i, j, k
+    cdef double value = 0.0, iso = 0.0, inv_scale, t, acc
+    cdef double* r2
+    cdef double* q
     check_kind(kind)
-    if M.shape[0] != n or M.shape[1] != n or (ard and g_ard.shape[0] != d) \
-            or work.shape[0] < tile or work.shape[1] < n:
-        raise ValueError("contract_direct: M must be n x n, g_ard of length d, work 64 x n")
+    if ard and g_ard.shape[0] != d:
+        raise ValueError("contract_direct: g_ard must have one entry per input dimension")
+    inv_scale = check_contract(n, M, K, scale, work)
+    r2 = &work[0, 0]
+    q = &work[1, 0]
     with nogil:
         for i in range(n):
             value += M[i, i]
-        while i0 < n:
-            i1 = min(i0 + tile, n)
-            for i in range(i0, i1):              # distances of this tile's rows to every j < i
-                row_dist2(Ut, i, i, &work[i - i0, 0])
-            j0 = 0
-            while j0 <= i0:
-                j1 = min(j0 + tile, n)
-                for i in range(i0, i1):
-                    for j in range(j0, min(j1, i)):
-                        m = M[i, j] + M[j, i]
-                        f = value_and_weight(kind, work[i - i0, j], &w, &wr2)
-                        value += m * f
-                        if ard:
-                            w = m * w
-                            for k in range(d):
-                                t = Ut[k, i] - Ut[k, j]
-                                g_ard[k] += w * t * t
-                        else:
-                            iso += m * wr2
-                j0 += tile
-            i0 += tile
+            row_dist2(Ut, i, i, r2)
+            value += row_terms(kind, i, r2, M, symmetric, K, inv_scale, ard, q, &iso)
+            if ard:
+                for k in range(d):
+                    acc = 0.0
+                    for j in range(i):
+                        t = Ut[k, i] - Ut[k, j]
+                        acc += q[j] * t * t
+                    g_ard[k] += acc
     return value, iso
