@@ -83,6 +83,26 @@ def test_gradient_matches_finite_differences(lik):
     fd = [(evidence(theta + h * e) - evidence(theta - h * e)) / (2 * h) for e in np.eye(2)]
     np.testing.assert_allclose(g, fd, rtol=1e-6)
 
+def test_gradient_matrix_overwrites_the_factor_and_prediction_refactors():
+    # The evidence gradient inverts B's factor in place; the posterior then refactors on demand, so
+    # a prediction after a gradient (and a second gradient) equals one before: both refactor the
+    # same B, hence to rounding (1e-12).
+    X, y = problem(60, 5)
+    K = rbf(X, 0.9, 2.0)
+    Kx, kd = rbf(np.vstack([X, X[:7] + 0.1]), 0.9, 2.0)[:60, 60:], np.full(7, 2.0)
+    r = infer(K, y, likelihood=Logit(), method="laplace")
+    before = r.predict(Kx, kd)
+    log_det = r.posterior.log_det_B
+    M1 = r.gradient_matrix()
+    assert r.posterior._L is None
+    after = r.predict(Kx, kd)
+    M2 = r.gradient_matrix()
+    for b, a in zip(before, after):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+    np.testing.assert_allclose(M2, M1, rtol=1e-12, atol=1e-14 * np.abs(M1).max())
+    assert abs(r.posterior.log_det_B - log_det) < 1e-12 * abs(log_det)
+
+
 def test_mode_is_the_argmax_of_the_exact_posterior():
     # n = 3: the Laplace mean must be the maximiser of log p(y|f) + log N(f|0, K), found here by a
     # general-purpose optimiser to its tolerance (gtol 1e-10 → f to ~1e-8).

@@ -185,7 +185,7 @@ def run(K, y, likelihood, prior_mean, *, schedule=None, max_iter=None, tol=None,
     log_evidence = psi - float(np.sum(np.log(np.diag(L))))
     posterior = _LaplacePosterior(K, W, W * f + d1, m0, sW, L, a, f)
 
-    gradient_matrix = functools.partial(_gradient_matrix, K, W, sW, L, a, d1, d3)
+    gradient_matrix = functools.partial(_gradient_matrix, posterior, d1, d3)
     return InferenceResult("laplace", None, likelihood, posterior, log_evidence, n_iter, converged,
                            gradient_matrix, info={"a": a, "f": f})
 
@@ -231,7 +231,11 @@ def _subset_start(K, y, likelihood, m0):
 
 
 class _LaplacePosterior(SitePosterior):
-    """SitePosterior whose factor, α and mean come from the Newton iteration instead of a refactor."""
+    """SitePosterior whose factor, α and mean come from the Newton iteration instead of a refactor.
+
+    The evidence gradient inverts the factor in place (saving an n x n copy); ``L`` is then
+    recomputed on first use, e.g. when a prediction follows a gradient evaluation.
+    """
 
     def __init__(self, K, W, nu, m0, sW, L, a, f):
         self.K = K
@@ -246,11 +250,28 @@ class _LaplacePosterior(SitePosterior):
         self._cov = None
         self._B_inv = None
 
+    @property
+    def L(self):
+        if self._L is None:
+            self._L = _factor(self.K, self.site_precision)[1]
+        return self._L
 
-def _gradient_matrix(K, W, sW, L, a, g, d3):
-    """M of the module docstring; O(n³) through one in-place dpotri, no n x n x p tensor."""
+    @L.setter
+    def L(self, value):
+        self._L = value
+
+    def take_factor(self):
+        """The Cholesky factor of B, for the caller to overwrite; ``L`` is refactored if needed."""
+        L, self._L = self.L, None
+        return L
+
+
+def _gradient_matrix(posterior, g, d3):
+    """M of the module docstring; O(n³) through one dpotri in place on the posterior's factor,
+    no n x n x p tensor.  ``g``, ``d3``: ∇ log p(y|f̂) and ∇³ log p(y|f̂)."""
+    K, W, sW, a = posterior.K, posterior.site_precision, posterior.sqrt_tau, posterior.alpha
     n = K.shape[0]
-    Binv = L.copy()                # lower triangle: L, then B⁻¹ (LAPACK 'U' on the Fortran view)
+    Binv = posterior.take_factor()  # lower triangle: L, then B⁻¹ (LAPACK 'U' on the Fortran view)
     _, info = lapack.dpotri(Binv.T, lower=False, overwrite_c=True)
     if info != 0:  # pragma: no cover - L is a Cholesky factor
         raise RuntimeError(f"dpotri failed with info={info}")
