@@ -165,6 +165,12 @@ def test_gradient_contract_reads_the_values_from_K(path, monkeypatch):
     g = (ConstantKernel(c) * RBF(ls)).gradient_contract(X, M, K=c * A)
     assert_allclose(g, expected, rtol=1e-12)
     assert not np.allclose(g, (ConstantKernel(c) * RBF(ls)).gradient_contract(X, M))
+    # plus white noise (diagonal only): the sum hands its K on, as its off-diagonal is c A
+    K_sum = c * A + 0.3 * np.eye(25)
+    for k, order in ((ConstantKernel(c) * RBF(ls) + WhiteKernel(0.3), slice(None)),
+                     (WhiteKernel(0.3) + ConstantKernel(c) * RBF(ls), [1, 2, 0])):
+        g = k.gradient_contract(X, M, K=K_sum)
+        assert_allclose(g[order], expected + [0.3 * np.trace(M)], rtol=1e-12)
 
 
 def test_gradient_contract_symmetric_reads_the_lower_triangle_only():

@@ -231,6 +231,11 @@ class Kernel:
         """c when the kernel is the constant c (a product then scales instead of multiplying)."""
         return None
 
+    def _diagonal(self):
+        """Whether K(X, X) is diagonal (white noise): in a sum, the other term's K(X, X) then equals
+        the sum's off the diagonal, which is all a contraction reads of a K handed to it."""
+        return False
+
     # -- parameters (constructor arguments) -----------------------------------------------------
 
     @classmethod
@@ -801,6 +806,9 @@ class WhiteKernel(Kernel):
     def _diag(self, X):
         return np.full(X.shape[0], float(self.noise_level))
 
+    def _diagonal(self):
+        return True
+
     def _contract(self, X, M, K=None, symmetric=False):
         return np.array([float(self.noise_level) * np.trace(M)]) if self._free() else np.empty(0)
 
@@ -993,8 +1001,11 @@ class Sum(_Binary):
         return self._a.diag(X) + self._b.diag(X)
 
     def _contract(self, X, M, K=None, symmetric=False):
-        return np.concatenate([self._a._contract(X, M, symmetric=symmetric),
-                               self._b._contract(X, M, symmetric=symmetric)])
+        a, b = self._a, self._b
+        Ka = K if K is not None and b._diagonal() else None
+        Kb = K if K is not None and a._diagonal() else None
+        return np.concatenate([a._contract(X, M, K=Ka, symmetric=symmetric),
+                               b._contract(X, M, K=Kb, symmetric=symmetric)])
 
     def _grad_inputs(self, X, Y, M):
         return self._a.gradient_inputs(X, Y, M) + self._b.gradient_inputs(X, Y, M)
