@@ -461,9 +461,9 @@ class Kernel:
 
     def _contract_value(self, X, M, K=None, scale=1.0, symmetric=False):
         """(gradient_contract(X, M), sum_ij M_ij k_ij); stationary kernels do both in one pass and
-        may take k from K = scale * k(X) when given (here it is recomputed)."""
-        K = self._call(X, None, False)
-        return self._contract(X, M, K=K, symmetric=symmetric), float(np.vdot(M, K))
+        may take k from K = scale * k(X) when given.  Here k(X) is recomputed and K not read."""
+        own = self._call(X, None, False)
+        return self._contract(X, M, K=own, symmetric=symmetric), float(np.vdot(M, own))
 
     def is_stationary(self):
         """Whether k(x, y) depends on x - y only."""
