@@ -23,7 +23,9 @@ replay of t steps of that shard, and the scheduler keeps every step's q and θ (
 suits EP's tens of iterations.  The engine logs (``logging.getLogger("gpc.distributed")``, WARNING)
 each step at which a shard ran on another worker than before because its worker left the cluster.
 
-Every wait is bounded (``timeout``); a closed client or lost scheduler raises `DistributedError`.
+Every wait is bounded (``timeout``).  A closed client, a scheduler that does not answer within the timeout,
+or a reset connection (after which the scheduler has cancelled the client's tasks, shards and sites
+included) raises `DistributedError`: the engine does not try to rebuild a fit the scheduler forgot.
 """
 
 import logging
@@ -110,11 +112,17 @@ class DaskEngine:
                 "connect a new Client and fit again")
 
     def _wait(self, futures, what):
+        from concurrent.futures import CancelledError
+
         from distributed import wait
 
         try:
             wait(futures, timeout=self.timeout)
             return self.client.gather(futures)
+        except CancelledError as exc:  # the scheduler dropped the client's tasks: its connection was reset
+            raise DistributedError(f"{what}: the scheduler cancelled this fit's tasks, which happens when the "
+                                   "client's connection to it is lost; the shards and sites on the cluster "
+                                   "are gone, so fit again") from exc
         except (TimeoutError, OSError) as exc:  # distributed's timeouts and CommClosedError are among these
             raise DistributedError(f"{what} did not finish within {self.timeout:g} s on the Dask cluster "
                                    f"({type(exc).__name__}: {exc}); is the scheduler still reachable?") from exc
