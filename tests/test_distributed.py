@@ -3,8 +3,8 @@ is not a failure; a closed client is a clear error."""
 
 import logging
 import os
+import functools
 import sys
-import threading
 import time
 
 import dask.array as da
@@ -67,13 +67,13 @@ def q_from(total):
     return cov @ total["shift"], cov
 
 
-def fit(engine, X, y, n_iter=5, after_step=None, step=ep_step):
-    """``n_iter`` EP iterations on ``engine``; q, the last total and the sites."""
+def fit(engine, X, y, n_iter=5, after_step=None, step=lambda it: ep_step):
+    """``n_iter`` EP iterations on ``engine`` (``step(it)`` gives iteration it's step); q, the last total and the sites."""
     theta = (1.0, np.asarray(X[:: len(X) // M_INDUCING][:M_INDUCING]))   # NumPy also for a Dask X
     engine.load((X, y), zero_sites)
     q = (np.zeros(M_INDUCING), np.eye(M_INDUCING))
     for it in range(n_iter):
-        total = engine.step(step, q, theta)
+        total = engine.step(step(it), q, theta)
         # every row of the data is counted at every step, by the engine and by the step itself
         assert engine.rows_counted == total["rows"] == len(y)
         q = q_from(total)
@@ -195,70 +195,58 @@ async def _exit_process():
     os._exit(1)   # no cleanup, no goodbye to the scheduler: what a crash or a lost machine looks like
 
 
-def slow_ep_step(*args):
-    time.sleep(0.4)   # long enough for a worker to be killed while the step's tasks run
-    return ep_step(*args)
+def crash_once_step(marker, *args):
+    """EP's step, except that the first shard to run it writes its worker's address to ``marker`` and its
+    process dies in the middle of the task (O_EXCL: exactly one shard, once; the rerun goes through)."""
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return ep_step(*args)
+    os.write(fd, distributed.get_worker().address.encode())
+    os.close(fd)
+    os._exit(1)
 
 
 @pytest.mark.parametrize("when", ["between steps", "during a step"])
-def test_killed_worker_is_not_a_failure(client, caplog, when):
-    """A worker process dies after step 2 of 6 (or 0.2 s into step 3, while its task runs): its shard
-    reruns elsewhere from the source rows and the chain of earlier steps, every row is counted at every step,
-    and the fit equals an undisturbed one (a reset of the sites would be off by ~4e-2 here)."""
+def test_killed_worker_is_not_a_failure(client, caplog, tmp_path, when):
+    """A worker process dies after step 2 of 6, or inside its task of step 3: its shard reruns elsewhere
+    from the source rows and the chain of earlier steps, every row is counted at every step, and the fit
+    equals an undisturbed one (a reset of the sites would be off by ~4e-2 here)."""
     X, y = toy(seed=1)
     engine = DaskEngine(client, timeout=120)
-    step = ep_step if when == "between steps" else slow_ep_step
+    marker = tmp_path / "killed"
     killed = []
 
-    def kill(victim):
-        client.run(_exit_process, workers=[victim], wait=False)   # the worker process dies at once
-        deadline = time.monotonic() + 30
-        while victim in client.scheduler_info(n_workers=-1)["workers"] and time.monotonic() < deadline:
-            time.sleep(0.05)
-        killed.append(victim)
+    def step_at(it):
+        return functools.partial(crash_once_step, str(marker)) if it == 2 and when == "during a step" else ep_step
 
     def after_step(it):
         if it == 1 and when == "between steps":
-            kill(engine._addresses[0])
-        elif it == 1:
-            timer = threading.Timer(0.2, kill, args=(engine._addresses[0],))
-            timer.start()
-            timers.append(timer)
+            victim = engine._addresses[0]
+            client.run(_exit_process, workers=[victim], wait=False)   # the worker process dies at once
+            deadline = time.monotonic() + 30   # wait until the scheduler has seen it go (bounded)
+            while victim in client.scheduler_info(n_workers=-1)["workers"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            killed.append(victim)
+        elif it == 2 and when == "during a step":
+            killed.append(marker.read_text())
 
-    timers = []
     with caplog.at_level(logging.WARNING, logger="gpc.distributed"):
-        disturbed = fit(engine, X, y, n_iter=6, after_step=after_step, step=step)
-    for timer in timers:
-        timer.join(timeout=35)
-    assert killed, "the worker was not killed"
+        disturbed = fit(engine, X, y, n_iter=6, after_step=after_step, step=step_at)
     assert killed[0] not in client.scheduler_info(n_workers=-1)["workers"]
     assert any("left the cluster" in r.getMessage() and killed[0] in r.getMessage() for r in caplog.records)
     assert_same_fit(disturbed, fit(InProcessEngine(2), X, y, n_iter=6), atol=1e-10)
     client.wait_for_workers(2, timeout=60)   # the nanny restarts the worker for the next tests
 
 
-def test_closed_client_is_a_clear_error(cluster):
-    X, y = toy(n=200)
-    with distributed.Client(cluster, timeout=30) as other:
-        engine = DaskEngine(other, timeout=20)
-        engine.load((X, y), zero_sites)
-        q = (np.zeros(M_INDUCING), np.eye(M_INDUCING))
-        theta = (1.0, X[:M_INDUCING])
-        engine.step(ep_step, q, theta)
-        other.close()
-        start = time.monotonic()
-        with pytest.raises(DistributedError, match="closed"):
-            engine.step(ep_step, q, theta)
-        assert time.monotonic() - start < 20   # no hang: well inside the engine's timeout
-
-
 async def _reset_connection(client):
     client.scheduler_comm.comm.abort()   # the TCP stream to the scheduler breaks; the client reconnects
 
 
-def test_reset_connection_is_a_clear_error(cluster):
-    """The client's connection to the scheduler breaks mid-fit: the scheduler cancels the client's tasks
-    (shards and sites with them), and the next step says so at once instead of waiting for results."""
+@pytest.mark.parametrize("broken, message", [("closed", "closed"), ("reset", "connection")])
+def test_lost_connection_is_a_clear_error(cluster, broken, message):
+    """The client is closed, or its connection to the scheduler breaks mid-fit (the scheduler then cancels
+    the client's tasks, shards and sites with them): the next step says so at once instead of waiting."""
     X, y = toy(n=200)
     with distributed.Client(cluster, timeout=30) as other:
         engine = DaskEngine(other, timeout=20)
@@ -266,9 +254,12 @@ def test_reset_connection_is_a_clear_error(cluster):
         q = (np.zeros(M_INDUCING), np.eye(M_INDUCING))
         theta = (1.0, X[:M_INDUCING])
         engine.step(ep_step, q, theta)
-        other.sync(_reset_connection, other)
+        if broken == "closed":
+            other.close()
+        else:
+            other.sync(_reset_connection, other)
         start = time.monotonic()
-        with pytest.raises(DistributedError, match="connection"):
+        with pytest.raises(DistributedError, match=message):
             engine.step(ep_step, q, theta)
         assert time.monotonic() - start < 20   # no hang: inside the engine's timeout
 
