@@ -167,9 +167,17 @@ def client(cluster):
         yield client
 
 
-def test_client_must_be_a_client():
+def test_bad_engine_arguments_are_named(client):
     with pytest.raises(TypeError, match="dask.distributed.Client"):
         make_engine(client="tcp://127.0.0.1:8786")
+    with pytest.raises(ValueError, match="timeout"):
+        DaskEngine(client, timeout=0)
+    with pytest.raises(ValueError, match="n_shards"):
+        DaskEngine(client, n_shards=0)
+    with pytest.raises(RuntimeError, match="load"):
+        DaskEngine(client).step(ep_step, None, None)
+    with pytest.raises(TypeError, match="tuple of arrays"):
+        DaskEngine(client).load(np.zeros((4, 2)), zero_sites)
 
 
 def test_dask_equals_in_process(client):
