@@ -167,6 +167,30 @@ def client(cluster):
         yield client
 
 
+@pytest.mark.parametrize("engine_kind", ["in-process", "dask"])
+def test_revert_gives_back_the_sites_before_the_last_step(client, engine_kind):
+    """After a rejected step the shards carry on from their earlier sites: step, step, revert, step equals
+    step, step (the same step from the same sites and q, so equal to rounding; 1e-12)."""
+    X, y = toy(n=200)
+    theta = (1.0, X[:M_INDUCING])
+    q0 = (np.zeros(M_INDUCING), np.eye(M_INDUCING))
+    runs = []
+    for reverted in (False, True):
+        engine = InProcessEngine(2) if engine_kind == "in-process" else DaskEngine(client, timeout=60)
+        engine.load((X, y), zero_sites)
+        with pytest.raises(RuntimeError, match="revert"):
+            engine.revert()
+        q1 = q_from(engine.step(ep_step, q0, theta))
+        if reverted:
+            engine.step(ep_step, (np.ones(M_INDUCING), np.eye(M_INDUCING)), theta)   # a step to reject
+            engine.revert()
+            with pytest.raises(RuntimeError, match="revert"):
+                engine.revert()   # one step back only
+        total = engine.step(ep_step, q1, theta)
+        runs.append((q_from(total), total, engine.sites()))
+    assert_same_fit(runs[0], runs[1], atol=1e-12)
+
+
 def test_bad_engine_arguments_are_named(client):
     with pytest.raises(TypeError, match="dask.distributed.Client"):
         make_engine(client="tcp://127.0.0.1:8786")

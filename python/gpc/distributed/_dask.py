@@ -166,6 +166,7 @@ class DaskEngine:
         self._wait([f for rows in self._rows for f in rows], "loading the shards")
         self._results = [self.client.submit(init_sites, int(size), pure=False) for size in row_chunks]
         self._first = True
+        self._previous = None
         self._addresses = [None] * len(row_chunks)
         self.n_rows = n_rows
         self.bounds = np.concatenate([[0], np.cumsum(row_chunks)]).astype(int)
@@ -187,6 +188,7 @@ class DaskEngine:
             self._check_client()
             raise DistributedError(f"could not submit the step: {exc}") from exc
         reports = self._wait(reports, f"step {self.n_steps + 1}")
+        self._previous = (self._results, self._first)
         self._results, self._first = results, False
         self.n_steps += 1
         partials = [report[0] for report in reports]
@@ -209,6 +211,13 @@ class DaskEngine:
                                    "lineage, not reset)", self.n_steps, old, k,
                                    self.bounds[k + 1] - self.bounds[k], addresses[k], self.n_steps - 1)
         self._addresses = addresses
+
+    def revert(self):
+        """Give every shard back the sites it had before the last step (one step back): the next step takes
+        the futures of the step before as its sites, which are still on the workers, or in their lineage."""
+        if self._previous is None:
+            raise RuntimeError("revert() needs a step() since load() or the last revert()")
+        (self._results, self._first), self._previous = self._previous, None
 
     def sites(self):
         """Every shard's sites, gathered to the master in shard order (O(n) data: for results only)."""

@@ -102,18 +102,28 @@ class InProcessEngine:
         self.n_rows = n_rows
         self.bounds = bounds
         self.rows_counted = 0
+        self._previous = None
         return self
 
     def step(self, step, q_state, theta):
         """Run ``step`` on every shard, keep the new sites, return the partials added in shard order."""
         if self._shards is None:
             raise RuntimeError("call load() before step()")
-        partials = []
-        for k, shard in enumerate(self._shards):
-            self._sites[k], partial = step(*shard, q_state, theta, self._sites[k])
+        partials, new_sites = [], []
+        for shard, sites in zip(self._shards, self._sites):
+            sites, partial = step(*shard, q_state, theta, sites)
+            new_sites.append(sites)
             partials.append(partial)
-        self.rows_counted = self.n_rows
+        self._previous, self._sites = self._sites, new_sites
+        self.rows_counted = sum(int(shard[0].shape[0]) for shard in self._shards)
         return add_partials(partials)
+
+    def revert(self):
+        """Give every shard back the sites it had before the last step (the master rejected that step's q,
+        e.g. an improper posterior).  Only one step back."""
+        if getattr(self, "_previous", None) is None:
+            raise RuntimeError("revert() needs a step() since load() or the last revert()")
+        self._sites, self._previous = self._previous, None
 
     def sites(self):
         """Every shard's sites, in shard order."""
