@@ -176,7 +176,7 @@ def test_revert_gives_back_the_sites_before_the_last_step(client, engine_kind):
     q0 = (np.zeros(M_INDUCING), np.eye(M_INDUCING))
     runs = []
     for reverted in (False, True):
-        engine = InProcessEngine(2) if engine_kind == "in-process" else DaskEngine(client, timeout=60)
+        engine = InProcessEngine(2) if engine_kind == "in-process" else DaskEngine(client, n_shards=2, timeout=60)
         engine.load((X, y), zero_sites)
         with pytest.raises(RuntimeError, match="revert"):
             engine.revert()
@@ -208,6 +208,7 @@ def test_dask_equals_in_process(client):
     """5 EP iterations, 2 shards: the same q, log Z and sites to 1e-10 (the same float operations on the same
     shards and the same shard-order sums; only BLAS's choice of kernel could differ, ~1e-15)."""
     X, y = toy()
+    client.wait_for_workers(2, timeout=60)   # one shard per worker: both must be up
     engine = make_engine(client, timeout=60)
     distributed_fit = fit(engine, X, y)
     assert len(engine.bounds) == 3   # one shard per worker
@@ -245,7 +246,7 @@ def test_killed_worker_is_not_a_failure(client, caplog, tmp_path, when):
     from the source rows and the chain of earlier steps, every row is counted at every step, and the fit
     equals an undisturbed one (a reset of the sites would be off by ~4e-2 here)."""
     X, y = toy(seed=1)
-    engine = DaskEngine(client, timeout=120)
+    engine = DaskEngine(client, n_shards=2, timeout=120)
     marker = tmp_path / "killed"
     killed = []
 
