@@ -230,9 +230,9 @@ def test_gradient_inputs_both_arguments():
     assert_allclose(G, fd, rtol=1e-6, atol=1e-9)
 
 
-def test_gradient_inputs_not_implemented_for_foreign_kernel():
+def test_gradient_inputs_not_implemented_for_untranslated_foreign_kernel():
     with pytest.raises(NotImplementedError, match="foreign kernel"):
-        as_kernel(sk.RBF(1.0)).gradient_inputs(X, Y, np.ones((25, 7)))
+        as_kernel(sk.RationalQuadratic(1.0)).gradient_inputs(X, Y, np.ones((25, 7)))
 
 
 PSD_KERNELS = [RBF(0.5), RBF(LS3), Matern(0.7, nu=0.5), Matern(LS3, nu=1.5), Matern(2.0, nu=2.5),

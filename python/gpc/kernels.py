@@ -40,7 +40,7 @@ from .exceptions import ConvergenceWarning
 
 __all__ = [
     "Kernel", "RBF", "Matern", "Polynomial", "Linear", "ConstantKernel", "WhiteKernel",
-    "Sum", "Product", "as_kernel",
+    "Sum", "Product", "as_kernel", "user_kernel",
 ]
 
 
@@ -1083,12 +1083,20 @@ class Product(_Binary):
 class _ForeignKernel(Kernel):
     """Adapter giving a scikit-learn-interface kernel gpc's interface.
 
-    ``gradient_contract`` forms the (n, n, p) tensor through ``kernel(X, eval_gradient=True)`` and
-    contracts it with einsum: correct, but O(n^2 p) memory.
+    scikit-learn's standard kernels (RBF, Matern with ν ∈ {0.5, 1.5, 2.5, ∞}, ConstantKernel,
+    WhiteKernel and their sums and products) are translated to the gpc kernels of the same formula
+    (:func:`_translate`), which evaluate K and contract gradients in gpc._kernels without the
+    (n, n, p) tensor; θ, bounds and names stay the scikit-learn kernel's (its θ order is k1's then
+    k2's, leaf by leaf, as gpc's).  Any other kernel is called as is, and ``gradient_contract``
+    forms its gradient tensor and contracts it with einsum: correct, but O(n² p) memory.
+    Cross-covariances K(X, Y) always come from the scikit-learn kernel itself (WhiteKernel(X, Y)
+    is zero there even when Y is X).  A kernel with ``requires_vector_input = False`` (strings,
+    graphs) receives its inputs unconverted.
     """
 
     def __init__(self, kernel):
         self.kernel = kernel
+        self._fast = _translate(kernel)
 
     @property
     def theta(self):
@@ -1097,6 +1105,7 @@ class _ForeignKernel(Kernel):
     @theta.setter
     def theta(self, theta):
         self.kernel.theta = self._check_theta(theta)
+        self._fast = _translate(self.kernel)
 
     @property
     def bounds(self):
@@ -1114,20 +1123,59 @@ class _ForeignKernel(Kernel):
             names = [f"theta[{i}]" for i in range(self.n_dims)]
         return names
 
+    def _check_bounds_params(self):
+        """The scikit-learn kernel's own warning (scikit-learn's ConvergenceWarning and message)."""
+        own = getattr(self.kernel, "_check_bounds_params", None)
+        return own() if callable(own) else super()._check_bounds_params()
+
     def clone_with_theta(self, theta):
         return _ForeignKernel(self.kernel.clone_with_theta(self._check_theta(theta)))
 
+    def _vector_input(self):
+        return getattr(self.kernel, "requires_vector_input", True)
+
+    def __call__(self, X, Y=None, eval_gradient=False):
+        if Y is not None or not self._vector_input():
+            return self.kernel(X, Y, eval_gradient=eval_gradient) if eval_gradient else self.kernel(X, Y)
+        return super().__call__(X, None, eval_gradient)
+
+    def diag(self, X):
+        return super().diag(X) if self._vector_input() else self.kernel.diag(X)
+
+    def gradient_contract(self, X, M, K=None, symmetric=False):
+        if self._vector_input():
+            return super().gradient_contract(X, M, K=K, symmetric=symmetric)
+        M = _check_M(M, (len(X), len(X)))
+        return _check_result(self._contract(X, M), M)
+
     def _call(self, X, Y, eval_gradient):
+        if self._fast is not None and Y is None:
+            return self._fast._call(X, None, eval_gradient)
         return self.kernel(X, Y, eval_gradient=eval_gradient) if eval_gradient else self.kernel(X, Y)
 
     def _diag(self, X):
-        return self.kernel.diag(X)
+        return self.kernel.diag(X) if self._fast is None else self._fast._diag(X)
 
     def _contract(self, X, M, K=None, symmetric=False):
+        if self._fast is not None:
+            return self._fast._contract(X, M, K=K, symmetric=symmetric)
         _, dK = self.kernel(X, eval_gradient=True)
         return np.einsum("ij,ijk->k", M, dK)
 
+    def _contract_value(self, X, M, K=None, scale=1.0, symmetric=False):
+        if self._fast is not None:
+            return self._fast._contract_value(X, M, K=K, scale=scale, symmetric=symmetric)
+        return super()._contract_value(X, M, K=K, scale=scale, symmetric=symmetric)
+
+    def _constant(self):
+        return None if self._fast is None else self._fast._constant()
+
+    def _diagonal(self):
+        return self._fast is not None and self._fast._diagonal()
+
     def _grad_inputs(self, X, Y, M):
+        if self._fast is not None:
+            return self._fast._grad_inputs(X, Y, M)
         raise NotImplementedError(
             f"gradient_inputs is not available for the foreign kernel {self.kernel!r}; "
             "use a gpc kernel to optimise inducing inputs")
@@ -1140,13 +1188,47 @@ class _ForeignKernel(Kernel):
         return f"as_kernel({self.kernel!r})"
 
 
+def _translate(kernel):
+    """The gpc kernel computing scikit-learn's ``kernel`` (same formula, same θ order), or None.
+
+    Classes are recognised by their scikit-learn module and name, so a subclass (which may change
+    the formula) keeps the generic path.  Matern with ν = ∞ is the squared exponential.
+    """
+    kind = type(kernel)
+    if kind.__module__ != "sklearn.gaussian_process.kernels":
+        return None
+    name = kind.__name__
+    try:
+        if name in ("Sum", "Product"):
+            a, b = _translate(kernel.k1), _translate(kernel.k2)
+            if a is None or b is None:
+                return None
+            return Sum(a, b) if name == "Sum" else Product(a, b)
+        if name == "RBF" or (name == "Matern" and np.isinf(kernel.nu)):
+            return RBF(kernel.length_scale, kernel.length_scale_bounds)
+        if name == "Matern" and kernel.nu in (0.5, 1.5, 2.5):
+            return Matern(kernel.length_scale, kernel.length_scale_bounds, nu=float(kernel.nu))
+        if name == "ConstantKernel":
+            return ConstantKernel(kernel.constant_value, kernel.constant_value_bounds)
+        if name == "WhiteKernel":
+            return WhiteKernel(kernel.noise_level, kernel.noise_level_bounds)
+    except ValueError:   # a parameter gpc's kernel does not take (e.g. infinite bounds)
+        return None
+    return None
+
+
+def user_kernel(kernel):
+    """The kernel as the user gave it: the scikit-learn object inside gpc's adapter, else ``kernel``."""
+    return kernel.kernel if isinstance(kernel, _ForeignKernel) else kernel
+
+
 def as_kernel(kernel):
     """Return ``kernel`` with gpc's interface.
 
     A gpc :class:`Kernel` is returned as is; any object with the scikit-learn kernel interface
     (``theta``, ``bounds``, ``__call__(X, Y=None, eval_gradient=False)``, ``diag``,
-    ``clone_with_theta``) is wrapped in a thin adapter whose ``gradient_contract`` forms the
-    gradient tensor and contracts it with ``np.einsum('ij,ijk->k', M, dK)``.
+    ``clone_with_theta``) is wrapped in an adapter that runs scikit-learn's standard kernels on
+    gpc's compiled ones and any other through its own ``__call__`` (see :class:`_ForeignKernel`).
     """
     if isinstance(kernel, Kernel):
         return kernel
