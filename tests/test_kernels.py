@@ -232,7 +232,7 @@ def test_gradient_inputs_both_arguments():
 
 def test_gradient_inputs_not_implemented_for_untranslated_foreign_kernel():
     with pytest.raises(NotImplementedError, match="foreign kernel"):
-        as_kernel(sk.RationalQuadratic(1.0)).gradient_inputs(X, Y, np.ones((25, 7)))
+        as_kernel(sk.Matern(1.0, nu=0.7)).gradient_inputs(X, Y, np.ones((25, 7)))
 
 
 PSD_KERNELS = [RBF(0.5), RBF(LS3), Matern(0.7, nu=0.5), Matern(LS3, nu=1.5), Matern(2.0, nu=2.5),
@@ -472,6 +472,12 @@ TRANSLATED = {
     "matern_plus_rbf": lambda: sk.Matern(0.9, nu=2.5) + sk.RBF(1.4),
     "product_of_stationary": lambda: sk.Matern(0.9, nu=1.5) * sk.RBF(LS3),
     "fixed_parts": lambda: sk.ConstantKernel(2.0, "fixed") * sk.RBF(0.8, (1e-2, 1e2)),
+    "rational_quadratic": lambda: sk.RationalQuadratic(0.8, 1.5),
+    "rq_fixed_alpha": lambda: sk.ConstantKernel(1.3) * sk.RationalQuadratic(0.8, 1.5, alpha_bounds="fixed"),
+    "dot_product": lambda: sk.DotProduct(0.7),
+    "const_dot_product_white": lambda: sk.ConstantKernel(0.5) * sk.DotProduct(1.2) + sk.WhiteKernel(0.3),
+    "rbf_squared": lambda: sk.RBF(0.8) ** 2,
+    "power_of_sum": lambda: (sk.ConstantKernel(0.5) * sk.Matern(LS3, nu=2.5) + sk.DotProduct(0.4)) ** 2,
 }
 
 
@@ -504,8 +510,11 @@ def test_translated_sklearn_kernels_equal_sklearn(name, monkeypatch):
 
 
 def test_untranslated_sklearn_kernels_keep_the_generic_path():
-    for theirs in (sk.RationalQuadratic(0.8, 1.5), sk.DotProduct(1.0), sk.RBF(0.8) ** 2,
-                   sk.Matern(0.9, nu=0.7), sk.ConstantKernel(1.0) * sk.RationalQuadratic()):
+    class Shifted(sk.RBF):   # a subclass may change the formula: it keeps its own code
+        pass
+
+    for theirs in (sk.Matern(0.9, nu=0.7), sk.ConstantKernel(1.0) * sk.Matern(0.5, nu=3.5),
+                   Shifted(0.8), sk.RBF(0.8) ** 2 + sk.ExpSineSquared()):
         ours = as_kernel(theirs)
         assert ours._fast is None
         M = RNG.normal(size=(25, 25))

@@ -1084,9 +1084,9 @@ class _ForeignKernel(Kernel):
     """Adapter giving a scikit-learn-interface kernel gpc's interface.
 
     scikit-learn's standard kernels (RBF, Matern with ν ∈ {0.5, 1.5, 2.5, ∞}, ConstantKernel,
-    WhiteKernel and their sums and products) are translated to the gpc kernels of the same formula
-    (:func:`_translate`), which evaluate K and contract gradients in gpc._kernels without the
-    (n, n, p) tensor; θ, bounds and names stay the scikit-learn kernel's (its θ order is k1's then
+    WhiteKernel, DotProduct, RationalQuadratic and their sums, products and powers) are translated to
+    gpc kernels of the same formula (:func:`_translate`), which evaluate K and contract gradients
+    without the (n, n, p) tensor (the stationary ones in gpc._kernels, RationalQuadratic in NumPy); θ, bounds and names stay the scikit-learn kernel's (its θ order is k1's then
     k2's, leaf by leaf, as gpc's).  Any other kernel is called as is, and ``gradient_contract``
     forms its gradient tensor and contracts it with einsum: correct, but O(n² p) memory.
     Cross-covariances K(X, Y) always come from the scikit-learn kernel itself (WhiteKernel(X, Y)
@@ -1188,6 +1188,99 @@ class _ForeignKernel(Kernel):
         return f"as_kernel({self.kernel!r})"
 
 
+class _DotProductOffset(ConstantKernel):
+    """scikit-learn DotProduct's σ0² as a constant whose θ is log σ0: ∂σ0²/∂log σ0 = 2σ0²."""
+
+    def _contract(self, X, M, K=None, symmetric=False):
+        return 2.0 * super()._contract(X, M, K=K, symmetric=symmetric)
+
+
+class _Power(Kernel):
+    r"""scikit-learn's Exponentiation, :math:`k = b^p` with the base's θ:
+    :math:`\sum_{ij} M_{ij} \partial k_{ij} = \sum_{ij} (M \circ p\, b^{p-1})_{ij} \partial b_{ij}`."""
+
+    def __init__(self, base, exponent):
+        self.base = base
+        self.exponent = float(exponent)
+
+    @property
+    def theta(self):
+        return self.base.theta
+
+    @property
+    def bounds(self):
+        return self.base.bounds
+
+    def _call(self, X, Y, eval_gradient):
+        p = self.exponent
+        if not eval_gradient:
+            return self.base._call(X, Y, False) ** p
+        Kb, Gb = self.base._call(X, None, True)
+        return Kb ** p, (p * Kb ** (p - 1))[:, :, None] * Gb
+
+    def _diag(self, X):
+        return self.base._diag(X) ** self.exponent
+
+    def _contract(self, X, M, K=None, symmetric=False):
+        Kb = self.base._call(X, None, False)
+        return self.base._contract(X, M * (self.exponent * Kb ** (self.exponent - 1)), K=Kb,
+                                   symmetric=symmetric)
+
+    def is_stationary(self):
+        return self.base.is_stationary()
+
+
+class _RationalQuadratic(Kernel):
+    r"""scikit-learn's RationalQuadratic, :math:`k = (1 + d / (2 \alpha \ell^2))^{-\alpha}`,
+    d = |x - y|², in NumPy: θ = (log α, log ℓ) (scikit-learn's order), free ones only, with
+
+    :math:`\partial k / \partial \log\ell = (d / \ell^2)\, b^{-\alpha - 1}`,
+    :math:`\partial k / \partial \log\alpha = k\,(-\alpha \log b + d / (2 \ell^2 b))`, b = 1 + d/(2αℓ²).
+    """
+
+    def __init__(self, alpha, length_scale, free_alpha, free_length_scale):
+        self.alpha, self.length_scale = float(alpha), float(length_scale)
+        self.free = (free_alpha, free_length_scale)
+
+    @property
+    def theta(self):
+        values = np.log([self.alpha, self.length_scale])
+        return values[np.array(self.free)]
+
+    @property
+    def bounds(self):
+        return np.zeros((int(sum(self.free)), 2))
+
+    def _parts(self, X, Y):
+        U = X - X.mean(axis=0)
+        D = _sqdist(U, None if Y is None else Y - X.mean(axis=0))
+        base = 1.0 + D / (2.0 * self.alpha * self.length_scale ** 2)
+        return D, base, base ** -self.alpha
+
+    def _call(self, X, Y, eval_gradient):
+        D, base, K = self._parts(X, Y)
+        if not eval_gradient:
+            return K
+        grads = self._gradients(D, base, K)
+        return K, (np.stack(grads, axis=2) if grads else np.empty(K.shape + (0,)))
+
+    def _gradients(self, D, base, K):
+        a, ls = self.alpha, self.length_scale
+        out = []
+        if self.free[0]:
+            out.append(K * (-a * np.log(base) + D / (2.0 * ls ** 2 * base)))
+        if self.free[1]:
+            out.append(D / ls ** 2 * base ** (-a - 1.0))
+        return out
+
+    def _diag(self, X):
+        return np.ones(X.shape[0])
+
+    def _contract(self, X, M, K=None, symmetric=False):
+        D, base, Kx = self._parts(X, None)
+        return np.array([np.vdot(M, G) for G in self._gradients(D, base, Kx)])
+
+
 def _translate(kernel):
     """The gpc kernel computing scikit-learn's ``kernel`` (same formula, same θ order), or None.
 
@@ -1212,7 +1305,18 @@ def _translate(kernel):
             return ConstantKernel(kernel.constant_value, kernel.constant_value_bounds)
         if name == "WhiteKernel":
             return WhiteKernel(kernel.noise_level, kernel.noise_level_bounds)
-    except ValueError:   # a parameter gpc's kernel does not take (e.g. infinite bounds)
+        if name == "DotProduct":   # σ0² + x·y
+            bounds = kernel.sigma_0_bounds
+            bounds = bounds if isinstance(bounds, str) else np.square(np.asarray(bounds, dtype=float))
+            return Sum(_DotProductOffset(kernel.sigma_0 ** 2, bounds), Linear(1.0, "fixed"))
+        if name == "Exponentiation":
+            base = _translate(kernel.kernel)
+            return None if base is None else _Power(base, kernel.exponent)
+        if name == "RationalQuadratic":
+            return _RationalQuadratic(kernel.alpha, kernel.length_scale,
+                                      not kernel.hyperparameter_alpha.fixed,
+                                      not kernel.hyperparameter_length_scale.fixed)
+    except (ValueError, TypeError):   # a parameter gpc's kernel does not take (e.g. infinite bounds)
         return None
     return None
 
