@@ -287,3 +287,22 @@ def test_unknown_sklearn_kernels_keep_working():
     b = theirs.log_marginal_likelihood(kernel.theta, eval_gradient=True)
     np.testing.assert_allclose(a[0], b[0], rtol=1e-8)
     np.testing.assert_allclose(a[1], b[1], rtol=1e-6)
+
+
+def test_public_evidence_repeats_no_check_that_fit_made(monkeypatch):
+    # fit checks K for positive definiteness once; the public evaluation, like the optimiser's,
+    # hands K on unchecked (check_kernel=False) and never forms scikit-learn's gradient tensor
+    X, y = two_moons()
+    kernel = ConstantKernel(2.0) * RBF(0.8)
+    clf = GpcLaplace(kernel=kernel, optimizer=None).fit(X, y)
+    real = gpc.classifier.infer
+    checks = []
+
+    def recording(K, y, **kw):
+        checks.append(kw["check_kernel"])
+        return real(K, y, **kw)
+
+    monkeypatch.setattr(gpc.classifier, "infer", recording)
+    monkeypatch.setattr(type(kernel), "__call__", lambda *a, **k: pytest.fail("scikit-learn kernel called"))
+    value, grad = clf.log_marginal_likelihood(kernel.theta + 0.1, eval_gradient=True)
+    assert checks == [False] and np.all(np.isfinite(grad))
