@@ -75,12 +75,15 @@ class InducingFactor:
     def uu_gradient(self, AtG):
         """Kernel and Z gradient of the K_uu part, given Σ_b A_bᵀ G_A,b (m x m) at fixed K_bu.
 
-        F depends on A only through A Aᵀ = K_fu K_uu⁻¹ K_uf (and its diagonal, in s), so with the
-        total G_A = ∂F/∂A, ∂F/∂K_uu = -L⁻ᵀ sym(AᵀG_A) L⁻¹ / 2.
+        A = K_fu L⁻ᵀ gives ∂F/∂L = -L⁻ᵀ (AᵀG_A)ᵀ, and the Cholesky factor's reverse rule
+        (Murray 2016) ∂F/∂K_uu = sym(L⁻ᵀ Φ(Lᵀ ∂F/∂L) L⁻¹), Φ = lower triangle with its diagonal
+        halved.  When F depends on A only through A Aᵀ (EP), AᵀG_A is symmetric and this is
+        -L⁻ᵀ AᵀG_A L⁻¹ / 2; SVI's whitened mean makes it non-symmetric.
         """
-        S = 0.5 * (AtG + AtG.T)
-        T = solve_triangular(self.L, S, lower=True, trans="T", check_finite=False)
-        G_uu = -0.5 * solve_triangular(self.L, T.T, lower=True, trans="T", check_finite=False)
+        P = np.tril(-AtG.T)
+        P.flat[:: P.shape[0] + 1] *= 0.5
+        T = solve_triangular(self.L, P, lower=True, trans="T", check_finite=False)
+        G_uu = solve_triangular(self.L, T.T, lower=True, trans="T", check_finite=False).T
         G_uu = 0.5 * (G_uu + G_uu.T)
         g_theta = self.kernel.gradient_contract(self.Z, G_uu, symmetric=True)
         # k(z_i, z_j) depends on Z through both arguments: 2 x the first-argument derivative

@@ -2,8 +2,8 @@
 
 Method names.  The exact engine (``gpc.infer``, ``python -m gpc compare``) uses "sep" for
 *sequential* EP, after PL Table I's labels PEP/SEP/PPL/SPL.  The sparse estimator therefore never
-says "sep": its ``method`` is "ep" (the scalable EP of the SEP paper, §2), with the baselines of
-SEP §3 beside it as they are implemented.
+says "sep": its ``method`` is "ep" (the scalable EP of the SEP paper, §2), "gfitc" or "svi" (the
+baselines of SEP §3).
 """
 
 import time
@@ -17,9 +17,10 @@ from ..kernels import RBF, ConstantKernel, as_kernel
 from ..likelihoods import get_likelihood
 from ._passes import as_block, block_ranges
 from ._train import SEPState, batch_step, minibatch_step
+from .baselines import GFITCState, SVIState, _LBFGSState
 from .ep import posterior_predict
 
-METHODS = ("ep",)
+METHODS = ("ep", "gfitc", "svi")
 
 #: rows used for the k-means initialisation of Z and for the median heuristic
 _INIT_ROWS = 10_000
@@ -119,15 +120,19 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         m, the number of inducing points (at most n).
     inducing_points : "kmeans", "random" or array (m, d), default "kmeans"
         k-means (scipy) on a subsample of at most 10,000 rows, random rows, or given points.
-    method : "ep", default "ep"
-        The scalable EP of the SEP paper.  (Not "sep": gpc's exact engine uses that name for
-        *sequential* EP.)
+    method : "ep", "gfitc" or "svi", default "ep"
+        "ep" is the scalable EP of the SEP paper (not "sep": gpc's exact engine uses that name
+        for *sequential* EP).  "gfitc": EP on the FITC prior run to convergence (tol 1e-6) at
+        every (θ, Z), with L-BFGS-B on its evidence; batch only.  "svi": the bound (8) with a
+        whitened q(u) = N(μ, L_q L_qᵀ), by L-BFGS-B in batch or Adadelta on minibatches.  See
+        :mod:`gpc.sparse.baselines`.
     likelihood : "probit", "logit", "noisy_threshold" or a Likelihood, default "probit"
     batch_size : int or None, default None
         None trains in batch (parallel site passes over all rows, one inner step per pass);
         an int trains on minibatches of that many rows (eq. (6), stochastic step scaled by n/|M|).
     max_iter : int, default 100
-        Epochs (passes over the data), batch or minibatch.
+        Epochs (passes over the data), batch or minibatch.  For the L-BFGS-B fits (GFITC, batch
+        SVI) it is the number of objective evaluations (for GFITC each one a converged EP).
     learning_rate : float, default 1.0
         Adadelta's step multiplier (ρ = 0.9, ε = 1e-5).  A step that fails is undone and this is
         halved (counted in ``history_``).
@@ -224,6 +229,9 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         if self.batch_size is not None:
             check_positive_int(self.batch_size, "batch_size")
         check_positive_float(self.learning_rate, "learning_rate")
+        if self.method == "gfitc" and self.batch_size is not None:
+            raise ValueError("method='gfitc' trains in batch only (its evidence is not a sum over the "
+                             "data, SEP §3): use batch_size=None")
         check_positive_float(self.jitter, "jitter", allow_zero=True)
         d = check_positive_float(self.damping, "damping")
         if d > 1:
@@ -262,20 +270,26 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         else:
             kernel = as_kernel(self.kernel)
         targets = [y_index == 1] if len(classes) == 2 else [y_index == k for k in range(len(classes))]
-        self._problems = [
-            (_BinarySparse(SEPState(kernel, Z, X.shape[0], self.jitter, self.optimize_inducing,
-                                    self.learning_rate), likelihood),
-             np.where(t, 1.0, -1.0)) for t in targets]
+        self._problems = [(_BinarySparse(self._new_state(kernel, Z, X.shape[0]), likelihood),
+                           np.where(t, 1.0, -1.0)) for t in targets]
         self.history_ = []
         self._start = time.perf_counter()
         self._train(X, self.max_iter)
         return self
 
+    def _new_state(self, kernel, Z, n):
+        if self.method == "gfitc":
+            return GFITCState(kernel, Z, n, self.jitter, self.optimize_inducing, self.damping)
+        if self.method == "svi":
+            return SVIState(kernel, Z, n, self.jitter, self.optimize_inducing)
+        return SEPState(kernel, Z, n, self.jitter, self.optimize_inducing, self.learning_rate)
+
     def partial_fit(self, X, y, classes=None):
         """One more epoch over (X, y), continuing from the current state.
 
         The rows must be the training rows of the first ``fit`` (or, on an unfitted estimator,
-        they start a fit of one epoch): each row keeps its sites between calls.
+        they start a fit of one epoch): each row keeps its sites between calls.  An L-BFGS-B fit
+        (GFITC, batch SVI) restarts the optimiser for two evaluations.
         """
         if not hasattr(self, "_problems"):
             max_iter = self.max_iter
@@ -292,7 +306,7 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         unknown = np.setdiff1d(np.unique(y), self.classes_)
         if len(unknown):
             raise ValueError(f"y has classes {unknown!r} not seen by fit")
-        self._train(X, 1)
+        self._train(X, 2 if isinstance(self._problems[0][0].state, _LBFGSState) else 1)
         return self
 
     def _train(self, X, epochs):
@@ -304,6 +318,11 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         bar = _Progress(self.progress, epochs * steps_per_epoch * len(self._problems))
         interrupted = False
         try:
+            if isinstance(self._problems[0][0].state, _LBFGSState) and not minibatch:
+                for model, yy in self._problems:
+                    model.state.run(model.likelihood, X, yy, epochs,
+                                    lambda value: (bar.update(), self._record(value)), rows)
+                epochs = 0
             for _ in range(epochs):
                 objective = 0.0
                 for model, yy in self._problems:
@@ -319,16 +338,22 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
                           RuntimeWarning, stacklevel=3)
 
     def _epoch(self, model, X, y, minibatch, blocks, rows, bar):
-        state, n = model.state, len(y)
+        state, n, lik = model.state, len(y), model.likelihood
         if not minibatch:
-            value = batch_step(state, model.likelihood, X, y, self.damping, rows)
+            value = batch_step(state, lik, X, y, self.damping, rows)
             bar.update()
             return value
+        if isinstance(state, SVIState):
+            def step(Xb, start, stop):
+                return state.minibatch_step(lik, Xb, y[start:stop], n, self.learning_rate)
+        else:
+            def step(Xb, start, stop):
+                return minibatch_step(state, lik, Xb, y[start:stop], slice(start, stop), n,
+                                      self.damping)
         values = []
         for k in self._rng_.permutation(len(blocks)):
             start, stop = blocks[k]
-            values.append(minibatch_step(state, model.likelihood, as_block(X, start, stop),
-                                         y[start:stop], slice(start, stop), n, self.damping))
+            values.append(step(as_block(X, start, stop), start, stop))
             bar.update()
         return float(np.mean(values))
 
