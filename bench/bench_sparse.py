@@ -25,7 +25,7 @@ from threadpoolctl import threadpool_limits
 from gpc.kernels import RBF, ConstantKernel
 from gpc.likelihoods import get_likelihood
 from gpc.sparse._passes import as_block
-from gpc.sparse._train import SEPState, minibatch_step
+from gpc.sparse._train import SEPState, minibatch_step, tied_minibatch_step
 
 N = int(os.environ.get("GPC_BENCH_SPARSE_N", "1000000"))
 STEPS = int(os.environ.get("GPC_BENCH_SPARSE_STEPS", "100"))
@@ -41,17 +41,20 @@ def make_data(n=N, seed=0):
     return X, y
 
 
-def new_state(X, n=N):
+def new_state(X, n=N, tied=False):
     kernel = ConstantKernel(1.0) * RBF(np.full(D, 2.0))
-    return SEPState(kernel, X[:: max(1, n // M)][:M].copy(), n, 1e-8, True, 1.0)
+    return SEPState(kernel, X[:: max(1, n // M)][:M].copy(), n, 1e-8, True, 1.0, tied=tied)
 
 
 def sep_steps(state, X, y, steps=STEPS):
     lik = get_likelihood("probit")
     for k in range(steps):
         start = k * B
-        minibatch_step(state, lik, as_block(X, start, start + B), y[start:start + B],
-                       slice(start, start + B), len(y), 0.5)
+        Xb, yb = as_block(X, start, start + B), y[start:start + B]
+        if state.tied:
+            tied_minibatch_step(state, lik, Xb, yb, 0.5)
+        else:
+            minibatch_step(state, lik, Xb, yb, slice(start, start + B), len(y), 0.5)
 
 
 def blas_floor(state, X, steps=STEPS):
@@ -77,26 +80,27 @@ def bench_sparse_blas_floor(benchmark, record):
 
 
 def main():
-    with threadpool_limits(THREADS):
-        X, y = make_data()
-        tracemalloc.start()
-        state = new_state(X)
-        sep_steps(state, X, y, 5)                    # warm up
-        t = time.perf_counter()
-        sep_steps(state, X, y)
-        sep = time.perf_counter() - t
-        _, peak = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
-        t = time.perf_counter()
-        blas_floor(state, X)
-        floor = time.perf_counter() - t
+    X, y = make_data()
     epoch = N / B / STEPS
     print(f"n={N} d={D} m={M} b={B} BLAS threads={THREADS} steps timed={STEPS}")
-    print(f"sep: {sep / STEPS * 1e3:.2f} ms/step, epoch (extrapolated) {sep * epoch:.1f} s")
-    print(f"floor: {floor / STEPS * 1e3:.2f} ms/step, epoch {floor * epoch:.1f} s")
-    print(f"ratio sep / floor = {sep / floor:.2f}")
-    print(f"peak memory beyond the data (tracemalloc) = {peak / 2**20:.1f} MiB "
-          f"(data {X.nbytes / 2**20:.0f} MiB)")
+    with threadpool_limits(THREADS):
+        for tied in (False, True):
+            tracemalloc.start()
+            state = new_state(X, tied=tied)
+            sep_steps(state, X, y, 5)                    # warm up
+            t = time.perf_counter()
+            sep_steps(state, X, y)
+            sep = time.perf_counter() - t
+            _, peak = tracemalloc.get_traced_memory()
+            tracemalloc.stop()
+            t = time.perf_counter()
+            blas_floor(state, X)
+            floor = time.perf_counter() - t
+            name = "tied sites" if tied else "per-row sites"
+            print(f"[{name}] sep: {sep / STEPS * 1e3:.2f} ms/step, epoch (extrapolated) "
+                  f"{sep * epoch:.1f} s; floor: {floor / STEPS * 1e3:.2f} ms/step, epoch "
+                  f"{floor * epoch:.1f} s; ratio {sep / floor:.2f}; peak memory beyond the data "
+                  f"(tracemalloc) {peak / 2**20:.1f} MiB (data {X.nbytes / 2**20:.0f} MiB)")
 
 
 if __name__ == "__main__":

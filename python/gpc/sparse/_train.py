@@ -12,7 +12,7 @@ import numpy as np
 from ..exceptions import NotPositiveDefiniteError
 from ._inducing import InducingFactor
 from ._passes import (add_parts, as_block, block_parts, block_ranges, finish_evidence, site_pass)
-from .ep import build_posterior, update_sites
+from .ep import build_posterior, matched_site, update_sites
 
 
 class Adadelta:
@@ -33,13 +33,16 @@ class Adadelta:
 class SEPState:
     """Everything a fit carries between steps: θ, Z, the sites and their sums, q, the optimiser.
 
-    ``tau``/``nu`` hold two scalars per training row; S2/S1 are their u-space sums.
+    ``tau``/``nu`` hold two scalars per training row; S2/S1 are their u-space sums.  With
+    ``tied`` there are no per-row sites: S2/S1 are n times one shared average site (stochastic
+    EP, Li, Hernández-Lobato & Turner 2015), so the state is O(m²) whatever n is.
     """
 
-    def __init__(self, kernel, Z, n, jitter, optimize_inducing, lr):
+    def __init__(self, kernel, Z, n, jitter, optimize_inducing, lr, tied=False):
         self.kernel, self.Z, self.jitter = kernel, np.array(Z, dtype=np.float64), jitter
         self.optimize_inducing = optimize_inducing
-        self.tau, self.nu = np.zeros(n), np.zeros(n)
+        self.tied, self.n = tied, n
+        self.tau, self.nu = (None, None) if tied else (np.zeros(n), np.zeros(n))
         m = self.Z.shape[0]
         self.S2, self.S1 = np.zeros((m, m)), np.zeros(m)
         self.factor = InducingFactor(kernel, self.Z, jitter)
@@ -141,6 +144,39 @@ def minibatch_step(state, likelihood, Xb, yb, rows, n, damping):
     parts = block_parts(likelihood, Xb, yb, A, s, factor, state.q, state.tau[rows],
                         state.nu[rows], state.learns)
     log_z, g_theta, g_Z, _ = finish_evidence(factor, state.q, parts, scale=n / len(yb))
+    state.log_z = log_z
+    if state.learns:
+        state.gradient_step(g_theta, g_Z)
+    return log_z
+
+
+def tied_minibatch_step(state, likelihood, Xb, yb, damping):
+    """Minibatch step with one tied site (stochastic EP; beyond the SEP paper).
+
+    Each row's cavity removes one average site, q^{\\i} ∝ p(u) f̄^{n-1}: in the sums,
+    (1 - 1/n)(S2, S1).  Every row of M matches its rank-one site t_i against that cavity and
+    replaces its 1/n share, damped: S ← (1 - δ|M|/n) S + δ Σ_M t_i.  The stochastic gradient step
+    (eq. (6)) then uses the rows' matched sites in place of stored ones, the same "inner"
+    approximation as the untied step.  Returns the minibatch estimate of log Z_q.
+    """
+    factor, n = state.factor, state.n
+    A, s = factor.whiten(Xb)
+    V = factor.unwhiten_rows(A)
+    keep = 1.0 - 1.0 / n
+    cav = build_posterior(factor.L, keep * state.S2, keep * state.S1)
+    cmean, cvar = cav.marginals(A)
+    _, tau, nu, _ = matched_site(likelihood, yb, cmean, cvar, s)
+    good = np.isfinite(tau) & np.isfinite(nu)
+    tau, nu = np.where(good, tau, 0.0), np.where(good, nu, 0.0)
+    shrink = 1.0 - damping * len(yb) / n
+    S2 = shrink * state.S2 + damping * ((V.T * tau) @ V)
+    try:
+        state.set_sites(0.5 * (S2 + S2.T), shrink * state.S1 + damping * (V.T @ nu))
+    except NotPositiveDefiniteError:
+        state.skipped_passes += 1
+    parts = block_parts(likelihood, Xb, yb, A, s, factor, state.q, tau, nu, state.learns)
+    log_z, g_theta, g_Z, _ = finish_evidence(factor, state.q, parts, scale=n / len(yb))
+    state.log_z = log_z
     if state.learns:
         state.gradient_step(g_theta, g_Z)
     return log_z

@@ -16,7 +16,7 @@ from ..classifier import GaussianProcessClassifier, NotFittedError, _Base, _Clas
 from ..kernels import RBF, ConstantKernel, as_kernel
 from ..likelihoods import get_likelihood
 from ._passes import as_block, block_ranges
-from ._train import SEPState, batch_step, minibatch_step
+from ._train import SEPState, batch_step, minibatch_step, tied_minibatch_step
 from .baselines import GFITCState, SVIState, _LBFGSState
 from .ep import posterior_predict
 
@@ -141,6 +141,11 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
     optimize_inducing : bool, default True
         Move Z along the gradient too.  With every kernel bound "fixed" and this False, ``fit``
         runs the site updates alone.
+    tied_sites : bool, default False
+        method "ep" only: one shared average site instead of one per row (stochastic EP, Li,
+        Hernández-Lobato & Turner 2015; beyond the SEP paper).  The state is O(m²) whatever n,
+        and ``partial_fit`` then accepts any rows (a stream).  Trains on blocks of
+        ``batch_size`` rows (4096 when None).
     jitter : float, default 1e-8
         Added to K_uu's diagonal, relative to its mean diagonal.
     validation_data : (X_val, y_val) or None
@@ -172,7 +177,8 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
 
     def __init__(self, kernel=None, n_inducing=100, inducing_points="kmeans", method="ep",
                  likelihood="probit", batch_size=None, max_iter=100, learning_rate=1.0,
-                 damping=0.5, optimize_inducing=True, jitter=1e-8, validation_data=None,
+                 damping=0.5, optimize_inducing=True, tied_sites=False, jitter=1e-8,
+                 validation_data=None,
                  progress=False, random_state=None, verbose=False):
         self.kernel = kernel
         self.n_inducing = n_inducing
@@ -184,6 +190,7 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         self.learning_rate = learning_rate
         self.damping = damping
         self.optimize_inducing = optimize_inducing
+        self.tied_sites = tied_sites
         self.jitter = jitter
         self.validation_data = validation_data
         self.progress = progress
@@ -229,6 +236,8 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         if self.batch_size is not None:
             check_positive_int(self.batch_size, "batch_size")
         check_positive_float(self.learning_rate, "learning_rate")
+        if self.tied_sites and self.method != "ep":
+            raise ValueError("tied_sites=True needs method='ep'")
         if self.method == "gfitc" and self.batch_size is not None:
             raise ValueError("method='gfitc' trains in batch only (its evidence is not a sum over the "
                              "data, SEP §3): use batch_size=None")
@@ -282,7 +291,8 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
             return GFITCState(kernel, Z, n, self.jitter, self.optimize_inducing, self.damping)
         if self.method == "svi":
             return SVIState(kernel, Z, n, self.jitter, self.optimize_inducing)
-        return SEPState(kernel, Z, n, self.jitter, self.optimize_inducing, self.learning_rate)
+        return SEPState(kernel, Z, n, self.jitter, self.optimize_inducing, self.learning_rate,
+                        tied=bool(self.tied_sites))
 
     def partial_fit(self, X, y, classes=None):
         """One more epoch over (X, y), continuing from the current state.
@@ -300,6 +310,10 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
                 self.max_iter = max_iter
         X = self._check_X(X, fitting=False)
         y = self._check_y(y, X.shape[0])
+        state = self._problems[0][0].state
+        if getattr(state, "tied", False):
+            self._stream(X, y)
+            return self
         if X.shape[0] != len(self._problems[0][1]):
             raise ValueError(f"partial_fit continues the fit of {len(self._problems[0][1])} rows "
                              f"(its sites are per row); got {X.shape[0]} rows")
@@ -339,11 +353,14 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
 
     def _epoch(self, model, X, y, minibatch, blocks, rows, bar):
         state, n, lik = model.state, len(y), model.likelihood
-        if not minibatch:
+        if getattr(state, "tied", False):
+            def step(Xb, start, stop):
+                return tied_minibatch_step(state, lik, Xb, y[start:stop], self.damping)
+        elif not minibatch:
             value = batch_step(state, lik, X, y, self.damping, rows)
             bar.update()
             return value
-        if isinstance(state, SVIState):
+        elif isinstance(state, SVIState):
             def step(Xb, start, stop):
                 return state.minibatch_step(lik, Xb, y[start:stop], n, self.learning_rate)
         else:
@@ -356,6 +373,20 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
             values.append(step(as_block(X, start, stop), start, stop))
             bar.update()
         return float(np.mean(values))
+
+    def _stream(self, X, y):
+        """Tied sites: one step per block of the given rows, which need not be the fit's rows."""
+        y = np.asarray(y)
+        objective = 0.0
+        for k, (model, _) in enumerate(self._problems):
+            positive = self.classes_[1] if len(self._problems) == 1 else self.classes_[k]
+            yy = np.where(y == positive, 1.0, -1.0)
+            rows = self.batch_size or 4096
+            values = [tied_minibatch_step(model.state, model.likelihood, as_block(X, a, b),
+                                          yy[a:b], self.damping)
+                      for a, b in block_ranges(X.shape[0], rows)]
+            objective += float(np.mean(values))
+        self._record(objective)
 
     def _record(self, objective):
         states = [m.state for m, _ in self._problems]
