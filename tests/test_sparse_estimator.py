@@ -194,3 +194,13 @@ def test_tied_sites_partial_fit_takes_a_stream():
         clf.partial_fit(X[start:start + 100], y[start:start + 100])
     assert len(clf.history_) == 5
     assert clf.score(X[500:], y[500:]) > 0.75   # majority rate 0.56
+
+
+def test_progress_bar_can_be_turned_off(capsys):
+    pytest.importorskip("tqdm")
+    X, y = _standardised("crabs")
+    SparseGaussianProcessClassifier(n_inducing=5, max_iter=2, random_state=0).fit(X, y)
+    assert "sparse GP fit" in capsys.readouterr().err
+    SparseGaussianProcessClassifier(n_inducing=5, max_iter=2, random_state=0,
+                                    progress=False).fit(X, y)
+    assert capsys.readouterr().err == ""

@@ -150,8 +150,9 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         Added to K_uu's diagonal, relative to its mean diagonal.
     validation_data : (X_val, y_val) or None
         Held-out data scored after every epoch into ``history_`` (error and mean NLL).
-    progress : bool, default False
-        A tqdm progress bar (if tqdm is installed).
+    progress : bool, default True
+        A tqdm progress bar over the training steps while ``fit`` runs (when tqdm, an optional
+        extra, is installed; it disappears when the fit ends).  False turns it off.
     random_state : int, Generator or None
         Seeds the inducing-point initialisation and the minibatch order.
     verbose : bool, default False
@@ -179,7 +180,7 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
                  likelihood="probit", batch_size=None, max_iter=100, learning_rate=1.0,
                  damping=0.5, optimize_inducing=True, tied_sites=False, jitter=1e-8,
                  validation_data=None,
-                 progress=False, random_state=None, verbose=False):
+                 progress=True, random_state=None, verbose=False):
         self.kernel = kernel
         self.n_inducing = n_inducing
         self.inducing_points = inducing_points
