@@ -103,5 +103,84 @@ def main():
                   f"(tracemalloc) {peak / 2**20:.1f} MiB (data {X.nbytes / 2**20:.0f} MiB)")
 
 
+def peer(n=20_000, n_test=5_000, epochs=3):
+    """SEP against GPyTorch's SVGP (whitened variational strategy, probit Bernoulli likelihood,
+    Adam lr 0.01) at equal m, minibatch and epochs; both start from the same k-means Z and
+    kernel.  Returns the seconds and test NLL of each.  GPyTorch is a bench-only peer."""
+    import torch
+    import gpytorch
+
+    from gpc import SparseGaussianProcessClassifier
+    from gpc.sparse.estimator import initial_inducing, median_length_scale
+
+    torch.set_num_threads(THREADS)
+    X, y = make_data(n + n_test, seed=2)
+    Xtr, ytr, Xte, yte = X[:n], y[:n], X[n:], y[n:]
+    rng = np.random.default_rng(0)
+    Z0 = initial_inducing(Xtr, M, "kmeans", rng)
+    ell = median_length_scale(Xtr, rng)
+    out = {}
+    with threadpool_limits(THREADS):
+        clf = SparseGaussianProcessClassifier(
+            kernel=ConstantKernel(1.0) * RBF(np.full(D, ell)), n_inducing=M, inducing_points=Z0,
+            batch_size=B, max_iter=epochs, progress=False, random_state=0)
+        t = time.perf_counter()
+        clf.fit(Xtr, ytr)
+        p = clf.predict_proba(Xte)[:, 1]
+        out["sep"] = (time.perf_counter() - t, _nll(p, yte))
+
+        class SVGP(gpytorch.models.ApproximateGP):
+            def __init__(self, Z):
+                dist = gpytorch.variational.CholeskyVariationalDistribution(Z.shape[0])
+                strat = gpytorch.variational.VariationalStrategy(self, Z, dist,
+                                                                 learn_inducing_locations=True)
+                super().__init__(strat)
+                self.mean_module = gpytorch.means.ZeroMean()
+                self.covar_module = gpytorch.kernels.ScaleKernel(
+                    gpytorch.kernels.RBFKernel(ard_num_dims=D))
+                self.covar_module.base_kernel.lengthscale = ell
+
+            def forward(self, x):
+                return gpytorch.distributions.MultivariateNormal(self.mean_module(x),
+                                                                 self.covar_module(x))
+
+        Xt = torch.tensor(Xtr)
+        yt = torch.tensor((ytr > 0).astype(np.float64))
+        model = SVGP(torch.tensor(Z0)).double()
+        lik = gpytorch.likelihoods.BernoulliLikelihood().double()
+        opt = torch.optim.Adam(list(model.parameters()) + list(lik.parameters()), lr=0.01)
+        mll = gpytorch.mlls.VariationalELBO(lik, model, num_data=n)
+        t = time.perf_counter()
+        model.train()
+        lik.train()
+        order = np.random.default_rng(0)
+        for _ in range(epochs):
+            for k in order.permutation(n // B):
+                sl = slice(k * B, (k + 1) * B)
+                opt.zero_grad()
+                loss = -mll(model(Xt[sl]), yt[sl])
+                loss.backward()
+                opt.step()
+        model.eval()
+        lik.eval()
+        with torch.no_grad():
+            p = lik(model(torch.tensor(Xte))).mean.numpy()
+        out["gpytorch"] = (time.perf_counter() - t, _nll(p, yte))
+    return out
+
+
+def _nll(p, y):
+    p = np.clip(np.where(y > 0, p, 1.0 - p), 1e-300, 1.0)
+    return float(-np.mean(np.log(p)))
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+    if "--peer" in sys.argv:
+        res = peer()
+        for k, (sec, nll) in res.items():
+            print(f"{k}: {sec:.1f} s, test NLL {nll:.4f}")
+        print(f"time ratio sep / gpytorch = {res['sep'][0] / res['gpytorch'][0]:.2f} "
+              f"(n = 20,000, m = {M}, b = {B}, 3 epochs, threads = {THREADS})")
+    else:
+        main()
