@@ -2,5 +2,6 @@
 its SMGPC special case, prediction, and the scikit-learn-style estimator ``MultiClassGPC``."""
 
 from .ep import MultiClassEPResult, rmgpc_ep
+from .estimator import MultiClassGPC
 
-__all__ = ["rmgpc_ep", "MultiClassEPResult"]
+__all__ = ["MultiClassGPC", "rmgpc_ep", "MultiClassEPResult"]
