@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from .._validation import check_positive_float, check_positive_int
+from .._validation import check_finite_array, check_positive_float, check_positive_int
 from ..classifier import GaussianProcessClassifier, NotFittedError, _Base, _ClassifierMixin
 from ..kernels import RBF, as_kernel
 from ..optimize import maximise_evidence
@@ -66,7 +66,15 @@ class MultiClassGPC(_ClassifierMixin, _Base):
 
     # -- validation -----------------------------------------------------------------------------
     def _check_X(self, X, fitting):
-        X = GaussianProcessClassifier._check_X(self, X, fitting=True)
+        if hasattr(X, "toarray") or hasattr(X, "tocsr"):
+            raise TypeError("sparse input is not supported: pass a dense array (X.toarray())")
+        X = check_finite_array(X, "X")
+        if X.ndim != 2:
+            raise ValueError(f"Expected 2D array, got {X.ndim}D array instead. Reshape your data to "
+                             "(n_samples, n_features)")
+        if X.shape[0] == 0 or X.shape[1] == 0:
+            raise ValueError(f"Found array with 0 sample(s) or 0 feature(s) (shape={X.shape}) while a "
+                             "minimum of 1 is required.")
         if not fitting and X.shape[1] != self.n_features_in_:
             raise ValueError(f"X has {X.shape[1]} features, but {type(self).__name__} is expecting "
                              f"{self.n_features_in_} features as input")
