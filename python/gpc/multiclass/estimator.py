@@ -193,8 +193,3 @@ class MultiClassGPC(_ClassifierMixin, _Base):
     def predict(self, X):
         self._check_fitted()
         return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
-
-    def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
-        tags.non_deterministic = False
-        return tags
