@@ -62,15 +62,27 @@ PAPERS = {
 
 
 def available(binary=None):
-    """Names accepted by :func:`load`. ``binary=True``: only sets that are binary with default
-    arguments; ``binary=False``: only multi-class ones; ``None``: all."""
+    """Names accepted by :func:`load`.
+
+    Parameters
+    ----------
+    binary : bool or None, default=None
+        True: only sets that are binary with default arguments; False: only multi-class ones;
+        None: all.
+    """
     if binary is None:
         return list(_LOADERS)
     return [n for n in _LOADERS if (N_CLASSES[n] == 2) == bool(binary)]
 
 
 def is_binary(name):
-    """True if ``load(name)`` with default arguments gives a two-class problem."""
+    """True if ``load(name)`` with default arguments gives a two-class problem.
+
+    Parameters
+    ----------
+    name : str
+        One of :func:`available`.
+    """
     _check_name(name)
     return N_CLASSES[name] == 2
 
@@ -81,7 +93,15 @@ def _check_name(name):
 
 
 def load(name, **kwargs):
-    """Load a data set by name, e.g. ``load("pima", split="test")``; keyword arguments go to the loader."""
+    """Load a data set by name, e.g. ``load("pima", split="test")``.
+
+    Parameters
+    ----------
+    name : str
+        One of :func:`available`.
+    **kwargs
+        Passed to the data set's ``load_<name>`` function.
+    """
     _check_name(name)
     return _LOADERS[name](**kwargs)
 

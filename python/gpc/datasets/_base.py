@@ -33,6 +33,7 @@ class Dataset:
     positive_class : the label of ``y`` treated as the positive class (+1) for binary sets, else None.
     description, source, licence, citation, grouping : str
     name : registry name of the set.
+    extra : dict. Room for further per-set data; no bundled set fills it.
     """
 
     X: np.ndarray

@@ -67,6 +67,13 @@ def load_breast_cancer(*, missing="median", return_X_y=False):
         The 16 empty cells of V6 (bare nuclei). 'median' (default) fills them with the median of the
         683 observed V6 values (1.0), keeping the 699 rows the PL paper reports (9, 699). 'drop' removes
         the 16 rows, leaving 683 (benign 444, malignant 239).
+    return_X_y : bool, default=False
+        If True, return ``(X, y)`` instead of a :class:`Dataset`.
+
+    Returns
+    -------
+    Dataset or (X, y)
+        ``X`` float64 of shape (n, d); ``y`` the labels as described above.
     """
     X, y, names = _read_table("breast_cancer_wisconsin.csv", allow_missing=True)
     bad = np.isnan(X)
@@ -98,6 +105,16 @@ def load_crabs(*, return_X_y=False):
 
     The species column ``sp`` (a string in the source) is encoded B (blue) -> 0.0, O (orange) -> 1.0,
     and kept as the first feature (the PL paper counts 6 attributes). FL, RW, CL, CW, BD are in mm.
+
+    Parameters
+    ----------
+    return_X_y : bool, default=False
+        If True, return ``(X, y)`` instead of a :class:`Dataset`.
+
+    Returns
+    -------
+    Dataset or (X, y)
+        ``X`` float64 of shape (n, d); ``y`` the labels as described above.
     """
     from ._base import _read_rows, _read_text, _to_float
 
@@ -132,6 +149,18 @@ def load_glass(*, binary=True, return_X_y=False):
     binary=True (default, PL paper): 'window' (types 1, 2, 3: 163 rows) vs 'non-window'
     (types 5, 6, 7: 51 rows); positive class 'non-window'. binary=False: UCI type codes
     1: 70, 2: 76, 3: 17, 5: 13, 6: 9, 7: 29 (type 4 has no rows), as used by RMGPC.
+
+    Parameters
+    ----------
+    binary : bool, default=True
+        The two-class grouping described above (True) or the source's classes (False).
+    return_X_y : bool, default=False
+        If True, return ``(X, y)`` instead of a :class:`Dataset`.
+
+    Returns
+    -------
+    Dataset or (X, y)
+        ``X`` float64 of shape (n, d); ``y`` the labels as described above.
     """
     X, y, names = _read_table("glass.csv")
     if binary:
@@ -158,6 +187,18 @@ def load_ionosphere(*, drop_constant=False, return_X_y=False):
 
     a02 is constant 0 and is kept by default (34 columns as in UCI); ``drop_constant=True`` removes it,
     giving the 33 attributes the PL paper counts.
+
+    Parameters
+    ----------
+    drop_constant : bool, default=False
+        Remove the constant column a02.
+    return_X_y : bool, default=False
+        If True, return ``(X, y)`` instead of a :class:`Dataset`.
+
+    Returns
+    -------
+    Dataset or (X, y)
+        ``X`` float64 of shape (n, d); ``y`` the labels as described above.
     """
     X, y, names = _read_table("ionosphere.csv")
     if drop_constant:
@@ -182,6 +223,18 @@ def load_thyroid(*, binary=True, return_X_y=False):
 
     binary=True (default, PL following Kim & Ghahramani 2006): 'normal' (150) vs 'abnormal'
     (Hyper + Hypo, 65); positive class 'abnormal'. binary=False: Normal / Hyper / Hypo (RMGPC).
+
+    Parameters
+    ----------
+    binary : bool, default=True
+        The two-class grouping described above (True) or the source's classes (False).
+    return_X_y : bool, default=False
+        If True, return ``(X, y)`` instead of a :class:`Dataset`.
+
+    Returns
+    -------
+    Dataset or (X, y)
+        ``X`` float64 of shape (n, d); ``y`` the labels as described above.
     """
     X, y, names = _read_table("new_thyroid.csv")
     if binary:
@@ -214,6 +267,20 @@ def load_housing(*, binary=True, threshold=HOUSING_THRESHOLD, return_X_y=False):
 
     The ``black`` column (1000(Bk - 0.63)^2) is an ethically problematic derived variable; it is kept
     so that results are comparable with the papers, but see docs/datasets.md.
+
+    Parameters
+    ----------
+    binary : bool, default=True
+        Threshold medv into 'high' / 'low' (True) or return medv itself (False).
+    threshold : float, default=25.0
+        The medv value (in $1000s) above which a row is 'high'.
+    return_X_y : bool, default=False
+        If True, return ``(X, y)`` instead of a :class:`Dataset`.
+
+    Returns
+    -------
+    Dataset or (X, y)
+        ``X`` float64 of shape (n, d); ``y`` the labels as described above.
     """
     X, _, names = _read_table("boston_housing.csv")  # the label column repeats medv
     j = names.index("medv")
@@ -243,14 +310,24 @@ def load_housing(*, binary=True, threshold=HOUSING_THRESHOLD, return_X_y=False):
 def load_pima(*, split="train", return_X_y=False):
     """Pima Indians diabetes. Positive class: 'Yes' (MASS files) / 'pos' (split='full').
 
-    split : {'train', 'test', 'all', 'full'}
-        'train' : MASS::Pima.tr, 200 x 7 (No 132 / Yes 68) -- the MF paper's training set.
-        'test'  : MASS::Pima.te, 332 x 7 (No 223 / Yes 109) -- the MF paper's test set.
-        'all'   : Pima.tr then Pima.te, 532 x 7 (No 355 / Yes 177): Ripley's 532 complete cases.
-        'full'  : mlbench::PimaIndiansDiabetes, 768 x 8 (neg 500 / pos 268), with the insulin column.
-                  Its 652 physically impossible zeros (glucose 5, pressure 35, triceps 227, insulin 374,
-                  mass 11) stand for missing values and are returned unchanged, as in the source.
     The MASS files hold complete cases only: they contain no zero in glu, bp, skin or bmi.
+
+    Parameters
+    ----------
+    split : {'train', 'test', 'all', 'full'}
+        - 'train': MASS::Pima.tr, 200 x 7 (No 132 / Yes 68) -- the MF paper's training set.
+        - 'test': MASS::Pima.te, 332 x 7 (No 223 / Yes 109) -- the MF paper's test set.
+        - 'all': Pima.tr then Pima.te, 532 x 7 (No 355 / Yes 177): Ripley's 532 complete cases.
+        - 'full': mlbench::PimaIndiansDiabetes, 768 x 8 (neg 500 / pos 268), with the insulin column.
+          Its 652 physically impossible zeros (glucose 5, pressure 35, triceps 227, insulin 374,
+          mass 11) stand for missing values and are returned unchanged, as in the source.
+    return_X_y : bool, default=False
+        If True, return ``(X, y)`` instead of a :class:`Dataset`.
+
+    Returns
+    -------
+    Dataset or (X, y)
+        ``X`` float64 of shape (n, d); ``y`` the labels as described above.
     """
     if split in ("train", "test", "all"):
         parts = {"train": ["pima_tr.csv"], "test": ["pima_te.csv"], "all": ["pima_tr.csv", "pima_te.csv"]}
@@ -281,7 +358,18 @@ def load_pima(*, split="train", return_X_y=False):
 
 
 def load_sonar(*, return_X_y=False):
-    """Sonar (mines vs rocks), 208 x 60; M 111 / R 97. Positive class: 'M'."""
+    """Sonar (mines vs rocks), 208 x 60; M 111 / R 97. Positive class: 'M'.
+
+    Parameters
+    ----------
+    return_X_y : bool, default=False
+        If True, return ``(X, y)`` instead of a :class:`Dataset`.
+
+    Returns
+    -------
+    Dataset or (X, y)
+        ``X`` float64 of shape (n, d); ``y`` the labels as described above.
+    """
     X, y, names = _read_table("sonar.csv")
     tn, pos = _binary_meta(y, "R", "M")
     ds = Dataset(
@@ -297,6 +385,16 @@ def load_australian(*, return_X_y=False):
     """Statlog Australian credit, 690 x 14; 0: 383 / 1: 307. Positive class: 1.
 
     A4, A5, A6, A12 are category codes and are returned as numbers (not one-hot encoded).
+
+    Parameters
+    ----------
+    return_X_y : bool, default=False
+        If True, return ``(X, y)`` instead of a :class:`Dataset`.
+
+    Returns
+    -------
+    Dataset or (X, y)
+        ``X`` float64 of shape (n, d); ``y`` the labels as described above.
     """
     X, y, names = _read_table("australian.csv")
     tn, pos = _binary_meta(y, 0, 1)
@@ -313,7 +411,18 @@ def load_australian(*, return_X_y=False):
 
 
 def load_heart(*, return_X_y=False):
-    """Statlog heart, 270 x 13; 1 (absent) 150 / 2 (present) 120. Positive class: 2 (present)."""
+    """Statlog heart, 270 x 13; 1 (absent) 150 / 2 (present) 120. Positive class: 2 (present).
+
+    Parameters
+    ----------
+    return_X_y : bool, default=False
+        If True, return ``(X, y)`` instead of a :class:`Dataset`.
+
+    Returns
+    -------
+    Dataset or (X, y)
+        ``X`` float64 of shape (n, d); ``y`` the labels as described above.
+    """
     X, y, names = _read_table("heart.csv")
     tn, pos = _binary_meta(y, 1, 2)
     ds = Dataset(
@@ -329,7 +438,18 @@ def load_heart(*, return_X_y=False):
 
 
 def load_banana(*, return_X_y=False):
-    """Banana (2-D), 5300 x 2; -1: 2924 / 1: 2376. Positive class: 1."""
+    """Banana (2-D), 5300 x 2; -1: 2924 / 1: 2376. Positive class: 1.
+
+    Parameters
+    ----------
+    return_X_y : bool, default=False
+        If True, return ``(X, y)`` instead of a :class:`Dataset`.
+
+    Returns
+    -------
+    Dataset or (X, y)
+        ``X`` float64 of shape (n, d); ``y`` the labels as described above.
+    """
     X, y, names = _read_table("banana.csv")
     tn, pos = _binary_meta(y, -1, 1)
     ds = Dataset(
@@ -352,6 +472,18 @@ def load_image_segment(*, binary=False, return_X_y=False):
     Codes: 1 brickface, 2 sky, 3 foliage, 4 cement, 5 window, 6 path, 7 grass. No binary grouping is
     offered: the binary 'Image' benchmark of the SEP paper (Raetsch's) is a different derived data set
     whose grouping is not in the shipped files; ``binary=True`` raises ValueError.
+
+    Parameters
+    ----------
+    binary : bool, default=False
+        Must be False (no binary grouping is shipped).
+    return_X_y : bool, default=False
+        If True, return ``(X, y)`` instead of a :class:`Dataset`.
+
+    Returns
+    -------
+    Dataset or (X, y)
+        ``X`` float64 of shape (n, d); ``y`` the labels as described above.
     """
     if binary:
         raise ValueError("image_segment has no documented binary grouping; use binary=False")
@@ -369,6 +501,18 @@ def load_wine(*, binary=False, return_X_y=False):
     """Wine, 178 x 13; cultivars 0: 59, 1: 71, 2: 48 (UCI classes 1/2/3), as used by RMGPC.
 
     No binary grouping is used by the papers; ``binary=True`` raises ValueError.
+
+    Parameters
+    ----------
+    binary : bool, default=False
+        Must be False (no binary grouping is shipped).
+    return_X_y : bool, default=False
+        If True, return ``(X, y)`` instead of a :class:`Dataset`.
+
+    Returns
+    -------
+    Dataset or (X, y)
+        ``X`` float64 of shape (n, d); ``y`` the labels as described above.
     """
     if binary:
         raise ValueError("wine has no binary grouping in the papers; use binary=False")
