@@ -8,7 +8,9 @@
 Decisions (missing values, encodings, binary groupings) are documented in docs/datasets.md.
 """
 
-from ._base import Dataset, load_csv
+from typing import Any
+
+from ._base import Dataset, DatasetOrXy, load_csv
 from ._loaders import (
     SHA256,
     load_australian,
@@ -61,7 +63,7 @@ PAPERS = {
 }
 
 
-def available(binary=None):
+def available(binary: bool | None = None) -> list[str]:
     """Names accepted by :func:`load`.
 
     Parameters
@@ -75,7 +77,7 @@ def available(binary=None):
     return [n for n in _LOADERS if (N_CLASSES[n] == 2) == bool(binary)]
 
 
-def is_binary(name):
+def is_binary(name: str) -> bool:
     """True if ``load(name)`` with default arguments gives a two-class problem.
 
     Parameters
@@ -87,12 +89,12 @@ def is_binary(name):
     return N_CLASSES[name] == 2
 
 
-def _check_name(name):
+def _check_name(name: str) -> None:
     if name not in _LOADERS:
         raise ValueError(f"unknown data set {name!r}; available: {', '.join(_LOADERS)}")
 
 
-def load(name, **kwargs):
+def load(name: str, **kwargs: Any) -> DatasetOrXy:
     """Load a data set by name, e.g. ``load("pima", split="test")``.
 
     Parameters

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._base import Dataset, _read_table
+from ._base import Dataset, DatasetOrXy, _read_table
 
 SHA256 = {
     "breast_cancer_wisconsin.csv": "a8cbdc55c782bcba75c149410cff81666ebb2e3fdc8000229ea5e2a0436bb9cd",
@@ -39,26 +39,26 @@ _LIC_STATLOG = ("not stated in the copy used; UCI's pages list CC BY 4.0 "
                 "(from memory, not checked: UCI was unreachable)")
 
 
-def _finish(ds, return_X_y):
+def _finish(ds: Dataset, return_X_y: bool) -> DatasetOrXy:
     ds.X = np.ascontiguousarray(ds.X, dtype=np.float64)
     if return_X_y:
         return ds.X, ds.y
     return ds
 
 
-def _binary_meta(y, negative, positive):
+def _binary_meta(y: np.ndarray, negative: object, positive: object) -> tuple[list, object]:
     assert set(np.unique(y).tolist()) <= {negative, positive}, "grouping produced unexpected labels"
     return [negative, positive], positive
 
 
-def _multiclass_targets(y):
+def _multiclass_targets(y: np.ndarray) -> list:
     return sorted(np.unique(y).tolist())
 
 
 # --------------------------------------------------------------------------- PL paper sets
 
 
-def load_breast_cancer(*, missing="median", return_X_y=False):
+def load_breast_cancer(*, missing: str = "median", return_X_y: bool = False) -> DatasetOrXy:
     """Wisconsin breast cancer (original), 699 x 9; benign 458 / malignant 241. Positive class: 'malignant'.
 
     Parameters
@@ -100,7 +100,7 @@ def load_breast_cancer(*, missing="median", return_X_y=False):
     return _finish(ds, return_X_y)
 
 
-def load_crabs(*, return_X_y=False):
+def load_crabs(*, return_X_y: bool = False) -> DatasetOrXy:
     """Leptograpsus crabs, 200 x 6; label = sex, F 100 / M 100. Positive class: 'M'.
 
     The species column ``sp`` (a string in the source) is encoded B (blue) -> 0.0, O (orange) -> 1.0,
@@ -143,7 +143,7 @@ _GLASS_NAMES = {1: "building windows, float processed", 2: "building windows, no
                 3: "vehicle windows, float processed", 5: "containers", 6: "tableware", 7: "headlamps"}
 
 
-def load_glass(*, binary=True, return_X_y=False):
+def load_glass(*, binary: bool = True, return_X_y: bool = False) -> DatasetOrXy:
     """Glass identification, 214 x 9.
 
     binary=True (default, PL paper): 'window' (types 1, 2, 3: 163 rows) vs 'non-window'
@@ -182,7 +182,7 @@ def load_glass(*, binary=True, return_X_y=False):
     return _finish(ds, return_X_y)
 
 
-def load_ionosphere(*, drop_constant=False, return_X_y=False):
+def load_ionosphere(*, drop_constant: bool = False, return_X_y: bool = False) -> DatasetOrXy:
     """Ionosphere radar returns, 351 x 34; g (good) 225 / b (bad) 126. Positive class: 'g'.
 
     a02 is constant 0 and is kept by default (34 columns as in UCI); ``drop_constant=True`` removes it,
@@ -218,7 +218,7 @@ def load_ionosphere(*, drop_constant=False, return_X_y=False):
     return _finish(ds, return_X_y)
 
 
-def load_thyroid(*, binary=True, return_X_y=False):
+def load_thyroid(*, binary: bool = True, return_X_y: bool = False) -> DatasetOrXy:
     """New-thyroid, 215 x 5; Normal 150, Hyper 35, Hypo 30.
 
     binary=True (default, PL following Kim & Ghahramani 2006): 'normal' (150) vs 'abnormal'
@@ -258,7 +258,8 @@ def load_thyroid(*, binary=True, return_X_y=False):
 HOUSING_THRESHOLD = 25.0
 
 
-def load_housing(*, binary=True, threshold=HOUSING_THRESHOLD, return_X_y=False):
+def load_housing(*, binary: bool = True, threshold: float = HOUSING_THRESHOLD,
+                 return_X_y: bool = False) -> DatasetOrXy:
     """Boston housing, 506 x 13 (medv is the target, not a feature).
 
     binary=True (default): 'high' if medv > ``threshold`` (default 25.0, i.e. $25,000; 124 rows, positive)
@@ -307,7 +308,7 @@ def load_housing(*, binary=True, threshold=HOUSING_THRESHOLD, return_X_y=False):
 # --------------------------------------------------------------------------- MF / SEP sets
 
 
-def load_pima(*, split="train", return_X_y=False):
+def load_pima(*, split: str = "train", return_X_y: bool = False) -> DatasetOrXy:
     """Pima Indians diabetes. Positive class: 'Yes' (MASS files) / 'pos' (split='full').
 
     The MASS files hold complete cases only: they contain no zero in glu, bp, skin or bmi.
@@ -357,7 +358,7 @@ def load_pima(*, split="train", return_X_y=False):
     return _finish(ds, return_X_y)
 
 
-def load_sonar(*, return_X_y=False):
+def load_sonar(*, return_X_y: bool = False) -> DatasetOrXy:
     """Sonar (mines vs rocks), 208 x 60; M 111 / R 97. Positive class: 'M'.
 
     Parameters
@@ -381,7 +382,7 @@ def load_sonar(*, return_X_y=False):
     return _finish(ds, return_X_y)
 
 
-def load_australian(*, return_X_y=False):
+def load_australian(*, return_X_y: bool = False) -> DatasetOrXy:
     """Statlog Australian credit, 690 x 14; 0: 383 / 1: 307. Positive class: 1.
 
     A4, A5, A6, A12 are category codes and are returned as numbers (not one-hot encoded).
@@ -410,7 +411,7 @@ def load_australian(*, return_X_y=False):
     return _finish(ds, return_X_y)
 
 
-def load_heart(*, return_X_y=False):
+def load_heart(*, return_X_y: bool = False) -> DatasetOrXy:
     """Statlog heart, 270 x 13; 1 (absent) 150 / 2 (present) 120. Positive class: 2 (present).
 
     Parameters
@@ -437,7 +438,7 @@ def load_heart(*, return_X_y=False):
     return _finish(ds, return_X_y)
 
 
-def load_banana(*, return_X_y=False):
+def load_banana(*, return_X_y: bool = False) -> DatasetOrXy:
     """Banana (2-D), 5300 x 2; -1: 2924 / 1: 2376. Positive class: 1.
 
     Parameters
@@ -466,7 +467,7 @@ def load_banana(*, return_X_y=False):
 _SEGMENT_NAMES = {1: "brickface", 2: "sky", 3: "foliage", 4: "cement", 5: "window", 6: "path", 7: "grass"}
 
 
-def load_image_segment(*, binary=False, return_X_y=False):
+def load_image_segment(*, binary: bool = False, return_X_y: bool = False) -> DatasetOrXy:
     """Image segmentation (Statlog), 2310 x 19; classes 1-7, 330 each.
 
     Codes: 1 brickface, 2 sky, 3 foliage, 4 cement, 5 window, 6 path, 7 grass. No binary grouping is
@@ -497,7 +498,7 @@ def load_image_segment(*, binary=False, return_X_y=False):
     return _finish(ds, return_X_y)
 
 
-def load_wine(*, binary=False, return_X_y=False):
+def load_wine(*, binary: bool = False, return_X_y: bool = False) -> DatasetOrXy:
     """Wine, 178 x 13; cultivars 0: 59, 1: 71, 2: 48 (UCI classes 1/2/3), as used by RMGPC.
 
     No binary grouping is used by the papers; ``binary=True`` raises ValueError.
