@@ -1333,7 +1333,13 @@ def _translate(kernel):
 
 
 def user_kernel(kernel):
-    """The kernel as the user gave it: the scikit-learn object inside gpc's adapter, else ``kernel``."""
+    """The kernel as the user gave it: the scikit-learn object inside gpc's adapter, else ``kernel``.
+
+    Parameters
+    ----------
+    kernel : Kernel
+        A kernel, possibly the adapter :func:`as_kernel` made.
+    """
     return kernel.kernel if isinstance(kernel, _ForeignKernel) else kernel
 
 
