@@ -12,6 +12,17 @@ class NegativeVarianceError(ArithmeticError):
     (PL paper, supplement).  ``index`` is the (0-based) site being updated and ``cavity_variance`` its
     cavity variance: negative when the cavity is the problem; positive, with ``site_variance``
     negative, when the moment-matched site is.
+
+    Parameters
+    ----------
+    index : int
+        The (0-based) site being updated.
+    cavity_variance : float
+        Its cavity variance.
+    site_variance : float or None, default=None
+        The moment-matched site variance, when it is the negative one.
+    message : str or None, default=None
+        The error message; by default it names the variance, the site and the remedies.
     """
 
     def __init__(self, index, cavity_variance, site_variance=None, message=None):

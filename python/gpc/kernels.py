@@ -987,7 +987,13 @@ class _Binary(Kernel):
 
 
 class Sum(_Binary):
-    r"""Sum of two kernels, :math:`k = k_1 + k_2`; ``theta`` is ``k1.theta`` then ``k2.theta``."""
+    r"""Sum of two kernels, :math:`k = k_1 + k_2`; ``theta`` is ``k1.theta`` then ``k2.theta``.
+
+    Parameters
+    ----------
+    k1, k2 : Kernel
+        The two terms (``k1 + k2`` builds the same).
+    """
 
     def _call(self, X, Y, eval_gradient):
         a, b = self._a, self._b
@@ -1020,6 +1026,11 @@ class Product(_Binary):
     :math:`\sum_{ij} M_{ij} \partial (K_1 \circ K_2)_{ij} / \partial\theta_1
     = \sum_{ij} (M \circ K_2)_{ij} \partial K_{1,ij} / \partial\theta_1`, and likewise for
     :math:`\theta_2` and for the inputs.
+
+    Parameters
+    ----------
+    k1, k2 : Kernel
+        The two factors (``k1 * k2`` builds the same).
     """
 
     def _call(self, X, Y, eval_gradient):
@@ -1322,7 +1333,13 @@ def _translate(kernel):
 
 
 def user_kernel(kernel):
-    """The kernel as the user gave it: the scikit-learn object inside gpc's adapter, else ``kernel``."""
+    """The kernel as the user gave it: the scikit-learn object inside gpc's adapter, else ``kernel``.
+
+    Parameters
+    ----------
+    kernel : Kernel
+        A kernel, possibly the adapter :func:`as_kernel` made.
+    """
     return kernel.kernel if isinstance(kernel, _ForeignKernel) else kernel
 
 
@@ -1333,6 +1350,11 @@ def as_kernel(kernel):
     (``theta``, ``bounds``, ``__call__(X, Y=None, eval_gradient=False)``, ``diag``,
     ``clone_with_theta``) is wrapped in an adapter that runs scikit-learn's standard kernels on
     gpc's compiled ones and any other through its own ``__call__`` (see :class:`_ForeignKernel`).
+
+    Parameters
+    ----------
+    kernel : Kernel or scikit-learn kernel
+        The kernel to adapt.
     """
     if isinstance(kernel, Kernel):
         return kernel

@@ -8,7 +8,9 @@
 Decisions (missing values, encodings, binary groupings) are documented in docs/datasets.md.
 """
 
-from ._base import Dataset, load_csv
+from typing import Any
+
+from ._base import Dataset, DatasetOrXy, load_csv
 from ._loaders import (
     SHA256,
     load_australian,
@@ -61,27 +63,47 @@ PAPERS = {
 }
 
 
-def available(binary=None):
-    """Names accepted by :func:`load`. ``binary=True``: only sets that are binary with default
-    arguments; ``binary=False``: only multi-class ones; ``None``: all."""
+def available(binary: bool | None = None) -> list[str]:
+    """Names accepted by :func:`load`.
+
+    Parameters
+    ----------
+    binary : bool or None, default=None
+        True: only sets that are binary with default arguments; False: only multi-class ones;
+        None: all.
+    """
     if binary is None:
         return list(_LOADERS)
     return [n for n in _LOADERS if (N_CLASSES[n] == 2) == bool(binary)]
 
 
-def is_binary(name):
-    """True if ``load(name)`` with default arguments gives a two-class problem."""
+def is_binary(name: str) -> bool:
+    """True if ``load(name)`` with default arguments gives a two-class problem.
+
+    Parameters
+    ----------
+    name : str
+        One of :func:`available`.
+    """
     _check_name(name)
     return N_CLASSES[name] == 2
 
 
-def _check_name(name):
+def _check_name(name: str) -> None:
     if name not in _LOADERS:
         raise ValueError(f"unknown data set {name!r}; available: {', '.join(_LOADERS)}")
 
 
-def load(name, **kwargs):
-    """Load a data set by name, e.g. ``load("pima", split="test")``; keyword arguments go to the loader."""
+def load(name: str, **kwargs: Any) -> DatasetOrXy:
+    """Load a data set by name, e.g. ``load("pima", split="test")``.
+
+    Parameters
+    ----------
+    name : str
+        One of :func:`available`.
+    **kwargs
+        Passed to the data set's ``load_<name>`` function.
+    """
     _check_name(name)
     return _LOADERS[name](**kwargs)
 

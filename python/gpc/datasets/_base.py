@@ -8,8 +8,17 @@ import io
 import os
 from dataclasses import dataclass, field
 from importlib import resources
+from typing import TYPE_CHECKING, Any, Iterator, Union
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import sys
+
+    if sys.version_info >= (3, 11):
+        from importlib.resources.abc import Traversable
+    else:
+        from importlib.abc import Traversable
 
 __all__ = ["Dataset", "load_csv", "data_path", "sha256_of"]
 
@@ -33,6 +42,7 @@ class Dataset:
     positive_class : the label of ``y`` treated as the positive class (+1) for binary sets, else None.
     description, source, licence, citation, grouping : str
     name : registry name of the set.
+    extra : dict. Room for further per-set data; no bundled set fills it.
     """
 
     X: np.ndarray
@@ -48,55 +58,59 @@ class Dataset:
     positive_class: object = None
     extra: dict = field(default_factory=dict)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[np.ndarray]:
         # Lets ``X, y = dataset`` work like ``return_X_y=True``.
         return iter((self.X, self.y))
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: str) -> Any:
         return getattr(self, key)
 
-    def keys(self):
+    def keys(self) -> list[str]:
         return [f for f in self.__dataclass_fields__]
 
     @property
-    def is_binary(self):
+    def is_binary(self) -> bool:
         return len(self.target_names) == 2
 
     @property
-    def n_samples(self):
+    def n_samples(self) -> int:
         return self.X.shape[0]
 
     @property
-    def n_features(self):
+    def n_features(self) -> int:
         return self.X.shape[1]
 
-    def y_pm1(self):
+    def y_pm1(self) -> np.ndarray:
         """Labels as float +1 (``positive_class``) / -1 (the other class); only for binary sets."""
         if not self.is_binary or self.positive_class is None:
             raise ValueError(f"data set {self.name!r} is not binary; y_pm1() needs two classes")
         return np.where(self.y == self.positive_class, 1.0, -1.0)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         classes = ", ".join(f"{c}: {int(np.sum(self.y == c))}" for c in self.target_names)
         return (f"Dataset(name={self.name!r}, X={self.X.shape}, classes={{{classes}}}, "
                 f"positive_class={self.positive_class!r})")
 
 
-def data_path(filename):
+#: What a loader returns: a Dataset, or ``(X, y)`` when called with ``return_X_y=True``.
+DatasetOrXy = Union[Dataset, tuple[np.ndarray, np.ndarray]]
+
+
+def data_path(filename: str) -> Traversable:
     """A Traversable for a shipped data file (works in wheels and editable installs)."""
-    return resources.files(DATA_PACKAGE).joinpath("data", filename)
+    return resources.files(DATA_PACKAGE).joinpath("data").joinpath(filename)
 
 
-def _read_text(filename):
+def _read_text(filename: str) -> str:
     return data_path(filename).read_text(encoding="utf-8")
 
 
-def sha256_of(filename):
+def sha256_of(filename: str) -> str:
     """SHA-256 hex digest of a shipped data file, as bytes on disk."""
     return hashlib.sha256(data_path(filename).read_bytes()).hexdigest()
 
 
-def _read_rows(text):
+def _read_rows(text: str) -> tuple[list[str], list[list[str]]]:
     rows = list(csv.reader(io.StringIO(text)))
     rows = [r for r in rows if r]  # tolerate a trailing blank line
     if not rows:
@@ -104,7 +118,7 @@ def _read_rows(text):
     return rows[0], rows[1:]
 
 
-def _to_float(cell, column, allow_missing):
+def _to_float(cell: str, column: str, allow_missing: bool) -> float:
     s = cell.strip()
     if s.lower() in _MISSING_TOKENS:
         if allow_missing:
@@ -118,7 +132,7 @@ def _to_float(cell, column, allow_missing):
                          "only numeric feature columns are supported — encode or drop it") from None
 
 
-def _parse_labels(cells, column="label"):
+def _parse_labels(cells: list[str], column: str = "label") -> np.ndarray:
     """Labels as int64 if every cell is an integer literal, else as str."""
     stripped = [c.strip() for c in cells]
     for s in stripped:
@@ -130,9 +144,12 @@ def _parse_labels(cells, column="label"):
         return np.array(stripped, dtype=str)
 
 
-def _read_table(filename, label="label", allow_missing=False, text=None):
+def _read_table(filename: str | None, label: str = "label", allow_missing: bool = False,
+                text: str | None = None) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Read a shipped CSV: (X float64, y, feature_names, raw rows, header)."""
     if text is None:
+        if filename is None:
+            raise ValueError("_read_table needs a shipped file name or the text of a CSV")
         text = _read_text(filename)
     header, rows = _read_rows(text)
     header = [h.strip() for h in header]
@@ -151,7 +168,8 @@ def _read_table(filename, label="label", allow_missing=False, text=None):
     return X, y, [header[i] for i in feats]
 
 
-def load_csv(path, label, *, return_X_y=False):
+def load_csv(path: str | os.PathLike[str], label: str, *,
+             return_X_y: bool = False) -> DatasetOrXy:
     """Load a user's CSV file: numeric feature columns plus one label column.
 
     Parameters

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._base import Dataset, _read_table
+from ._base import Dataset, DatasetOrXy, _read_table
 
 SHA256 = {
     "breast_cancer_wisconsin.csv": "a8cbdc55c782bcba75c149410cff81666ebb2e3fdc8000229ea5e2a0436bb9cd",
@@ -39,26 +39,26 @@ _LIC_STATLOG = ("not stated in the copy used; UCI's pages list CC BY 4.0 "
                 "(from memory, not checked: UCI was unreachable)")
 
 
-def _finish(ds, return_X_y):
+def _finish(ds: Dataset, return_X_y: bool) -> DatasetOrXy:
     ds.X = np.ascontiguousarray(ds.X, dtype=np.float64)
     if return_X_y:
         return ds.X, ds.y
     return ds
 
 
-def _binary_meta(y, negative, positive):
+def _binary_meta(y: np.ndarray, negative: object, positive: object) -> tuple[list, object]:
     assert set(np.unique(y).tolist()) <= {negative, positive}, "grouping produced unexpected labels"
     return [negative, positive], positive
 
 
-def _multiclass_targets(y):
+def _multiclass_targets(y: np.ndarray) -> list:
     return sorted(np.unique(y).tolist())
 
 
 # --------------------------------------------------------------------------- PL paper sets
 
 
-def load_breast_cancer(*, missing="median", return_X_y=False):
+def load_breast_cancer(*, missing: str = "median", return_X_y: bool = False) -> DatasetOrXy:
     """Wisconsin breast cancer (original), 699 x 9; benign 458 / malignant 241. Positive class: 'malignant'.
 
     Parameters
@@ -67,6 +67,13 @@ def load_breast_cancer(*, missing="median", return_X_y=False):
         The 16 empty cells of V6 (bare nuclei). 'median' (default) fills them with the median of the
         683 observed V6 values (1.0), keeping the 699 rows the PL paper reports (9, 699). 'drop' removes
         the 16 rows, leaving 683 (benign 444, malignant 239).
+    return_X_y : bool, default=False
+        If True, return ``(X, y)`` instead of a :class:`Dataset`.
+
+    Returns
+    -------
+    Dataset or (X, y)
+        ``X`` float64 of shape (n, d); ``y`` the labels as described above.
     """
     X, y, names = _read_table("breast_cancer_wisconsin.csv", allow_missing=True)
     bad = np.isnan(X)
@@ -93,11 +100,21 @@ def load_breast_cancer(*, missing="median", return_X_y=False):
     return _finish(ds, return_X_y)
 
 
-def load_crabs(*, return_X_y=False):
+def load_crabs(*, return_X_y: bool = False) -> DatasetOrXy:
     """Leptograpsus crabs, 200 x 6; label = sex, F 100 / M 100. Positive class: 'M'.
 
     The species column ``sp`` (a string in the source) is encoded B (blue) -> 0.0, O (orange) -> 1.0,
     and kept as the first feature (the PL paper counts 6 attributes). FL, RW, CL, CW, BD are in mm.
+
+    Parameters
+    ----------
+    return_X_y : bool, default=False
+        If True, return ``(X, y)`` instead of a :class:`Dataset`.
+
+    Returns
+    -------
+    Dataset or (X, y)
+        ``X`` float64 of shape (n, d); ``y`` the labels as described above.
     """
     from ._base import _read_rows, _read_text, _to_float
 
@@ -126,12 +143,24 @@ _GLASS_NAMES = {1: "building windows, float processed", 2: "building windows, no
                 3: "vehicle windows, float processed", 5: "containers", 6: "tableware", 7: "headlamps"}
 
 
-def load_glass(*, binary=True, return_X_y=False):
+def load_glass(*, binary: bool = True, return_X_y: bool = False) -> DatasetOrXy:
     """Glass identification, 214 x 9.
 
     binary=True (default, PL paper): 'window' (types 1, 2, 3: 163 rows) vs 'non-window'
     (types 5, 6, 7: 51 rows); positive class 'non-window'. binary=False: UCI type codes
     1: 70, 2: 76, 3: 17, 5: 13, 6: 9, 7: 29 (type 4 has no rows), as used by RMGPC.
+
+    Parameters
+    ----------
+    binary : bool, default=True
+        The two-class grouping described above (True) or the source's classes (False).
+    return_X_y : bool, default=False
+        If True, return ``(X, y)`` instead of a :class:`Dataset`.
+
+    Returns
+    -------
+    Dataset or (X, y)
+        ``X`` float64 of shape (n, d); ``y`` the labels as described above.
     """
     X, y, names = _read_table("glass.csv")
     if binary:
@@ -153,11 +182,23 @@ def load_glass(*, binary=True, return_X_y=False):
     return _finish(ds, return_X_y)
 
 
-def load_ionosphere(*, drop_constant=False, return_X_y=False):
+def load_ionosphere(*, drop_constant: bool = False, return_X_y: bool = False) -> DatasetOrXy:
     """Ionosphere radar returns, 351 x 34; g (good) 225 / b (bad) 126. Positive class: 'g'.
 
     a02 is constant 0 and is kept by default (34 columns as in UCI); ``drop_constant=True`` removes it,
     giving the 33 attributes the PL paper counts.
+
+    Parameters
+    ----------
+    drop_constant : bool, default=False
+        Remove the constant column a02.
+    return_X_y : bool, default=False
+        If True, return ``(X, y)`` instead of a :class:`Dataset`.
+
+    Returns
+    -------
+    Dataset or (X, y)
+        ``X`` float64 of shape (n, d); ``y`` the labels as described above.
     """
     X, y, names = _read_table("ionosphere.csv")
     if drop_constant:
@@ -177,11 +218,23 @@ def load_ionosphere(*, drop_constant=False, return_X_y=False):
     return _finish(ds, return_X_y)
 
 
-def load_thyroid(*, binary=True, return_X_y=False):
+def load_thyroid(*, binary: bool = True, return_X_y: bool = False) -> DatasetOrXy:
     """New-thyroid, 215 x 5; Normal 150, Hyper 35, Hypo 30.
 
     binary=True (default, PL following Kim & Ghahramani 2006): 'normal' (150) vs 'abnormal'
     (Hyper + Hypo, 65); positive class 'abnormal'. binary=False: Normal / Hyper / Hypo (RMGPC).
+
+    Parameters
+    ----------
+    binary : bool, default=True
+        The two-class grouping described above (True) or the source's classes (False).
+    return_X_y : bool, default=False
+        If True, return ``(X, y)`` instead of a :class:`Dataset`.
+
+    Returns
+    -------
+    Dataset or (X, y)
+        ``X`` float64 of shape (n, d); ``y`` the labels as described above.
     """
     X, y, names = _read_table("new_thyroid.csv")
     if binary:
@@ -205,7 +258,8 @@ def load_thyroid(*, binary=True, return_X_y=False):
 HOUSING_THRESHOLD = 25.0
 
 
-def load_housing(*, binary=True, threshold=HOUSING_THRESHOLD, return_X_y=False):
+def load_housing(*, binary: bool = True, threshold: float = HOUSING_THRESHOLD,
+                 return_X_y: bool = False) -> DatasetOrXy:
     """Boston housing, 506 x 13 (medv is the target, not a feature).
 
     binary=True (default): 'high' if medv > ``threshold`` (default 25.0, i.e. $25,000; 124 rows, positive)
@@ -214,6 +268,20 @@ def load_housing(*, binary=True, threshold=HOUSING_THRESHOLD, return_X_y=False):
 
     The ``black`` column (1000(Bk - 0.63)^2) is an ethically problematic derived variable; it is kept
     so that results are comparable with the papers, but see docs/datasets.md.
+
+    Parameters
+    ----------
+    binary : bool, default=True
+        Threshold medv into 'high' / 'low' (True) or return medv itself (False).
+    threshold : float, default=25.0
+        The medv value (in $1000s) above which a row is 'high'.
+    return_X_y : bool, default=False
+        If True, return ``(X, y)`` instead of a :class:`Dataset`.
+
+    Returns
+    -------
+    Dataset or (X, y)
+        ``X`` float64 of shape (n, d); ``y`` the labels as described above.
     """
     X, _, names = _read_table("boston_housing.csv")  # the label column repeats medv
     j = names.index("medv")
@@ -240,17 +308,27 @@ def load_housing(*, binary=True, threshold=HOUSING_THRESHOLD, return_X_y=False):
 # --------------------------------------------------------------------------- MF / SEP sets
 
 
-def load_pima(*, split="train", return_X_y=False):
+def load_pima(*, split: str = "train", return_X_y: bool = False) -> DatasetOrXy:
     """Pima Indians diabetes. Positive class: 'Yes' (MASS files) / 'pos' (split='full').
 
-    split : {'train', 'test', 'all', 'full'}
-        'train' : MASS::Pima.tr, 200 x 7 (No 132 / Yes 68) -- the MF paper's training set.
-        'test'  : MASS::Pima.te, 332 x 7 (No 223 / Yes 109) -- the MF paper's test set.
-        'all'   : Pima.tr then Pima.te, 532 x 7 (No 355 / Yes 177): Ripley's 532 complete cases.
-        'full'  : mlbench::PimaIndiansDiabetes, 768 x 8 (neg 500 / pos 268), with the insulin column.
-                  Its 652 physically impossible zeros (glucose 5, pressure 35, triceps 227, insulin 374,
-                  mass 11) stand for missing values and are returned unchanged, as in the source.
     The MASS files hold complete cases only: they contain no zero in glu, bp, skin or bmi.
+
+    Parameters
+    ----------
+    split : {'train', 'test', 'all', 'full'}
+        - 'train': MASS::Pima.tr, 200 x 7 (No 132 / Yes 68) -- the MF paper's training set.
+        - 'test': MASS::Pima.te, 332 x 7 (No 223 / Yes 109) -- the MF paper's test set.
+        - 'all': Pima.tr then Pima.te, 532 x 7 (No 355 / Yes 177): Ripley's 532 complete cases.
+        - 'full': mlbench::PimaIndiansDiabetes, 768 x 8 (neg 500 / pos 268), with the insulin column.
+          Its 652 physically impossible zeros (glucose 5, pressure 35, triceps 227, insulin 374,
+          mass 11) stand for missing values and are returned unchanged, as in the source.
+    return_X_y : bool, default=False
+        If True, return ``(X, y)`` instead of a :class:`Dataset`.
+
+    Returns
+    -------
+    Dataset or (X, y)
+        ``X`` float64 of shape (n, d); ``y`` the labels as described above.
     """
     if split in ("train", "test", "all"):
         parts = {"train": ["pima_tr.csv"], "test": ["pima_te.csv"], "all": ["pima_tr.csv", "pima_te.csv"]}
@@ -280,8 +358,19 @@ def load_pima(*, split="train", return_X_y=False):
     return _finish(ds, return_X_y)
 
 
-def load_sonar(*, return_X_y=False):
-    """Sonar (mines vs rocks), 208 x 60; M 111 / R 97. Positive class: 'M'."""
+def load_sonar(*, return_X_y: bool = False) -> DatasetOrXy:
+    """Sonar (mines vs rocks), 208 x 60; M 111 / R 97. Positive class: 'M'.
+
+    Parameters
+    ----------
+    return_X_y : bool, default=False
+        If True, return ``(X, y)`` instead of a :class:`Dataset`.
+
+    Returns
+    -------
+    Dataset or (X, y)
+        ``X`` float64 of shape (n, d); ``y`` the labels as described above.
+    """
     X, y, names = _read_table("sonar.csv")
     tn, pos = _binary_meta(y, "R", "M")
     ds = Dataset(
@@ -293,10 +382,20 @@ def load_sonar(*, return_X_y=False):
     return _finish(ds, return_X_y)
 
 
-def load_australian(*, return_X_y=False):
+def load_australian(*, return_X_y: bool = False) -> DatasetOrXy:
     """Statlog Australian credit, 690 x 14; 0: 383 / 1: 307. Positive class: 1.
 
     A4, A5, A6, A12 are category codes and are returned as numbers (not one-hot encoded).
+
+    Parameters
+    ----------
+    return_X_y : bool, default=False
+        If True, return ``(X, y)`` instead of a :class:`Dataset`.
+
+    Returns
+    -------
+    Dataset or (X, y)
+        ``X`` float64 of shape (n, d); ``y`` the labels as described above.
     """
     X, y, names = _read_table("australian.csv")
     tn, pos = _binary_meta(y, 0, 1)
@@ -312,8 +411,19 @@ def load_australian(*, return_X_y=False):
     return _finish(ds, return_X_y)
 
 
-def load_heart(*, return_X_y=False):
-    """Statlog heart, 270 x 13; 1 (absent) 150 / 2 (present) 120. Positive class: 2 (present)."""
+def load_heart(*, return_X_y: bool = False) -> DatasetOrXy:
+    """Statlog heart, 270 x 13; 1 (absent) 150 / 2 (present) 120. Positive class: 2 (present).
+
+    Parameters
+    ----------
+    return_X_y : bool, default=False
+        If True, return ``(X, y)`` instead of a :class:`Dataset`.
+
+    Returns
+    -------
+    Dataset or (X, y)
+        ``X`` float64 of shape (n, d); ``y`` the labels as described above.
+    """
     X, y, names = _read_table("heart.csv")
     tn, pos = _binary_meta(y, 1, 2)
     ds = Dataset(
@@ -328,8 +438,19 @@ def load_heart(*, return_X_y=False):
     return _finish(ds, return_X_y)
 
 
-def load_banana(*, return_X_y=False):
-    """Banana (2-D), 5300 x 2; -1: 2924 / 1: 2376. Positive class: 1."""
+def load_banana(*, return_X_y: bool = False) -> DatasetOrXy:
+    """Banana (2-D), 5300 x 2; -1: 2924 / 1: 2376. Positive class: 1.
+
+    Parameters
+    ----------
+    return_X_y : bool, default=False
+        If True, return ``(X, y)`` instead of a :class:`Dataset`.
+
+    Returns
+    -------
+    Dataset or (X, y)
+        ``X`` float64 of shape (n, d); ``y`` the labels as described above.
+    """
     X, y, names = _read_table("banana.csv")
     tn, pos = _binary_meta(y, -1, 1)
     ds = Dataset(
@@ -346,12 +467,24 @@ def load_banana(*, return_X_y=False):
 _SEGMENT_NAMES = {1: "brickface", 2: "sky", 3: "foliage", 4: "cement", 5: "window", 6: "path", 7: "grass"}
 
 
-def load_image_segment(*, binary=False, return_X_y=False):
+def load_image_segment(*, binary: bool = False, return_X_y: bool = False) -> DatasetOrXy:
     """Image segmentation (Statlog), 2310 x 19; classes 1-7, 330 each.
 
     Codes: 1 brickface, 2 sky, 3 foliage, 4 cement, 5 window, 6 path, 7 grass. No binary grouping is
     offered: the binary 'Image' benchmark of the SEP paper (Raetsch's) is a different derived data set
     whose grouping is not in the shipped files; ``binary=True`` raises ValueError.
+
+    Parameters
+    ----------
+    binary : bool, default=False
+        Must be False (no binary grouping is shipped).
+    return_X_y : bool, default=False
+        If True, return ``(X, y)`` instead of a :class:`Dataset`.
+
+    Returns
+    -------
+    Dataset or (X, y)
+        ``X`` float64 of shape (n, d); ``y`` the labels as described above.
     """
     if binary:
         raise ValueError("image_segment has no documented binary grouping; use binary=False")
@@ -365,10 +498,22 @@ def load_image_segment(*, binary=False, return_X_y=False):
     return _finish(ds, return_X_y)
 
 
-def load_wine(*, binary=False, return_X_y=False):
+def load_wine(*, binary: bool = False, return_X_y: bool = False) -> DatasetOrXy:
     """Wine, 178 x 13; cultivars 0: 59, 1: 71, 2: 48 (UCI classes 1/2/3), as used by RMGPC.
 
     No binary grouping is used by the papers; ``binary=True`` raises ValueError.
+
+    Parameters
+    ----------
+    binary : bool, default=False
+        Must be False (no binary grouping is shipped).
+    return_X_y : bool, default=False
+        If True, return ``(X, y)`` instead of a :class:`Dataset`.
+
+    Returns
+    -------
+    Dataset or (X, y)
+        ``X`` float64 of shape (n, d); ``y`` the labels as described above.
     """
     if binary:
         raise ValueError("wine has no binary grouping in the papers; use binary=False")

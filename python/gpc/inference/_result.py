@@ -27,6 +27,9 @@ class InferenceResult:
         Returns the symmetric n x n matrix M with ∂ log_evidence / ∂θ_k = Σ_ij M_ij ∂K_ij/∂θ_k, so
         that any kernel's contraction gives the gradient without an n x n x p tensor.  None where the
         method has no gradient.
+    info : dict
+        Method-specific state, used to warm start the next call (e.g. Laplace's mode ``"f"`` and
+        ``"a"``, KL's ``"alpha"`` and ``"w"``, EP's ``"n_negative_handled"``).
     """
 
     method: str

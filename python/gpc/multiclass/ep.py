@@ -63,7 +63,27 @@ class ClassPosterior:
 
 @dataclass
 class MultiClassEPResult:
-    """The converged Q of RMGPC eq. (13) and the evidence (16)."""
+    """The converged Q of RMGPC eq. (13) and the evidence (16).
+
+    Attributes
+    ----------
+    classes : list
+        One Gaussian posterior per class latent.
+    outlier_probability : ndarray
+        p of RMGPC eq. (21), one per training point (zeros when not robust).
+    a, b : float
+        The Beta posterior of the outlier rate ρ (RMGPC eq. (20)).
+    log_evidence : float
+        RMGPC eq. (16).
+    n_iter, converged : int, bool
+        Iterations run, and whether the tolerance was met.
+    damping, damping_history : float, list
+        The final damping, and (iteration, new damping) at each halving.
+    robust : bool
+        False for SMGPC (no outlier indicators).
+    sites : object
+        The converged site parameters, for checks and warm starts.
+    """
     classes: list
     outlier_probability: np.ndarray   # p of eq. (21), one per training point (zeros when not robust)
     a: float
@@ -183,6 +203,12 @@ def rmgpc_ep(Ks, y, n_classes, a0=1.0, b0=9.0, robust=True, max_iter=500, tol=1e
     damping : float
         Initial damping ε (new site = ε · refined + (1 − ε) · old), halved whenever a class covariance
         would stop being positive definite, and multiplied by ``anneal`` after every iteration until it reaches ``anneal_floor``.
+    anneal : float, default 0.99
+        Factor on the damping after every iteration.
+    anneal_floor : float, default 0.05
+        The annealing stops at this damping.
+    min_damping : float, default 1e-6
+        Halving below this raises NotPositiveDefiniteError.
     init : MultiClassEPResult, optional
         Warm start from a previous result on the same labels (the optimiser's previous θ).
 

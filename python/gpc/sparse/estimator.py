@@ -129,7 +129,7 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
     likelihood : "probit", "logit", "noisy_threshold" or a Likelihood, default "probit"
     batch_size : int or None, default None
         None trains in batch (parallel site passes over all rows, one inner step per pass);
-        an int trains on minibatches of that many rows (eq. (6), stochastic step scaled by n/|M|).
+        an int trains on minibatches of that many rows (eq. (6), stochastic step scaled by ``n/|M|``).
     max_iter : int, default 100
         Epochs (passes over the data), batch or minibatch.  For the L-BFGS-B fits (GFITC, batch
         SVI) it is the number of objective evaluations (for GFITC each one a converged EP).
