@@ -44,7 +44,7 @@ def run(K, y, likelihood, prior_mean, *, schedule="sequential", max_iter=None, t
         On the largest change of a site parameter (relative to 1 + |value|) in a sweep.
     damping : float in (0, 1], default 1
         New natural parameters = damping × matched + (1 − damping) × old (RMGPC §3).
-    on_negative : "clip" (default), "raise" or "skip"
+    on_negative : "clip" (default), "raise", "skip" or "pl"
         What a negative cavity or site variance does (module docstring, _sites.py).
     order : None, "random" or a permutation
         Visiting order of the sequential schedule (``random_state`` seeds "random").
