@@ -120,8 +120,6 @@ class Likelihood:
         super().__init_subclass__(**kwargs)
         if cls.__dict__.get("name") is None:
             cls.name = cls.__name__.lower()
-        if cls.kind is None and "log_prob_derivatives" not in cls.__dict__:
-            cls.differentiable = False
 
     def __init__(self, gh_order=DEFAULT_GH_ORDER):
         self.gh_order = gh_order
