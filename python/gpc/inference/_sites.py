@@ -40,7 +40,7 @@ from scipy.linalg import lapack
 from .. import _dense, _site_rule, _sweeps
 from .._linalg import cho_solve_upper_f
 from ..exceptions import ConvergenceWarning, NegativeVarianceError, NotPositiveDefiniteError
-from ..posterior import SitePosterior, site_posterior
+from ..posterior import TINY_SITE_PRECISION, SitePosterior, site_posterior
 
 RULES = {"ep": 0, "pl": 1}
 #: codes of gpc._site_rule (src/gpc_core/gpc/_site_rule.pxd)
@@ -108,8 +108,9 @@ class ParallelMarginals:
     factor.
     """
 
-    #: below these τ the exact column is used (the error of (1 − [B⁻¹]_ii)/τ_i is ~u/τ_i)
-    TINY_TAU = {np.float64: 1e-6, np.float32: 1e-3}
+    #: below these τ the exact column is used (the error of (1 − [B⁻¹]_ii)/τ_i is ~u/τ_i; float32's
+    #: unit roundoff is 6e-8, so its threshold is larger by the ratio of the roundoffs, ~1e3)
+    TINY_TAU = {np.float64: TINY_SITE_PRECISION, np.float32: 1e-3}
 
     def __init__(self, K, m0):
         n = K.shape[0]
