@@ -214,6 +214,16 @@ cdef int py_call(const LikelihoodSpec* spec, int method, bint labelled, double y
     return 0
 
 
+cdef int py_call3(const LikelihoodSpec* spec, int method, bint labelled, double y, double a,
+                  double b, double* o1, double* o2, double* o3) noexcept nogil:
+    """py_call for the methods with three results."""
+    cdef double out[3]
+    if py_call(spec, method, labelled, y, a, b, 2, 3, out) != 0:
+        return 2
+    o1[0], o2[0], o3[0] = out[0], out[1], out[2]
+    return 0
+
+
 # ----------------------------------------------------------------------------- log p and derivatives
 
 cdef double log_prob(const LikelihoodSpec* spec, double y, double f) noexcept nogil:
@@ -275,12 +285,8 @@ cdef int tilted_moments(const LikelihoodSpec* spec, double y, double cav_mean, d
     cdef int k
     if bad_var(cav_var) or not isfinite(cav_mean):
         return 1
-    cdef double out[3]
     if spec.kind == LIK_PYTHON:
-        if py_call(spec, PY_TILTED, True, y, cav_mean, cav_var, 2, 3, out) != 0:
-            return 2
-        log_z[0], mean[0], var[0] = out[0], out[1], out[2]
-        return 0
+        return py_call3(spec, PY_TILTED, True, y, cav_mean, cav_var, log_z, mean, var)
     if spec.kind == LIK_PROBIT:
         # R&W eq. (3.58): z = y m / sqrt(1 + v)
         s = sqrt(1.0 + cav_var)
@@ -358,12 +364,8 @@ cdef int slr_moments(const LikelihoodSpec* spec, double mean, double var,
     cdef int k
     if bad_var(var) or not isfinite(mean):
         return 1
-    cdef double out[3]
     if spec.kind == LIK_PYTHON:
-        if py_call(spec, PY_SLR, False, 0.0, mean, var, 2, 3, out) != 0:
-            return 2
-        mu_y[0], cov_fy[0], var_y[0] = out[0], out[1], out[2]
-        return 0
+        return py_call3(spec, PY_SLR, False, 0.0, mean, var, mu_y, cov_fy, var_y)
     if spec.kind == LIK_PROBIT:
         # P = Phi(z), z = m / sqrt(1 + v);  cov = 2 v / sqrt(1 + v) phi(z)   (R&W eq. (3.84))
         s = sqrt(1.0 + var)
@@ -430,12 +432,8 @@ cdef int expected_log_prob(const LikelihoodSpec* spec, double y, double mean, do
     cdef int k
     if bad_var(var) or not isfinite(mean):
         return 1
-    cdef double out[3]
     if spec.kind == LIK_PYTHON:
-        if py_call(spec, PY_EXPECTED, True, y, mean, var, 2, 3, out) != 0:
-            return 2
-        e[0], de_dmean[0], de_dvar[0] = out[0], out[1], out[2]
-        return 0
+        return py_call3(spec, PY_EXPECTED, True, y, mean, var, e, de_dmean, de_dvar)
     sd = sqrt(var)
     if spec.kind == LIK_NOISY_THRESHOLD:
         # E = log(1-eps) Phi(z) + log(eps) Phi(-z), z = y m / sqrt v

@@ -45,8 +45,20 @@ cdef int slr_site(const LikelihoodSpec* spec, double y, double mean, double var,
 
 cdef int site_update(const LikelihoodSpec* spec, int rule, int on_negative, double damping,
                      double y, double mean, double var, double* tau, double* nu,
-                     double* cavity_var) noexcept nogil:
-    """Refit one site from the marginal N(mean, var); tau, nu hold the old site on entry."""
+                     double* cavity_var, long* n_fixed) noexcept nogil:
+    """Refit one site from the marginal N(mean, var); tau, nu hold the old site on entry.
+
+    Counts in ``n_fixed`` the updates that the on_negative policy handled (SITE_KEPT, SITE_FIXED).
+    """
+    cdef int status = refit(spec, rule, on_negative, damping, y, mean, var, tau, nu, cavity_var)
+    if status == SITE_KEPT or status == SITE_FIXED:
+        n_fixed[0] += 1
+    return status
+
+
+cdef int refit(const LikelihoodSpec* spec, int rule, int on_negative, double damping,
+               double y, double mean, double var, double* tau, double* nu,
+               double* cavity_var) noexcept nogil:
     cdef double tau_cav, nu_cav, cav_var, lz, m_hat, v_hat, tau_new, nu_new
     cdef int status = SITE_UPDATED
     if rule == RULE_PL:
@@ -118,11 +130,9 @@ def parallel_update(int kind, double eps, const double[::1] gh_nodes, const doub
     with nogil:
         for i in range(n):
             s = site_update(&spec, rule, on_negative, damping, y[i], mean[i], var[i],
-                            &tau[i], &nu[i], &bad_value)
+                            &tau[i], &nu[i], &bad_value, &n_fixed)
             if s == SITE_NEGATIVE_CAVITY or s == SITE_LIKELIHOOD_FAILED:
                 status = s
                 bad_index = i
                 break
-            if s == SITE_KEPT or s == SITE_FIXED:
-                n_fixed += 1
     return status, bad_index, bad_value, n_fixed

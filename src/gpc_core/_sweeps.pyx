@@ -18,8 +18,7 @@ from libc.math cimport sqrt
 from scipy.linalg.cython_blas cimport dgemv, dsyrk
 
 from gpc._likelihoods cimport LikelihoodSpec, make_spec
-from gpc._site_rule cimport (site_update, SITE_NEGATIVE_CAVITY, SITE_LIKELIHOOD_FAILED, SITE_KEPT,
-                             SITE_FIXED)
+from gpc._site_rule cimport site_update, SITE_NEGATIVE_CAVITY, SITE_LIKELIHOOD_FAILED, SITE_KEPT
 
 
 cdef void column(const double* S, Py_ssize_t n, Py_ssize_t i, const double* P, const double* c,
@@ -113,15 +112,13 @@ def sequential_sweep(double[:, ::1] Sigma, double[::1] mu, double[::1] tau, doub
             tau_new = tau[i]
             nu_new = nu[i]
             site_status = site_update(&spec, rule, on_negative, damping, y[i], mui, sii,
-                                      &tau_new, &nu_new, &bad_value)
+                                      &tau_new, &nu_new, &bad_value, &n_fixed)
             if site_status == SITE_NEGATIVE_CAVITY or site_status == SITE_LIKELIHOOD_FAILED:
                 status = site_status
                 bad_index = i
                 break
-            if site_status == SITE_KEPT or site_status == SITE_FIXED:
-                n_fixed += 1
-                if site_status == SITE_KEPT:
-                    continue
+            if site_status == SITE_KEPT:
+                continue
             dtau = tau_new - tau[i]
             dnu = nu_new - nu[i]
             tau[i] = tau_new

@@ -24,4 +24,4 @@ cdef enum:
 
 cdef int site_update(const LikelihoodSpec* spec, int rule, int on_negative, double damping,
                      double y, double mean, double var, double* tau, double* nu,
-                     double* cavity_var) noexcept nogil
+                     double* cavity_var, long* n_fixed) noexcept nogil
