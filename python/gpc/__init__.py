@@ -9,11 +9,12 @@ from . import datasets, kernels, likelihoods
 from .classifier import GaussianProcessClassifier
 from .exceptions import ConvergenceWarning, NegativeVarianceError, NotPositiveDefiniteError
 from .inference import InferenceResult, available_methods, infer
+from .sparse import SparseGaussianProcessClassifier
 
 __version__ = "0.1.0.dev0"
 
 __all__ = [
-    "GaussianProcessClassifier", "infer", "available_methods", "InferenceResult",
+    "GaussianProcessClassifier", "SparseGaussianProcessClassifier", "infer", "available_methods", "InferenceResult",
     "ConvergenceWarning", "NegativeVarianceError", "NotPositiveDefiniteError",
     "kernels", "likelihoods", "datasets",
 ]
