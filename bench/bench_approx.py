@@ -1,6 +1,6 @@
 """Fit time of every method at n = 1000 next to Laplace, EP and a LAPACK Cholesky of the same K.
 
-BLAS pinned to one thread for every side (threadpoolctl, BUILD-NOTES "Threads").  Run with
+BLAS pinned to one thread for every side (threadpoolctl; bench/RESULTS.md says why).  Run with
 ``pytest bench/bench_approx.py`` (``--benchmark-disable`` for a smoke run).  "fit" = one call of
 gpc.inference.infer at fixed hyperparameters (the inner loop of type-II maximum likelihood), plus, for
 the methods with a gradient, one gradient_matrix() evaluation in a separate benchmark.

@@ -1,4 +1,4 @@
-"""gpc.datasets: shipped files are intact, loaders give the README's shapes and class counts, groupings
+"""gpc.datasets: shipped files are intact, loaders give the documented shapes and class counts, groupings
 give the documented counts, and load_csv fails loudly on bad input."""
 
 import hashlib
@@ -11,7 +11,7 @@ import pytest
 from gpc import datasets
 from gpc.datasets import SHA256, load_csv
 
-# (name, kwargs) -> (rows, features, {class: count}); numbers from /work/shared/datasets/README.md
+# (name, kwargs) -> (rows, features, {class: count}); numbers from the data sets' own documentation (docs/datasets.md)
 EXPECTED = [
     ("breast_cancer", {}, (699, 9, {"benign": 458, "malignant": 241})),
     ("breast_cancer", {"missing": "drop"}, (683, 9, {"benign": 444, "malignant": 239})),

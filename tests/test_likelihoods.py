@@ -266,9 +266,9 @@ def test_params_resolver_and_spec():
     assert pickle.loads(pickle.dumps(nt)) == nt
     with pytest.raises(ValueError, match="invalid parameter"):
         nt.set_params(foo=1)
-    kind, eps, x, w = nt._spec_args()
+    kind, eps, x, w, _ = nt.compiled_spec()
     assert (kind, eps, len(x)) == (2, 0.2, 48) and abs(w.sum() - 1) < 1e-14
-    assert [lk._spec_args()[0] for lk in LIKS] == [0, 1, 2, 3]
+    assert [lk.compiled_spec()[0] for lk in LIKS] == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="eps"):
         NoisyThreshold(0.5).slr_moments([0.0], [1.0])
     with pytest.raises(ValueError, match="gh_order"):

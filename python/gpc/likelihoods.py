@@ -15,8 +15,8 @@ from ._validation import check_finite_array
 
 __all__ = ["Likelihood", "Probit", "Logit", "NoisyThreshold", "Heaviside", "get_likelihood"]
 
-# Kind codes of the LikelihoodSpec contract (src/gpc_core/_moments.pxi).
-LIK_PROBIT, LIK_LOGIT, LIK_NOISY_THRESHOLD, LIK_HEAVISIDE = 0, 1, 2, 3
+# Kind codes of the LikelihoodSpec contract (src/gpc_core/gpc/_likelihoods.pxd).
+LIK_PROBIT, LIK_LOGIT, LIK_NOISY_THRESHOLD, LIK_HEAVISIDE, LIK_PYTHON = 0, 1, 2, 3, 4
 
 #: Default Gauss-Hermite order.  Measured against scipy.integrate.quad on the grid means in
 #: [-5, 5], variances in [0.01, 1] (larger variances use a step + Gauss-Laguerre split for logit):
@@ -80,8 +80,29 @@ def _check_status(bad, what):
 class Likelihood:
     """Base class of the binary likelihoods p(y | f), y in {-1, +1}.
 
-    Subclasses set ``name``, ``kind`` (the LikelihoodSpec code), ``log_concave`` and
-    ``differentiable``.  All methods take 1-d arrays (or scalars) and return float arrays.
+    Every member takes 1-d arrays (or scalars) and returns float arrays; the labels ``y`` come first
+    in every member that takes them.
+
+    The built-in subclasses set ``name``, ``kind`` (their code in the compiled LikelihoodSpec) and
+    carry closed forms or tuned quadratures in gpc._likelihoods.  A user-defined likelihood
+    subclasses this class and implements only
+
+        ``log_prob(self, y, f)``: log p(y | f), vectorised over arrays y (labels -1, +1) and f of one
+        shape,
+
+    and inherits the rest by probabilists' Gauss-Hermite quadrature of order ``gh_order`` against
+    N(f | m, v), f_k = m + sqrt(v) x_k:
+
+    - tilted moments (EP, ADF): Z = sum_k w_k p(y | f_k), mean and variance of the weights
+      w_k p(y | f_k) / Z over the f_k (R&W eq. (3.56)-(3.58));
+    - SLR moments (PL eq. (15)-(16)): P = sum_k w_k p(+1 | f_k), E[y] = 2P - 1, Var[y] = 4 P (1 - P),
+      Cov[f, E(y|f)] = sum_k w_k (f_k - m)(2 p(+1 | f_k) - 1);
+    - E_q[log p] (KL, VB) and its derivatives by Stein's lemma, d/dm E[g] = E[g (f - m)] / v and
+      d/dv E[g] = E[g ((f - m)^2 - v)] / (2 v^2), so no derivative of log p is needed;
+    - the predictive probability sum_k w_k p(+1 | f_k) (R&W eq. (3.25)).
+
+    Such a likelihood works with EP, PL, KL and online ADF (the sweeps call its Python methods site by
+    site).  Laplace also needs ``log_prob_derivatives(y, f) -> (log p, d1, d2, d3)``.
 
     Parameters
     ----------
@@ -94,6 +115,11 @@ class Likelihood:
     log_concave = True
     differentiable = True
     _param_names = ("gh_order",)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("name") is None:
+            cls.name = cls.__name__.lower()
 
     def __init__(self, gh_order=DEFAULT_GH_ORDER):
         self.gh_order = gh_order
@@ -126,10 +152,32 @@ class Likelihood:
     def _eps(self):
         return 0.0
 
-    def _spec_args(self):
-        """``(kind, eps, gh_nodes, gh_weights)`` from which C code builds a LikelihoodSpec."""
+    @property
+    def is_compiled(self):
+        """True for the built-in likelihoods, whose maths is compiled in gpc._likelihoods."""
+        return self.kind is not None
+
+    def compiled_spec(self):
+        """``(kind, eps, gh_nodes, gh_weights, py_likelihood)``: the arguments from which the
+        compiled engines build a LikelihoodSpec.  A user-defined likelihood is kind LIK_PYTHON with
+        itself as ``py_likelihood`` (its Python methods are then called site by site)."""
         x, w = _gauss_hermite(_check_gh_order(self.gh_order))
-        return self.kind, self._eps(), x, w
+        if self.is_compiled:
+            return self.kind, self._eps(), x, w, None
+        return LIK_PYTHON, 0.0, x, w, self
+
+    def _core_args(self):
+        return self.compiled_spec()[:4]
+
+    def _nodes(self, mean, var):
+        """Quadrature points f_k = m + sqrt(v) x_k (rows: data) and the weights w_k."""
+        x, w = _gauss_hermite(_check_gh_order(self.gh_order))
+        return mean[:, None] + np.sqrt(var)[:, None] * x[None, :], w
+
+    def _log_prob_at(self, y, f):
+        """log p(y_i | f_ik) on the quadrature grid f (rows: data)."""
+        yy = np.broadcast_to(np.asarray(y, dtype=float)[:, None], f.shape)
+        return np.asarray(self.log_prob(yy.ravel(), f.ravel()), dtype=float).reshape(f.shape)
 
     # -- public methods --------------------------------------------------------------------------
     def log_prob(self, y, f):
@@ -137,7 +185,9 @@ class Likelihood:
         y = _check_labels(y)
         f = _as_vector(f, "f")
         _check_same_length(y=y, f=f)
-        return _core.log_prob_vec(*self._spec_args(), y, f)
+        if not self.is_compiled:
+            raise NotImplementedError(f"{type(self).__name__} must implement log_prob(y, f)")
+        return _core.log_prob_vec(*self._core_args(), y, f)
 
     def log_prob_derivatives(self, y, f):
         """log p(y|f) and its first three derivatives in f (Laplace; R&W §3.4, Alg. 3.1, 5.1).
@@ -149,7 +199,10 @@ class Likelihood:
         y = _check_labels(y)
         f = _as_vector(f, "f")
         _check_same_length(y=y, f=f)
-        *out, bad = _core.log_prob_derivatives_vec(*self._spec_args(), y, f)
+        if not self.is_compiled:
+            raise ValueError(f"{self.name}: Laplace needs log_prob_derivatives(y, f), which this "
+                             "likelihood does not implement; use EP, PL, KL or online")
+        *out, bad = _core.log_prob_derivatives_vec(*self._core_args(), y, f)
         _check_status(bad, f"{self.name}.log_prob_derivatives")
         return tuple(out)
 
@@ -164,9 +217,20 @@ class Likelihood:
         m = _as_vector(cav_mean, "cav_mean")
         v = _check_variance(cav_var, "cav_var")
         _check_same_length(y=y, cav_mean=m, cav_var=v)
-        *out, bad = _core.tilted_moments_vec(*self._spec_args(), y, m, v)
-        _check_status(bad, f"{self.name}.tilted_moments")
-        return tuple(out)
+        if self.is_compiled:
+            *out, bad = _core.tilted_moments_vec(*self._core_args(), y, m, v)
+            _check_status(bad, f"{self.name}.tilted_moments")
+            return tuple(out)
+        f, w = self._nodes(m, v)
+        terms = np.log(w)[None, :] + self._log_prob_at(y, f)      # in log space: no underflow
+        top = terms.max(axis=1, keepdims=True)
+        if not np.all(np.isfinite(top)):
+            _check_status(int(np.flatnonzero(~np.isfinite(top[:, 0]))[0]), f"{self.name}.tilted_moments")
+        p = np.exp(terms - top)
+        z = p.sum(axis=1)
+        mean = (p * f).sum(axis=1) / z
+        var = (p * (f - mean[:, None]) ** 2).sum(axis=1) / z
+        return np.log(z) + top[:, 0], mean, var
 
     def slr_moments(self, mean, var):
         """SLR moments of the label for f ~ N(mean, var) (PL eq. (15)-(16) and supplement).
@@ -184,9 +248,15 @@ class Likelihood:
         m = _as_vector(mean, "mean")
         v = _check_variance(var, "var")
         _check_same_length(mean=m, var=v)
-        *out, bad = _core.slr_moments_vec(*self._spec_args(), m, v)
-        _check_status(bad, f"{self.name}.slr_moments")
-        return tuple(out)
+        if self.is_compiled:
+            *out, bad = _core.slr_moments_vec(*self._core_args(), m, v)
+            _check_status(bad, f"{self.name}.slr_moments")
+            return tuple(out)
+        f, w = self._nodes(m, v)
+        p_plus = np.exp(self._log_prob_at(np.ones_like(m), f))
+        P = p_plus @ w
+        cov = ((f - m[:, None]) * (2.0 * p_plus - 1.0)) @ w
+        return 2.0 * P - 1.0, cov, 4.0 * P * (1.0 - P)
 
     def expected_log_prob(self, y, mean, var):
         """E_q[log p(y|f)] for q = N(mean, var) and its derivatives in mean and var (KL, SVI).
@@ -199,18 +269,26 @@ class Likelihood:
         m = _as_vector(mean, "mean")
         v = _check_variance(var, "var")
         _check_same_length(y=y, mean=m, var=v)
-        *out, bad = _core.expected_log_prob_vec(*self._spec_args(), y, m, v)
-        _check_status(bad, f"{self.name}.expected_log_prob")
-        return tuple(out)
+        if self.is_compiled:
+            *out, bad = _core.expected_log_prob_vec(*self._core_args(), y, m, v)
+            _check_status(bad, f"{self.name}.expected_log_prob")
+            return tuple(out)
+        f, w = self._nodes(m, v)
+        lp = self._log_prob_at(y, f)
+        d = f - m[:, None]
+        return lp @ w, (lp * d) @ w / v, (lp * (d * d - v[:, None])) @ w / (2.0 * v * v)
 
     def predictive_probability(self, mean, var):
         """P(y = +1) = int p(+1|f) N(f | mean, var) df (R&W eq. (3.25)); var > 0."""
         m = _as_vector(mean, "mean")
         v = _check_variance(var, "var")
         _check_same_length(mean=m, var=v)
-        p, bad = _core.predictive_probability_vec(*self._spec_args(), m, v)
-        _check_status(bad, f"{self.name}.predictive_probability")
-        return p
+        if self.is_compiled:
+            p, bad = _core.predictive_probability_vec(*self._core_args(), m, v)
+            _check_status(bad, f"{self.name}.predictive_probability")
+            return p
+        f, w = self._nodes(m, v)
+        return np.exp(self._log_prob_at(np.ones_like(m), f)) @ w
 
 
 class Probit(Likelihood):

@@ -18,6 +18,11 @@ from . import _dense
 from ._linalg import cho_inverse_lower, cholesky_lower, cho_solve_lower, log_det_from_cholesky, solve_lower
 
 
+#: below this site precision diag Σ takes the exact column: the rounding error of 1 − [B⁻¹]_ii
+#: (~1e-13 in double precision) is divided by τ_i
+TINY_SITE_PRECISION = 1e-6
+
+
 class SitePosterior:
     """Gaussian posterior from a GP prior and Gaussian sites with non-negative precisions.
 
@@ -86,6 +91,17 @@ class SitePosterior:
         """R = S B⁻¹ S = (K + T⁻¹)⁻¹, the matrix of the evidence gradients (R&W Alg. 3.5, 5.2)."""
         return self.sqrt_tau[:, None] * self.B_inverse() * self.sqrt_tau[None, :]
 
+    def gradient_matrix(self):
+        """M = ½ (α αᵀ − R), R = S B⁻¹ S, with ∂ log Z/∂θ_k = Σ_ij M_ij ∂K_ij/∂θ_k at fixed sites
+        (R&W Alg. 5.2; NR eq. (13)): one dpotri and one fused pass (gpc._dense)."""
+        B_inv, info = lapack.dpotri(self.L.T, lower=False)       # lower triangle of B⁻¹ (C view)
+        if info != 0:  # pragma: no cover - L is a Cholesky factor
+            raise RuntimeError(f"dpotri failed with info={info}")
+        M = np.ascontiguousarray(B_inv.T)
+        zero = np.zeros(M.shape[0])
+        _dense.gaussian_site_gradient_matrix(M, self.sqrt_tau, self.alpha, zero, zero)
+        return M
+
     @property
     def log_det_B(self):
         """log |I + S K S|."""
@@ -102,8 +118,8 @@ class SitePosterior:
         """diag Σ, the posterior marginal variances.
 
         From diag B⁻¹ (one dtrtri): Σ = T^-½ (I − B⁻¹) T^-½ where τ_i > 0, so Σ_ii = (1 − [B⁻¹]_ii)/τ_i.  The
-        rounding error of 1 − [B⁻¹]_ii (~1e-13) is divided by τ_i, so sites with τ_i < 1e-6 take the
-        exact column Σ e_i = K e_i − K R K e_i instead.
+        rounding error of 1 − [B⁻¹]_ii (~1e-13) is divided by τ_i, so sites with τ_i below
+        ``TINY_SITE_PRECISION`` take the exact column Σ e_i = K e_i − K R K e_i instead.
         """
         if self._diag_cov is None:
             if self._cov is not None:
@@ -117,7 +133,7 @@ class SitePosterior:
                 Linv = Linv.T                                       # L⁻¹, C order, lower
                 diag_B_inv = np.einsum("ij,ij->j", Linv, Linv)
                 d = np.empty(len(tau))
-                ok = tau > 1e-6
+                ok = tau > TINY_SITE_PRECISION
                 d[ok] = (1.0 - diag_B_inv[ok]) / tau[ok]
                 idx = np.flatnonzero(~ok)
                 if idx.size:
@@ -198,6 +214,10 @@ class SignedSitePosterior:
     def R(self):
         R = self._solve(np.diag(self.site_precision))
         return 0.5 * (R + R.T)
+
+    def gradient_matrix(self):
+        """M = ½ (α αᵀ − R) as for SitePosterior, with R = (I + T K)⁻¹ T from the LU."""
+        return 0.5 * (np.outer(self.alpha, self.alpha) - self.R())
 
     def predict(self, K_cross, k_diag, prior_mean=0.0):
         mean = prior_mean + K_cross.T @ self.alpha

@@ -5,7 +5,7 @@
   the auxiliary vector after each coordinate: O(n²) per sweep, no Python objects inside.
 * ``symv_lower`` / ``syr_lower``: the BLAS-2 products of the ADF update, MF eq. (12), on the leading
   a × a block of a C-ordered n × n matrix whose lower triangle is kept (Fortran 'U' addresses the C
-  lower triangle, BUILD-NOTES), so the first sweep touches only the rows seen so far.
+  lower triangle), so the first sweep touches only the rows seen so far.
 """
 
 from libc.math cimport sqrt, exp, log, erfc, fabs

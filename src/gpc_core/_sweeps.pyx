@@ -1,5 +1,6 @@
-# Sequential site sweeps over a dense Gaussian posterior: EP (moment matching against the cavity)
-# and PL (statistical linear regression against the current marginal) as two site rules of one loop.
+# Sequential site sweeps over a dense Gaussian posterior: after each site's refit by the site rule
+# (gpc._site_rule: EP's moment matching or PL's statistical linear regression) the posterior takes
+# the site's rank-one update.
 #
 # The posterior N(mu, Sigma) of the latent values is updated after each site by the rank-one change
 #     Sigma <- Sigma - c s s^T,  s = Sigma e_i,  c = dtau / (1 + dtau Sigma_ii)
@@ -16,19 +17,8 @@
 from libc.math cimport sqrt
 from scipy.linalg.cython_blas cimport dgemv, dsyrk
 
-include "_moments.pxi"
-
-cdef enum:
-    RULE_EP = 0
-    RULE_PL = 1
-
-cdef enum:
-    NEG_RAISE = 0
-    NEG_CLIP = 1
-    NEG_SKIP = 2
-
-#: site precision that "clip" puts in place of a negative one (PL §IV, after Vehtari et al.)
-cdef double CLIP_PRECISION = 1e-8
+from gpc._likelihoods cimport LikelihoodSpec, make_spec
+from gpc._site_rule cimport site_update, SITE_NEGATIVE_CAVITY, SITE_LIKELIHOOD_FAILED, SITE_KEPT
 
 
 cdef void column(const double* S, Py_ssize_t n, Py_ssize_t i, const double* P, const double* c,
@@ -80,43 +70,34 @@ cdef void flush(double* S, Py_ssize_t n, double* P, double* c, Py_ssize_t nb,
 def sequential_sweep(double[:, ::1] Sigma, double[::1] mu, double[::1] tau, double[::1] nu,
                      const double[::1] y, const Py_ssize_t[::1] order, int rule, int kind,
                      double eps, const double[::1] gh_nodes, const double[::1] gh_weights,
-                     double damping, int on_negative, Py_ssize_t block, double[::1] log_z,
+                     object py_likelihood, double damping, int on_negative, Py_ssize_t block,
                      double[:, ::1] work):
-    """One sequential sweep of EP (rule 0) or PL (rule 1) over the sites in ``order``.
+    """One sequential sweep of the site rule ``rule`` (gpc._site_rule) over the sites in ``order``.
 
-    Updates Sigma (lower triangle), mu, tau and nu in place and writes each site's log Z_i (EP).
-    ``work`` is scratch of shape (2 * block + 3, n).  Returns (status, index, value, n_fixed):
+    Updates Sigma (lower triangle), mu, tau and nu in place.  ``work`` is scratch of shape (2 * block + 3, n).  Returns (status, index, value, n_fixed):
     status 0 = done; 1 = a negative cavity variance at site ``index`` under on_negative="raise" (value
     = the cavity variance); 2 = the likelihood could not be evaluated at site ``index``; 3 = an update
-    would make the posterior indefinite.  Updates fixed under "skip" or "clip" are counted in n_fixed.
+    would make the posterior indefinite.  Updates handled by the on_negative policy are counted in n_fixed.
     """
     cdef Py_ssize_t n = Sigma.shape[0], t, i, nb = 0, k
     cdef Py_ssize_t bad_index = -1
-    cdef int status = 0, lik_status
+    cdef int status = 0, site_status
     cdef long n_fixed = 0
-    cdef double sii, mui, tau_cav, nu_cav, cav_var, cav_mean, lz, m_hat, v_hat
-    cdef double tau_new, nu_new, dtau, dnu, denom, ck, g, bad_value = 0.0
-    cdef double mu_y, cov_fy, var_y, A, b, omega
+    cdef double sii, mui, tau_new, nu_new, dtau, dnu, denom, ck, g, bad_value = 0.0
     cdef LikelihoodSpec spec
     if Sigma.shape[1] != n or mu.shape[0] != n or tau.shape[0] != n or nu.shape[0] != n \
-            or y.shape[0] != n or log_z.shape[0] != n or order.shape[0] > n:
+            or y.shape[0] != n or order.shape[0] > n:
         raise ValueError("sequential_sweep: inconsistent array sizes")
     if block < 1:
         raise ValueError("block must be >= 1")
     if block > n or work.shape[0] < 2 * block + 3 or work.shape[1] != n:
         raise ValueError("block must be <= n and work of shape (2 * block + 3, n)")
-    if gh_nodes.shape[0] != gh_weights.shape[0] or gh_nodes.shape[0] < 1:
-        raise ValueError("Gauss-Hermite nodes and weights must be non-empty and of equal length")
     if not (0.0 < damping <= 1.0):
         raise ValueError("damping must be in (0, 1]")
     for t in range(order.shape[0]):
         if order[t] < 0 or order[t] >= n:
             raise ValueError("order holds an index out of range")
-    spec.kind = kind
-    spec.eps = eps
-    spec.gh_order = <int> gh_nodes.shape[0]
-    spec.gh_nodes = &gh_nodes[0]
-    spec.gh_weights = &gh_weights[0]
+    make_spec(&spec, kind, eps, gh_nodes, gh_weights, py_likelihood)
     cdef double* P = &work[0, 0]                 # block rows p_k
     cdef double* Q = &work[block, 0]             # scaled copies for dsyrk
     cdef double* s = &work[2 * block, 0]         # current column
@@ -128,53 +109,16 @@ def sequential_sweep(double[:, ::1] Sigma, double[::1] mu, double[::1] tau, doub
             column(&Sigma[0, 0], n, i, P, cw, nb, w, s)
             sii = s[i]
             mui = mu[i]
-            if rule == RULE_EP:
-                # cavity: remove site i from the marginal N(mu_i, Sigma_ii)       (R&W eq. (3.56))
-                tau_cav = 1.0 / sii - tau[i]
-                nu_cav = mui / sii - nu[i]
-                if not (tau_cav > 0.0):
-                    if on_negative == NEG_RAISE:
-                        status = 1
-                        bad_index = i
-                        bad_value = 1.0 / tau_cav if tau_cav != 0.0 else -1e308
-                        break
-                    n_fixed += 1
-                    continue                      # clip and skip: no moments without a cavity
-                cav_var = 1.0 / tau_cav
-                cav_mean = nu_cav * cav_var
-                lik_status = tilted_moments(&spec, y[i], cav_mean, cav_var, &lz, &m_hat, &v_hat)
-                if lik_status != 0:
-                    status = 2
-                    bad_index = i
-                    break
-                log_z[i] = lz
-                tau_new = 1.0 / v_hat - tau_cav                                 # R&W eq. (3.59)
-                nu_new = m_hat / v_hat - nu_cav
-            else:
-                # PL eq. (9)-(16): SLR of E(y|f) against the current marginal N(mui, sii)
-                lik_status = slr_moments(&spec, mui, sii, &mu_y, &cov_fy, &var_y)
-                if lik_status != 0:
-                    status = 2
-                    bad_index = i
-                    break
-                A = cov_fy / sii
-                b = mu_y - A * mui
-                omega = var_y - A * A * sii
-                if not (omega > 0.0):
-                    omega = 1e-300
-                tau_new = A * A / omega
-                nu_new = A * (y[i] - b) / omega
-            # damping on the natural parameters (RMGPC §3)
-            tau_new = damping * tau_new + (1.0 - damping) * tau[i]
-            nu_new = damping * nu_new + (1.0 - damping) * nu[i]
-            if tau_new < 0.0 and on_negative != NEG_RAISE:
-                # "raise" is EP without fixes: a negative site is kept (EP allows it) and the run
-                # fails only where a cavity stops being a distribution; "clip" and "skip" fix it here
-                n_fixed += 1
-                if on_negative == NEG_SKIP:
-                    continue
-                nu_new = nu_new * CLIP_PRECISION / tau_new
-                tau_new = CLIP_PRECISION
+            tau_new = tau[i]
+            nu_new = nu[i]
+            site_status = site_update(&spec, rule, on_negative, damping, y[i], mui, sii,
+                                      &tau_new, &nu_new, &bad_value, &n_fixed)
+            if site_status == SITE_NEGATIVE_CAVITY or site_status == SITE_LIKELIHOOD_FAILED:
+                status = site_status
+                bad_index = i
+                break
+            if site_status == SITE_KEPT:
+                continue
             dtau = tau_new - tau[i]
             dnu = nu_new - nu[i]
             tau[i] = tau_new

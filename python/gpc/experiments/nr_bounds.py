@@ -213,6 +213,6 @@ def main(args):
     print(report(records))
     if args.plots:
         from .plots import plot_nr_bounds
-        for path in plot_nr_bounds(records, args.plots):
+        for path in plot_nr_bounds(records, args.plots, _grid_values, reliable_reference):
             print("wrote", path)
     return records

@@ -242,5 +242,5 @@ def main(args):
     print(format_table(records))
     if args.plots:
         from .plots import plot_pl_table1
-        print("wrote", plot_pl_table1(records, args.plots))
+        print("wrote", plot_pl_table1(records, args.plots, DATASETS))
     return records

@@ -46,14 +46,13 @@ def plot_compare(records, path, title=""):
     return _save(fig, path)
 
 
-def plot_pl_table1(records, directory):
-    """One panel per likelihood: our CV error (bars, ± s.e.) and the paper's (black ticks)."""
+def plot_pl_table1(records, directory, datasets):
+    """One panel per likelihood: our CV error (bars, ± s.e.) and the paper's (black ticks); the data
+    sets in the order of ``datasets``."""
     plt = _pyplot()
-    from .pl_table1 import DATASETS
-
     liks = list(dict.fromkeys(r["likelihood"] for r in records))
     methods = list(dict.fromkeys(r["method"] for r in records))
-    dsets = [d for d in DATASETS if any(r["dataset"] == d for r in records)]
+    dsets = [d for d in datasets if any(r["dataset"] == d for r in records)]
     fig, axes = plt.subplots(len(liks), 1, figsize=(7.5, 2.3 * len(liks)), squeeze=False)
     width = 0.8 / max(len(methods), 1)
     colors = dict(zip(methods, plt.cm.tab10.colors))
@@ -149,11 +148,13 @@ def plot_mf_online(records, directory):
     return _save(fig, os.path.join(directory, "mf-online.png"))
 
 
-def plot_nr_bounds(records, directory):
-    """Contours over (ln ℓ, ln σ_f): ln Z per method with AIS, ln Z − ln Z_AIS, test error, test log-lik."""
-    plt = _pyplot()
-    from .nr_bounds import _grid_values, reliable_reference
+def plot_nr_bounds(records, directory, grid_values, reliable_reference):
+    """Contours over (ln ℓ, ln σ_f): ln Z per method with AIS, ln Z − ln Z_AIS, test error, test log-lik.
 
+    ``grid_values(records, method, key)`` and ``reliable_reference(records)`` are the experiment's
+    own readers of its records (gpc.experiments.nr_bounds), passed in so that this module imports no
+    experiment."""
+    plt = _pyplot()
     methods = list(dict.fromkeys(r["method"] for r in records if r["method"] != "ais"))
     ells, sfs, ref = reliable_reference(records)
     paths = []
@@ -169,7 +170,7 @@ def plot_nr_bounds(records, directory):
         from matplotlib.colors import BoundaryNorm
         norm = BoundaryNorm(levels, plt.get_cmap(cmap).N, extend="both")
         for ax, m in zip(axes.ravel(), names):
-            v = (ref if m == "ais" else _grid_values(records, m, key)[2]) - (ref if diff else 0.0)
+            v = (ref if m == "ais" else grid_values(records, m, key)[2]) - (ref if diff else 0.0)
             v = np.ma.masked_invalid(v)
             cs = ax.contourf(ells, sfs, v, levels=levels, cmap=cmap, norm=norm, extend="both")
             ax.contour(ells, sfs, v, levels=levels, colors="k", linewidths=0.3)

@@ -1,12 +1,13 @@
 """Approximate inference for binary GP classification under one entry point, :func:`infer`.
 
-Each method is a module with a ``run(K, y, likelihood, prior_mean, *, schedule, max_iter, tol,
-**options)`` function returning an :class:`InferenceResult`; this module validates the inputs once and
-dispatches.
+Each method is a function ``run(K, y, likelihood, prior_mean, *, schedule, max_iter, tol, **options)``
+returning an :class:`InferenceResult`, registered below in ``METHODS`` as a typed :class:`Method`;
+this module validates the inputs once and dispatches.  Adding a method: write its module, import it
+here and add one ``Method`` entry.
 """
 
-import importlib
-import inspect
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -14,19 +15,46 @@ from .._linalg import cholesky_lower
 from .._validation import (check_kernel_matrix, check_positive_float, check_positive_int,
                            check_prior_mean, check_signed_labels)
 from ..likelihoods import get_likelihood
+from . import ep, kl, laplace, meanfield, online, pl, vb
 from ._result import InferenceResult
 
-#: method name -> (module, schedules it accepts, default schedule); "module:function" names a module
-#: function other than ``run`` (one module may hold several methods, e.g. the two mean-field ones)
+
+@dataclass(frozen=True)
+class Method:
+    """An inference method as :func:`infer` dispatches it.
+
+    Attributes
+    ----------
+    run : callable
+        ``run(K, y, likelihood, prior_mean, *, schedule, max_iter, tol, **options)``.
+    schedules : tuple
+        The schedules it accepts (``(None,)``: it has none).
+    default_schedule : str or None
+    warm_start : bool
+        ``run`` takes ``init=``, a previous InferenceResult of the same method.
+    has_gradient : bool
+        Its results carry ``gradient_matrix`` (else the optimiser takes finite differences).
+    """
+
+    run: Callable
+    schedules: tuple
+    default_schedule: Optional[str]
+    warm_start: bool
+    has_gradient: bool
+
+
+_SITES = ("sequential", "parallel")
 METHODS = {
-    "laplace": ("laplace", (None,), None),
-    "ep": ("ep", ("sequential", "parallel"), "sequential"),
-    "pl": ("pl", ("sequential", "parallel"), "sequential"),
-    "kl": ("kl", (None,), None),
-    "vb": ("vb", (None,), None),
-    "mf-ensemble": ("meanfield:run_ensemble", ("sequential",), "sequential"),
-    "mf-naive": ("meanfield:run_naive", ("sequential",), "sequential"),
-    "online": ("online", (None,), None),
+    "laplace": Method(laplace.run, (None,), None, warm_start=True, has_gradient=True),
+    "ep": Method(ep.run, _SITES, "sequential", warm_start=True, has_gradient=True),
+    "pl": Method(pl.run, _SITES, "sequential", warm_start=True, has_gradient=True),
+    "kl": Method(kl.run, (None,), None, warm_start=True, has_gradient=True),
+    "vb": Method(vb.run, (None,), None, warm_start=True, has_gradient=True),
+    "mf-ensemble": Method(meanfield.run_ensemble, ("sequential",), "sequential", warm_start=False,
+                          has_gradient=True),
+    "mf-naive": Method(meanfield.run_naive, ("sequential",), "sequential", warm_start=False,
+                       has_gradient=True),
+    "online": Method(online.run, (None,), None, warm_start=False, has_gradient=False),
 }
 
 
@@ -85,24 +113,21 @@ def infer(K, y, likelihood="probit", method="laplace", schedule=None, prior_mean
     key = str(method).lower()
     if key not in METHODS:
         raise ValueError(f"unknown method {method!r}; available: {', '.join(available_methods())}")
-    module_name, schedules, default_schedule = METHODS[key]
+    entry = METHODS[key]
     if schedule is None:
-        schedule = default_schedule
-    if schedule not in schedules:
-        allowed = ", ".join(repr(s) for s in schedules)
+        schedule = entry.default_schedule
+    if schedule not in entry.schedules:
+        allowed = ", ".join(repr(s) for s in entry.schedules)
         raise ValueError(f"method {key!r} takes schedule in ({allowed}), got {schedule!r}")
     if max_iter is not None:
         max_iter = check_positive_int(max_iter, "max_iter")
     if tol is not None:
         tol = check_positive_float(tol, "tol")
-    module_name, _, func_name = module_name.partition(":")
-    module = importlib.import_module(f".{module_name}", __name__)
-    run = getattr(module, func_name or "run")
     # ``init`` (a previous result, for warm starts) goes to the methods that can use it
     init = options.pop("init", None)
-    if init is not None and "init" in inspect.signature(run).parameters:
+    if init is not None and entry.warm_start:
         options["init"] = init
-    return run(K, y, lik, m0, schedule=schedule, max_iter=max_iter, tol=tol, **options)
+    return entry.run(K, y, lik, m0, schedule=schedule, max_iter=max_iter, tol=tol, **options)
 
 
-__all__ = ["infer", "available_methods", "InferenceResult", "METHODS"]
+__all__ = ["infer", "available_methods", "InferenceResult", "Method", "METHODS"]

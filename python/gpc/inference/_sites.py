@@ -1,4 +1,8 @@
-"""The Gaussian-site engine shared by EP and PL: one site rule, two schedules (DESIGN.md).
+"""The Gaussian-site engine shared by EP and PL: one site rule, two schedules.
+
+The site rule (EP's moment matching, PL's statistical linear regression, damping and the policy for
+negative variances) is one `nogil` Cython function, ``site_update`` in gpc._site_rule; both schedules
+call it:
 
 - ``sequential``: sites visited one at a time; after each, the posterior N(μ, Σ) takes a rank-one
   update (in Cython, deferred in blocks and applied as rank-b BLAS-3 updates, gpc._sweeps).  Σ is
@@ -16,11 +20,15 @@ noisy threshold, PL supplement); the policy ``on_negative`` decides:
 - "raise": EP without fixes.  Negative site precisions are kept (the posterior is then held by
   SignedSitePosterior, an LU of I + T K, which checks that Σ stays positive definite) and the run
   stops with NegativeVarianceError(index, cavity_variance) where a cavity variance turns negative.
-- "clip": a negative site precision becomes ``CLIP_PRECISION`` (its site mean kept), as GPML and the
+- "clip": a negative site precision becomes 1e-8 (``CLIP_PRECISION`` of gpc._site_rule; its site mean kept), as GPML and the
   PL paper's experiments do; a site whose cavity is not positive keeps its old value (no cavity, no
   moments to match).
 - "skip": the site keeps its old value for this sweep.
-With "clip" and "skip" every τ ≥ 0 and the posterior is the Cholesky of B = I + S K S.
+- "pl": the site takes PL's statistical-linear-regression update against the same marginal instead
+  (PL eq. (15)-(16)), which is never negative (PL §III-D).  Unlike "clip" and "skip" the replaced
+  site is a fitted Gaussian approximation of its likelihood term, so EP reaches a fixed point where
+  plain EP fails (the PL supplement's two-variable example).
+With "clip", "skip" and "pl" every τ ≥ 0 and the posterior is the Cholesky of B = I + S K S.
 """
 
 import warnings
@@ -29,14 +37,14 @@ import numpy as np
 
 from scipy.linalg import lapack
 
-from .. import _dense, _sweeps
+from .. import _dense, _site_rule, _sweeps
 from .._linalg import cho_solve_upper_f
 from ..exceptions import ConvergenceWarning, NegativeVarianceError, NotPositiveDefiniteError
-from ..posterior import SitePosterior, site_posterior
+from ..posterior import TINY_SITE_PRECISION, SitePosterior, site_posterior
 
 RULES = {"ep": 0, "pl": 1}
-ON_NEGATIVE = {"raise": 0, "clip": 1, "skip": 2}
-CLIP_PRECISION = 1e-8      # the value _sweeps.pyx uses too
+#: codes of gpc._site_rule (src/gpc_core/gpc/_site_rule.pxd)
+ON_NEGATIVE = {"raise": 0, "clip": 1, "skip": 2, "pl": 3}
 RECOMPUTE_EVERY = 5
 DEFAULT_BLOCK = 64
 #: parallel sweeps whose sites moved by more than this refactor in single precision
@@ -100,8 +108,9 @@ class ParallelMarginals:
     factor.
     """
 
-    #: below these τ the exact column is used (the error of (1 − [B⁻¹]_ii)/τ_i is ~u/τ_i)
-    TINY_TAU = {np.float64: 1e-6, np.float32: 1e-3}
+    #: below these τ the exact column is used (the error of (1 − [B⁻¹]_ii)/τ_i is ~u/τ_i; float32's
+    #: unit roundoff is 6e-8, so its threshold is larger by the ratio of the roundoffs, ~1e3)
+    TINY_TAU = {np.float64: TINY_SITE_PRECISION, np.float32: 1e-3}
 
     def __init__(self, K, m0):
         n = K.shape[0]
@@ -178,7 +187,7 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
     """
     n = K.shape[0]
     tau, nu = initial_sites(n, init, rule)
-    kind, eps, gh_x, gh_w = likelihood._spec_args()
+    spec = likelihood.compiled_spec()
     code_rule, code_neg = RULES[rule], ON_NEGATIVE[on_negative]
     next_order = visiting_order(n, order, random_state)
     post, mu, var = _moments(K, tau, nu, m0)
@@ -192,13 +201,12 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
             raise ValueError("block must be a positive integer")
         Sigma = K.copy() if post is None else _lower_cov(post)
         work = np.empty((2 * block + 3, n))
-        log_z = np.zeros(n)
     for n_iter in range(1, max_iter + 1):
         tau_old, nu_old, mu_old, var_old = tau.copy(), nu.copy(), mu.copy(), var.copy()
         if schedule == "sequential":
             status, index, value, fixed = _sweeps.sequential_sweep(
-                Sigma, mu, tau, nu, y, next_order(n_iter), code_rule, kind, eps, gh_x, gh_w,
-                float(damping), code_neg, block, log_z, work)
+                Sigma, mu, tau, nu, y, next_order(n_iter), code_rule, *spec, float(damping), code_neg,
+                block, work)
             _raise_for(status, index, value, likelihood)
             n_fixed += fixed
             var = np.diag(Sigma).copy()
@@ -206,8 +214,10 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
                 post, mu, var = _moments(K, tau, nu, m0)
                 Sigma = K.copy() if post is None else _lower_cov(post)
         else:
-            new_tau, new_nu, fixed = _parallel_update(y, likelihood, mu, var, tau, nu, code_rule,
-                                                      damping, on_negative)
+            new_tau, new_nu = tau.copy(), nu.copy()
+            status, index, value, fixed = _site_rule.parallel_update(
+                *spec, code_rule, code_neg, float(damping), y, mu, var, new_tau, new_nu)
+            _raise_for(status, index, value, likelihood)
             n_fixed += fixed
             site_change = _site_change(new_tau, new_nu, tau, nu)
             if converged_by == "sites" and site_change < tol and post is not None:
@@ -267,41 +277,3 @@ def _raise_for(status, index, value, likelihood):
     if status == 3:
         raise NotPositiveDefiniteError(f"a site update at {index} would make the posterior covariance "
                                        f"indefinite (1 + Δτ Σ_ii = {value:.3g})")
-
-
-def _parallel_update(y, likelihood, mu, var, tau, nu, rule, damping, on_negative):
-    """All sites against one posterior (marginals mu, var); returns the new (τ, ν) and a count."""
-    fixed = 0
-    if rule == 0:
-        tau_cav = 1.0 / var - tau
-        nu_cav = mu / var - nu
-        bad = ~(tau_cav > 0)
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            if on_negative == "raise":
-                raise NegativeVarianceError(i, 1.0 / tau_cav[i] if tau_cav[i] != 0 else -np.inf)
-            fixed += int(bad.sum())
-        ok = ~bad
-        tau_new, nu_new = tau.copy(), nu.copy()
-        if ok.any():
-            _, m_hat, v_hat = likelihood.tilted_moments(y[ok], nu_cav[ok] / tau_cav[ok], 1.0 / tau_cav[ok])
-            tau_new[ok] = 1.0 / v_hat - tau_cav[ok]
-            nu_new[ok] = m_hat / v_hat - nu_cav[ok]
-    else:
-        mu_y, cov_fy, var_y = likelihood.slr_moments(mu, var)
-        A = cov_fy / var
-        b = mu_y - A * mu
-        omega = np.maximum(var_y - A * A * var, 1e-300)
-        tau_new = A * A / omega
-        nu_new = A * (y - b) / omega
-    tau_new = damping * tau_new + (1.0 - damping) * tau
-    nu_new = damping * nu_new + (1.0 - damping) * nu
-    neg = tau_new < 0
-    if neg.any() and on_negative != "raise":   # "raise" keeps negative sites: EP without fixes
-        fixed += int(neg.sum())
-        if on_negative == "skip":
-            tau_new[neg], nu_new[neg] = tau[neg], nu[neg]
-        else:
-            nu_new[neg] = nu_new[neg] * CLIP_PRECISION / tau_new[neg]
-            tau_new[neg] = CLIP_PRECISION
-    return tau_new, nu_new, fixed

@@ -20,8 +20,6 @@ keeps fits of non-log-concave likelihoods running; a NegativeSitesWarning counts
 Log-concave likelihoods (probit, logit) never produce negative sites without damping artefacts.
 """
 
-import functools
-
 import numpy as np
 
 from ._result import InferenceResult
@@ -44,7 +42,7 @@ def run(K, y, likelihood, prior_mean, *, schedule="sequential", max_iter=None, t
         On the largest change of a site parameter (relative to 1 + |value|) in a sweep.
     damping : float in (0, 1], default 1
         New natural parameters = damping × matched + (1 − damping) × old (RMGPC §3).
-    on_negative : "clip" (default), "raise" or "skip"
+    on_negative : "clip" (default), "raise", "skip" or "pl"
         What a negative cavity or site variance does (module docstring, _sites.py).
     order : None, "random" or a permutation
         Visiting order of the sequential schedule (``random_state`` seeds "random").
@@ -63,7 +61,7 @@ def run(K, y, likelihood, prior_mean, *, schedule="sequential", max_iter=None, t
         block=block, init=init, converged_by="sites")
     log_evidence = ep_log_evidence(post, y, likelihood, m0)
     return InferenceResult("ep", schedule, likelihood, post, log_evidence, n_iter, converged,
-                           functools.partial(_gradient_matrix, post),
+                           post.gradient_matrix,
                            info={"n_negative_handled": n_fixed})
 
 
@@ -82,8 +80,3 @@ def ep_log_evidence(post, y, likelihood, m0):
     site_terms = (log_z + 0.5 * np.log1p(tau / tau_c) - 0.5 * (nu + nu_c) ** 2 / (tau + tau_c)
                   + 0.5 * nu_c ** 2 / tau_c)
     return float(np.sum(site_terms) - 0.5 * post.log_det_B + 0.5 * (post.alpha @ m0 + mu @ nu))
-
-
-def _gradient_matrix(post):
-    a = post.alpha
-    return 0.5 * (np.outer(a, a) - post.R())

@@ -29,6 +29,7 @@ at fixed (α, w):
     R = S B⁻¹ S,  A = I − K R = (I + K W)⁻¹,  g = ∂E/∂m,  δ = ∂E/∂v + ½ w   (δ → 0, g → α at the optimum)
 """
 
+import functools
 import warnings
 
 import numpy as np
@@ -146,11 +147,8 @@ def run(K, y, likelihood, prior_mean, *, schedule=None, max_iter=None, tol=None,
     nu = tau * st.m + st.alpha
     posterior = SitePosterior(K, tau, nu, m0)
 
-    def gradient_matrix():
-        return _gradient_matrix(K, st)
-
     return InferenceResult("kl", None, likelihood, posterior, float(st.bound), n_iter, converged,
-                           gradient_matrix, info={"alpha": st.alpha, "w": st.w, "E": st.E})
+                           functools.partial(_gradient_matrix, K, st), info={"alpha": st.alpha, "w": st.w, "E": st.E})
 
 
 def _gradient_matrix(K, st):

@@ -2,7 +2,7 @@
 
 q(f) = N(f̂, (K⁻¹ + W)⁻¹) at the mode f̂ of the log posterior
 Ψ(f) = log p(y|f) − ½ (f − m0)ᵀ K⁻¹ (f − m0), with W = −∇∇ log p(y|f̂).  As a site posterior its sites
-are τ = W and ν = W f̂ + ∇ log p(y|f̂) (a Newton step at the mode, DESIGN.md).
+are τ = W and ν = W f̂ + ∇ log p(y|f̂) (a Newton step at the mode, docs/architecture.md).
 
 Evidence (R&W eq. (3.32)):  log q(y|X,θ) = −½ aᵀ(f̂ − m0) + log p(y|f̂) − ½ log|B|,  B = I + W^½ K W^½,
 f̂ = m0 + K a.  Its gradient (R&W Alg. 5.1, eq. (5.22)-(5.23)) has an explicit part and an implicit part

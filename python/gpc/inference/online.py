@@ -21,7 +21,7 @@ sweep's; ``info["sweep_log_z"]`` has every sweep's sum.
 
 Gradient: the evidence depends on θ through the whole recursion; no analytic gradient is implemented
 (``gradient_matrix`` is None).  It is a smooth function of K for probit/logit, so an optimiser may use
-finite differences of it (``info["gradient_fallback"] = "finite-differences"``).
+finite differences of it (its registry entry says ``has_gradient=False``).
 
 Equivalence: one pass in the natural order equals the first sweep of sequential EP started from zero
 sites (each site is visited once, its cavity is the current marginal, moment matching is the same).
@@ -179,4 +179,4 @@ def run(K, y, likelihood, prior_mean, *, schedule=None, max_iter=None, tol=None,
     return InferenceResult("online", None, likelihood, posterior, sweep_log_z[0], n_sweeps, True, None,
                            info={"alpha": alpha, "C": C, "log_evidence": sweep_log_z[0],
                                  "sweep_log_z": sweep_log_z, "site_precision": tau,
-                                 "site_location": nu, "gradient_fallback": "finite-differences"})
+                                 "site_location": nu})

@@ -21,8 +21,6 @@ With S = A Ω^-½ this is the Gaussian-site gradient M = ½ (α αᵀ − R), R 
 optimiser uses this gradient; tests check it against finite differences of log p̂(D) at fixed (A, b, Ω).
 """
 
-import functools
-
 import numpy as np
 from numpy.polynomial.hermite_e import hermegauss
 
@@ -71,7 +69,7 @@ def run(K, y, likelihood, prior_mean, *, schedule="sequential", max_iter=None, t
         block=block, init=init, converged_by="moments")
     log_evidence, linearisation = pl_log_evidence(K, post, y, likelihood, m0, correction_order)
     return InferenceResult("pl", schedule, likelihood, post, log_evidence, n_iter, converged,
-                           functools.partial(_gradient_matrix, linearisation["posterior"]),
+                           linearisation["posterior"].gradient_matrix,
                            info=linearisation)
 
 
@@ -111,8 +109,3 @@ def pl_log_evidence(K, post, y, likelihood, m0, correction_order=DEFAULT_CORRECT
     value = float(log_p_hat + np.sum(correction))
     return value, {"A": A, "b": b, "omega": omega, "log_p_hat": float(log_p_hat),
                    "posterior": lin}
-
-
-def _gradient_matrix(lin):
-    a = lin.alpha
-    return 0.5 * (np.outer(a, a) - lin.R())

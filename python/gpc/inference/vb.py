@@ -34,7 +34,6 @@ import warnings
 import numpy as np
 from scipy.special import log_expit, log_ndtr
 
-from .._linalg import cho_inverse_lower
 from ..exceptions import ConvergenceWarning
 from ..posterior import SitePosterior
 from ._result import InferenceResult
@@ -141,14 +140,5 @@ def run(K, y, likelihood, prior_mean, *, schedule=None, max_iter=None, tol=None,
         warnings.warn(f"VB: the bound did not converge in {max_iter} iterations (tol {tol:g})",
                       ConvergenceWarning, stacklevel=3)
 
-    def gradient_matrix():
-        s = post.sqrt_tau
-        M = cho_inverse_lower(post.L)
-        M *= s[:, None]
-        M *= s
-        M *= -0.5
-        M += 0.5 * np.outer(post.alpha, post.alpha)
-        return M
-
-    return InferenceResult("vb", None, likelihood, post, log_z, n_iter, converged, gradient_matrix,
+    return InferenceResult("vb", None, likelihood, post, log_z, n_iter, converged, post.gradient_matrix,
                            info={"xi": xi})
