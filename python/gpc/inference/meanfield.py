@@ -40,6 +40,7 @@ to f by adding the unit noise variance to the site variance: τ_f = τ/(1 + τ).
 chosen so that the SitePosterior's mean and α equal the mean-field ones exactly.
 """
 
+import functools
 import warnings
 
 import numpy as np
@@ -244,15 +245,8 @@ def run_ensemble(K, y, likelihood, prior_mean, *, schedule="sequential", max_ite
     tau = _site_precision(lam, a_var, probit)
     posterior = MeanFieldPosterior(K, tau, g, m0, a_mean, a_var)
 
-    def gradient_matrix():
-        M = (Kinv * a_var) @ Kinv
-        M -= Kinv
-        M += np.outer(g, g)
-        M *= 0.5
-        return 0.5 * (M + M.T)
-
     return InferenceResult("mf-ensemble", schedule, likelihood, posterior, float(-F), n_iter, converged,
-                           gradient_matrix,
+                           functools.partial(_ensemble_gradient_matrix, Kinv, a_var, g),
                            info={"alpha": y * g, "free_energy": float(F), "free_energy_eq7": F7,
                                  "lambda": lam, "cavity_mean": m, "damping": eta})
 
@@ -289,11 +283,22 @@ def run_naive(K, y, likelihood, prior_mean, *, schedule="sequential", max_iter=N
     tau = _site_precision(lam, a_var, probit)
     posterior = MeanFieldPosterior(K, tau, s, m0, a_mean, a_var)
 
-    def gradient_matrix():
-        M = 0.5 * np.outer(s, s)
-        M.flat[:: len(s) + 1] = -0.5 * s * m / lam
-        return M
 
     return InferenceResult("mf-naive", schedule, likelihood, posterior, -F, n_iter, converged,
-                           gradient_matrix,
+                           functools.partial(_naive_gradient_matrix, s, m, lam),
                            info={"alpha": y * s, "free_energy": F, "cavity_mean": m, "damping": eta})
+
+
+# module functions (not closures) so that results pickle with their gradient
+def _ensemble_gradient_matrix(Kinv, a_var, g):
+    M = (Kinv * a_var) @ Kinv
+    M -= Kinv
+    M += np.outer(g, g)
+    M *= 0.5
+    return 0.5 * (M + M.T)
+
+
+def _naive_gradient_matrix(s, m, lam):
+    M = 0.5 * np.outer(s, s)
+    M.flat[:: len(s) + 1] = -0.5 * s * m / lam
+    return M

@@ -29,6 +29,7 @@ a stationary point of ln Z_VB(ς), so the gradient in θ is the partial derivati
     M = ½ (α αᵀ − R),   R = T^½ B⁻¹ T^½.
 """
 
+import functools
 import warnings
 
 import numpy as np
@@ -141,14 +142,16 @@ def run(K, y, likelihood, prior_mean, *, schedule=None, max_iter=None, tol=None,
         warnings.warn(f"VB: the bound did not converge in {max_iter} iterations (tol {tol:g})",
                       ConvergenceWarning, stacklevel=3)
 
-    def gradient_matrix():
-        s = post.sqrt_tau
-        M = cho_inverse_lower(post.L)
-        M *= s[:, None]
-        M *= s
-        M *= -0.5
-        M += 0.5 * np.outer(post.alpha, post.alpha)
-        return M
+    return InferenceResult("vb", None, likelihood, post, log_z, n_iter, converged,
+                           functools.partial(_gradient_matrix, post), info={"xi": xi})
 
-    return InferenceResult("vb", None, likelihood, post, log_z, n_iter, converged, gradient_matrix,
-                           info={"xi": xi})
+
+def _gradient_matrix(post):
+    """½ (α αᵀ − S B⁻¹ S) at fixed variational parameters (a module function, so results pickle)."""
+    s = post.sqrt_tau
+    M = cho_inverse_lower(post.L)
+    M *= s[:, None]
+    M *= s
+    M *= -0.5
+    M += 0.5 * np.outer(post.alpha, post.alpha)
+    return M
