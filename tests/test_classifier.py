@@ -58,7 +58,7 @@ def test_evidence_gradient_reuses_K_and_reads_half_of_M(cancer, method, likeliho
                                     optimizer=None).fit(X, y)
     binary = clf.base_estimators_[0]
     theta = kernel.theta + np.array([0.3, -0.2])
-    _, grad, result = binary.log_marginal_likelihood(theta, True)
+    _, grad, result = binary._evidence(binary._kernel.clone_with_theta(theta), True)
     M = result.gradient_matrix()
     assert np.max(np.abs(M - M.T)) <= 1e-13 * np.max(np.abs(M))
     _, dK = kernel.clone_with_theta(theta)(X, eval_gradient=True)
@@ -132,7 +132,7 @@ def test_multi_class(multi_class):
 @pytest.mark.parametrize("X, y, match", [
     (np.array([[0.0, np.nan], [1.0, 2.0]]), [0, 1], "NaN"),
     (np.array([[0.0, np.inf], [1.0, 2.0]]), [0, 1], "inf"),
-    (np.ones((4, 2)), [1, 1, 1, 1], "one class"),
+    (np.ones((4, 2)), [1, 1, 1, 1], "requires 2 or more distinct classes"),
     (np.ones((4, 2)), [0, 1, 0], "samples"),
     (np.ones(4), [0, 1, 0, 1], "2D"),
     (np.ones((4, 2)), [0.5, 1.5, 0.2, 1.0], "continuous"),

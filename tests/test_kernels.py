@@ -230,9 +230,9 @@ def test_gradient_inputs_both_arguments():
     assert_allclose(G, fd, rtol=1e-6, atol=1e-9)
 
 
-def test_gradient_inputs_not_implemented_for_foreign_kernel():
+def test_gradient_inputs_not_implemented_for_untranslated_foreign_kernel():
     with pytest.raises(NotImplementedError, match="foreign kernel"):
-        as_kernel(sk.RBF(1.0)).gradient_inputs(X, Y, np.ones((25, 7)))
+        as_kernel(sk.Matern(1.0, nu=0.7)).gradient_inputs(X, Y, np.ones((25, 7)))
 
 
 PSD_KERNELS = [RBF(0.5), RBF(LS3), Matern(0.7, nu=0.5), Matern(LS3, nu=1.5), Matern(2.0, nu=2.5),
@@ -456,3 +456,74 @@ def test_wide_inputs_match_sklearn():
     M = RNG.normal(size=(30, 30))
     g = ours.gradient_contract(Xw, M)
     assert_allclose(g, np.einsum("ij,ijk->k", M, dK_sk), rtol=1e-10, atol=1e-12 * np.abs(g).max())
+
+
+# scikit-learn kernels that run on gpc's compiled kernels inside the adapter (as_kernel)
+TRANSLATED = {
+    "rbf_iso": lambda: sk.RBF(0.8),
+    "rbf_ard": lambda: sk.RBF(LS3),
+    "matern05": lambda: sk.Matern(0.9, nu=0.5),
+    "matern15_ard": lambda: sk.Matern(LS3, nu=1.5),
+    "matern25": lambda: sk.Matern(1.1, nu=2.5),
+    "matern_inf": lambda: sk.Matern(0.7, nu=np.inf),
+    "const_rbf": lambda: sk.ConstantKernel(1.7) * sk.RBF(0.8),
+    "rbf_const": lambda: sk.RBF(LS3) * sk.ConstantKernel(0.4),
+    "const_rbf_white": lambda: sk.ConstantKernel(1.7) * sk.RBF(LS3) + sk.WhiteKernel(0.1),
+    "matern_plus_rbf": lambda: sk.Matern(0.9, nu=2.5) + sk.RBF(1.4),
+    "product_of_stationary": lambda: sk.Matern(0.9, nu=1.5) * sk.RBF(LS3),
+    "fixed_parts": lambda: sk.ConstantKernel(2.0, "fixed") * sk.RBF(0.8, (1e-2, 1e2)),
+    "rational_quadratic": lambda: sk.RationalQuadratic(0.8, 1.5),
+    "rq_fixed_alpha": lambda: sk.ConstantKernel(1.3) * sk.RationalQuadratic(0.8, 1.5, alpha_bounds="fixed"),
+    "dot_product": lambda: sk.DotProduct(0.7),
+    "const_dot_product_white": lambda: sk.ConstantKernel(0.5) * sk.DotProduct(1.2) + sk.WhiteKernel(0.3),
+    "rbf_squared": lambda: sk.RBF(0.8) ** 2,
+    "power_of_sum": lambda: (sk.ConstantKernel(0.5) * sk.Matern(LS3, nu=2.5) + sk.DotProduct(0.4)) ** 2,
+}
+
+
+@pytest.mark.parametrize("name", sorted(TRANSLATED))
+def test_translated_sklearn_kernels_equal_sklearn(name, monkeypatch):
+    theirs = TRANSLATED[name]()
+    ours = as_kernel(theirs)
+    assert ours._fast is not None
+    assert_allclose(ours.theta, theirs.theta, rtol=0, atol=0)
+    K_sk, dK_sk = theirs(X, eval_gradient=True)
+    M = RNG.normal(size=(25, 25))
+    expected = np.einsum("ij,ijk->k", M, dK_sk)
+    Msym = M + M.T
+    expected_sym = np.einsum("ij,ijk->k", Msym, dK_sk)
+    # no n x n x p tensor: the scikit-learn object is not asked for its gradient
+    monkeypatch.setattr(type(theirs), "__call__", lambda *a, **k: pytest.fail("scikit-learn kernel called"))
+    # values and gradients to 1e-12 of the largest entry (the same formulas; only the order of the
+    # rounding differs)
+    close_to(ours(X), K_sk)
+    close_to(ours.diag(X), theirs.diag(X))
+    g = ours.gradient_contract(X, M)
+    assert_allclose(g, expected, rtol=1e-12, atol=1e-12 * np.abs(expected).max())
+    g = ours.gradient_contract(X, Msym, K=K_sk, symmetric=True)
+    assert_allclose(g, expected_sym, rtol=1e-12, atol=1e-12 * np.abs(expected_sym).max())
+    # a new θ reaches the translation (clone and in-place setting)
+    moved = ours.clone_with_theta(ours.theta + 0.3)
+    assert_allclose(moved.theta, ours.theta + 0.3, rtol=1e-15)
+    ours.theta = ours.theta + 0.3
+    close_to(ours(X), moved(X))
+
+
+def test_untranslated_sklearn_kernels_keep_the_generic_path():
+    class Shifted(sk.RBF):   # a subclass may change the formula: it keeps its own code
+        pass
+
+    for theirs in (sk.Matern(0.9, nu=0.7), sk.ConstantKernel(1.0) * sk.Matern(0.5, nu=3.5),
+                   Shifted(0.8), sk.RBF(0.8) ** 2 + sk.ExpSineSquared()):
+        ours = as_kernel(theirs)
+        assert ours._fast is None
+        M = RNG.normal(size=(25, 25))
+        K_sk, dK_sk = theirs(X, eval_gradient=True)
+        assert_allclose(ours(X), K_sk, rtol=0, atol=0)
+        assert_allclose(ours.gradient_contract(X, M), np.einsum("ij,ijk->k", M, dK_sk), rtol=1e-14)
+
+
+def test_cross_covariance_comes_from_sklearn():
+    # scikit-learn's WhiteKernel is zero between two input sets even when they are the same array
+    theirs = sk.RBF(0.8) + sk.WhiteKernel(0.5)
+    assert_allclose(as_kernel(theirs)(X, X), theirs(X, X), rtol=0, atol=0)

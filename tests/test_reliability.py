@@ -70,8 +70,8 @@ def test_predictive_probability_at_zero_predictive_variance(likelihood):
     model = GaussianProcessClassifier(RBF(1.0, "fixed"), likelihood=likelihood, method="ep",
                                       optimizer=None).fit(X, y)
     b = model.base_estimators_[0]
-    mean, _ = b.latent(X[:2])
-    b.latent = lambda X_: (mean, np.zeros_like(mean))      # exactly the clamped case
+    mean, _ = b.latent_mean_and_variance(X[:2])
+    b.latent_mean_and_variance = lambda X_: (mean, np.zeros_like(mean))      # exactly the clamped case
     p = model.predict_proba(X[:2])
     assert np.all((p >= 0) & (p <= 1))
     # p(+1 | mean) by a different route (log_prob): equal up to a few ulp of rounding

@@ -10,11 +10,14 @@ from .classifier import GaussianProcessClassifier
 from .exceptions import (ConvergenceWarning, DivergenceError, NegativeVarianceError, NotPositiveDefiniteError,
                          NumericalError)
 from .inference import InferenceResult, available_methods, infer
+from .multiclass import MultiClassGPC
+from .sparse import SparseGaussianProcessClassifier
 
 __version__ = "0.1.0.dev0"
 
 __all__ = [
-    "GaussianProcessClassifier", "infer", "available_methods", "InferenceResult",
+    "GaussianProcessClassifier", "MultiClassGPC", "SparseGaussianProcessClassifier", "infer",
+    "available_methods", "InferenceResult",
     "ConvergenceWarning", "NumericalError", "NegativeVarianceError", "DivergenceError",
     "NotPositiveDefiniteError",
     "kernels", "likelihoods", "datasets",

@@ -9,20 +9,26 @@ base provides ``get_params``/``set_params`` and ``score``.
 
 import inspect
 import itertools
+import numbers
+import os
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from ._validation import check_finite_array, check_positive_int
 from .inference import METHODS, infer
-from .kernels import ConstantKernel, RBF, as_kernel
+from .kernels import ConstantKernel, RBF, as_kernel, user_kernel
 from .likelihoods import get_likelihood
 from .optimize import maximise_evidence
 
 try:  # pragma: no branch
     from sklearn.base import BaseEstimator as _Base, ClassifierMixin as _ClassifierMixin
     from sklearn.exceptions import DataConversionWarning, NotFittedError
+    from sklearn.gaussian_process.kernels import CompoundKernel as _CompoundKernel
 except ImportError:  # pragma: no cover - exercised only without scikit-learn
+    _CompoundKernel = None
+
     class DataConversionWarning(UserWarning):
         """A column-vector y was reshaped to 1-D."""
 
@@ -94,10 +100,15 @@ def _default_kernel():
 
 
 class _BinaryGPC:
-    """One binary problem: labels ±1, a kernel, a method; fits θ and holds the posterior."""
+    """One binary problem: labels ±1, a kernel, a method; fits θ and holds the posterior.
+
+    Its public face is that of scikit-learn's binary estimator (``kernel_``, ``X_train_``,
+    ``log_marginal_likelihood``, ``latent_mean_and_variance``, ``predict_proba``), so code that walks
+    ``base_estimator_.estimators_`` works unchanged.
+    """
 
     def __init__(self, kernel, likelihood, method, schedule, optimizer, n_restarts, max_iter, tol,
-                 rng, method_options):
+                 rng, method_options, warm_start=False):
         self.kernel = kernel
         self.likelihood = likelihood
         self.method = method
@@ -108,6 +119,12 @@ class _BinaryGPC:
         self.tol = tol
         self.rng = rng
         self.method_options = method_options
+        self.warm_start = warm_start
+
+    @property
+    def kernel_(self):
+        """The fitted kernel as the user gave it: a scikit-learn kernel stays a scikit-learn kernel."""
+        return user_kernel(self._kernel)
 
     def _infer(self, kernel, init=None, check_kernel=True, K=None):
         if K is None:
@@ -119,12 +136,13 @@ class _BinaryGPC:
                      schedule=self.schedule, max_iter=self.max_iter, tol=self.tol,
                      check_kernel=check_kernel, **options)
 
-    def log_marginal_likelihood(self, theta, eval_gradient=False, init=None, check_kernel=True):
-        kernel = self.kernel_.clone_with_theta(theta)
+    def _evidence(self, kernel, eval_gradient=False, init=None, check_kernel=False):
+        """(log evidence, [gradient,] result) of ``kernel`` (gpc interface) on the training data."""
         K = kernel(self.X_train_)     # the inference reads K and does not change it
         result = self._infer(kernel, init=init, check_kernel=check_kernel, K=K)
         if not eval_gradient:
             return result.log_evidence, result
+        theta = kernel.theta
         if result.gradient_matrix is None:
             # the method's evidence has no analytic gradient (e.g. online ADF): central differences
             # of the evidence itself, step FD_STEP in log θ (documented in the estimator)
@@ -132,8 +150,8 @@ class _BinaryGPC:
             for k in range(len(theta)):
                 step = np.zeros(len(theta))
                 step[k] = FD_STEP
-                up = self._infer(self.kernel_.clone_with_theta(theta + step), check_kernel=False)
-                down = self._infer(self.kernel_.clone_with_theta(theta - step), check_kernel=False)
+                up = self._infer(kernel.clone_with_theta(theta + step), check_kernel=False)
+                down = self._infer(kernel.clone_with_theta(theta - step), check_kernel=False)
                 grad[k] = (up.log_evidence - down.log_evidence) / (2 * FD_STEP)
             result.info["gradient"] = "finite-differences"
             return result.log_evidence, grad, result
@@ -143,60 +161,104 @@ class _BinaryGPC:
             lambda M: kernel.gradient_contract(self.X_train_, M, K=K, symmetric=True))
         return result.log_evidence, grad, result
 
+    def log_marginal_likelihood(self, theta=None, eval_gradient=False, clone_kernel=True):
+        """scikit-learn's binary ``log_marginal_likelihood``: NumPy float64 value (and gradient).
+
+        K at ``theta`` is not checked for positive definiteness: ``fit`` checked the kernel, and
+        the optimiser's evaluations skip the check the same way.  With ``warm_start`` the
+        inference starts from the last posterior, as scikit-learn's Newton iteration does.
+        """
+        if theta is None:
+            if eval_gradient:
+                raise ValueError("Gradient can only be evaluated for theta!=None")
+            return self.log_marginal_likelihood_value_
+        if clone_kernel:
+            kernel = self._kernel.clone_with_theta(theta)
+        else:   # as scikit-learn: the fitted kernel itself takes theta
+            kernel = self._kernel
+            kernel.theta = theta
+        out = self._evidence(kernel, eval_gradient, init=self._last if self.warm_start else None)
+        self._last = out[-1]
+        if eval_gradient:
+            return np.float64(out[0]), np.asarray(out[1], dtype=np.float64)
+        return np.float64(out[0])
+
     def partial_fit(self, X, y):
         """Absorb new points in one ADF pass (method "online"), the kernel as fitted."""
         if not hasattr(self, "result_"):
             self.X_train_, self.y_train_ = X, y
-            self.kernel_ = as_kernel(self.kernel).clone_with_theta(as_kernel(self.kernel).theta)
-            self.result_ = self._infer(self.kernel_)
+            self._kernel = as_kernel(self.kernel).clone_with_theta(as_kernel(self.kernel).theta)
+            self.result_ = self._infer(self._kernel)
+            self.log_marginal_likelihood_value_ = np.float64(self.result_.log_evidence)
             return self
         X_all = np.vstack([self.X_train_, X])
         y_all = np.concatenate([self.y_train_, y])
-        K = self.kernel_(X_all)
+        K = self._kernel(X_all)
         options = dict(self.method_options)
         options["warm_start"] = self.result_.info
         self.result_ = infer(K, y_all, likelihood=self.likelihood, method=self.method,
                              max_iter=self.max_iter, tol=self.tol, **options)
         self.X_train_, self.y_train_ = X_all, y_all
+        self.log_marginal_likelihood_value_ = np.float64(self.result_.log_evidence)
         return self
 
-    def fit(self, X, y):
+    def fit(self, X, y, init=None):
+        """Fit θ (unless no optimizer) and the posterior; ``init`` is a previous posterior to start
+        from (``warm_start``)."""
         self.X_train_ = X
         self.y_train_ = y
-        self.kernel_ = as_kernel(self.kernel).clone_with_theta(as_kernel(self.kernel).theta)
-        if self.optimizer is not None and self.kernel_.n_dims > 0:
+        self._kernel = as_kernel(self.kernel).clone_with_theta(as_kernel(self.kernel).theta)
+        if self.optimizer is not None and self._kernel.n_dims > 0:
             # the kernel matrix is checked for positive definiteness at the start and at the end;
             # the optimiser's evaluations in between skip the extra factorisation
-            state = {"init": self._infer(self.kernel_)}
+            state = {"init": self._infer(self._kernel, init=init)}
 
             def objective(theta):
-                value, grad, result = self.log_marginal_likelihood(theta, True, init=state["init"],
-                                                                   check_kernel=False)
+                value, grad, result = self._evidence(self._kernel.clone_with_theta(theta), True,
+                                                     init=state["init"])
                 state["init"] = result
                 return value, grad
 
-            theta, _ = maximise_evidence(objective, self.kernel_.theta, self.kernel_.bounds,
+            theta, _ = maximise_evidence(objective, self._kernel.theta, self._kernel.bounds,
                                          optimizer=self.optimizer, n_restarts=self.n_restarts,
                                          random_state=self.rng)
-            self.kernel_ = self.kernel_.clone_with_theta(theta)
+            self._kernel = self._kernel.clone_with_theta(theta)
+            self._kernel._check_bounds_params()   # scikit-learn's ConvergenceWarning at a bound
             # the final posterior continues from the optimiser's last one, as every evaluation did
             # (GPML's infEP keeps its sites across calls the same way): a cold restart can land
             # elsewhere, e.g. undamped parallel EP diverges from zero sites with logit at large σ²
             # where the warm-started evaluations converged (breast cancer, PL Table I)
-            self.result_ = self._infer(self.kernel_, init=state["init"])
-            return self
-        self.result_ = self._infer(self.kernel_)
+            self.result_ = self._infer(self._kernel, init=state["init"])
+        else:
+            self.result_ = self._infer(self._kernel, init=init)
+        self._last = self.result_
+        self.log_marginal_likelihood_value_ = np.float64(self.result_.log_evidence)
         return self
 
-    def latent(self, X):
-        K_cross = self.kernel_(self.X_train_, X)
-        return self.result_.predict(K_cross, self.kernel_.diag(X))
+    def latent_mean_and_variance(self, X):
+        """Latent predictive mean and variance at X, each of shape (n,)."""
+        K_cross = self._kernel(self.X_train_, X)
+        return self.result_.predict(K_cross, self._kernel.diag(X))
 
     def proba_positive(self, X):
-        mean, var = self.latent(X)
+        mean, var = self.latent_mean_and_variance(X)
         # a predictive variance of exactly 0 (clamped from rounding, e.g. a Linear kernel through
         # the training points) means p(+1 | mean) itself; the smallest normal float gives that
         return self.result_.likelihood.predictive_probability(mean, np.maximum(var, np.finfo(float).tiny))
+
+    def predict_proba(self, X):
+        p = self.proba_positive(X)
+        return np.column_stack([1.0 - p, p])
+
+
+class _MultiClass:
+    """``base_estimator_`` for more than two classes: the binary problems as ``estimators_``, the
+    attribute scikit-learn's OneVsRestClassifier / OneVsOneClassifier give."""
+
+    def __init__(self, estimators, multi_class, n_jobs):
+        self.estimators_ = estimators
+        self.multi_class = multi_class
+        self.n_jobs = n_jobs
 
 
 class GaussianProcessClassifier(_ClassifierMixin, _Base):
@@ -227,16 +289,36 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
     random_state : int, Generator, RandomState or None
     method_options : dict or None
         Further options for the method (e.g. ``{"damping": 0.5}`` for EP).
+    max_iter_predict : int, default 100
+        scikit-learn's limit on the Newton iterations of the Laplace approximation; used as
+        ``max_iter`` when the method is "laplace" and ``max_iter`` is None.
+    warm_start : bool, default False
+        Start each inference from the last posterior of the same binary problem: a refit on data of
+        the same size starts from the previous fit's posterior, and ``log_marginal_likelihood``
+        calls continue from the last one (scikit-learn's meaning for its Newton iteration).  The
+        optimiser's evaluations within one fit are always warm started.
+    copy_X_train : bool, default True
+        Keep a copy of the training inputs; False keeps a reference (which later changes of the
+        caller's array then affect).
+    n_jobs : int or None, default None
+        Threads fitting the binary problems of one-vs-rest / one-vs-one; None means 1, -1 all CPUs.
 
     Attributes
     ----------
-    classes_, n_classes_, n_features_in_, kernel_ (the fitted kernel; a list for several binary
-    problems), log_marginal_likelihood_value_, n_iter_, converged_, base_estimators_
+    classes_, n_classes_, n_features_in_, X_train_
+    kernel_ : the fitted kernel, of the kind passed in (a scikit-learn kernel stays one); for more
+        than two classes scikit-learn's ``CompoundKernel`` of the binary problems' kernels (a list
+        without scikit-learn)
+    base_estimator_ : the binary problem's estimator, or for more than two classes an object whose
+        ``estimators_`` are the binary problems (as scikit-learn's OneVsRest/OneVsOne classifiers)
+    log_marginal_likelihood_value_ : numpy.float64, the mean over the binary problems
+    n_iter_, converged_, base_estimators_ (the list of binary problems)
     """
 
     def __init__(self, kernel=None, likelihood="probit", method=None, schedule=None,
                  optimizer="fmin_l_bfgs_b", n_restarts_optimizer=0, max_iter=None, tol=None,
-                 multi_class="one_vs_rest", random_state=None, method_options=None):
+                 multi_class="one_vs_rest", random_state=None, method_options=None,
+                 max_iter_predict=100, warm_start=False, copy_X_train=True, n_jobs=None):
         self.kernel = kernel
         self.likelihood = likelihood
         self.method = method
@@ -248,9 +330,24 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
         self.multi_class = multi_class
         self.random_state = random_state
         self.method_options = method_options
+        self.max_iter_predict = max_iter_predict
+        self.warm_start = warm_start
+        self.copy_X_train = copy_X_train
+        self.n_jobs = n_jobs
 
     # -- validation ---------------------------------------------------------------------------
+    def _structured(self):
+        """Whether the kernel takes inputs other than float vectors (strings, graphs)."""
+        return self.kernel is not None and not getattr(self.kernel, "requires_vector_input", True)
+
     def _check_X(self, X, fitting):
+        if self._structured():
+            # scikit-learn's validation without forcing a 2-D float array: the kernel reads X
+            try:
+                from sklearn.utils import check_array
+            except ImportError:  # pragma: no cover - such kernels come from scikit-learn
+                return np.asarray(X)
+            return check_array(X, ensure_2d=False, dtype=None)
         if hasattr(X, "toarray") or hasattr(X, "tocsr"):
             raise TypeError("sparse input is not supported: pass a dense array (X.toarray())")
         X = check_finite_array(X, "X")
@@ -296,60 +393,116 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
             raise ValueError(f"unknown method {method!r}; available: {', '.join(sorted(METHODS))}")
         if self.multi_class not in ("one_vs_rest", "one_vs_one"):
             raise ValueError(f"multi_class must be 'one_vs_rest' or 'one_vs_one', got {self.multi_class!r}")
+        if _CompoundKernel is not None and isinstance(self.kernel, _CompoundKernel):
+            raise ValueError("kernel cannot be a CompoundKernel")
         check_positive_int(self.n_restarts_optimizer, "n_restarts_optimizer", minimum=0)
         if not (self.optimizer is None or self.optimizer == "fmin_l_bfgs_b" or callable(self.optimizer)):
             raise ValueError(f"optimizer must be 'fmin_l_bfgs_b', a callable or None, got {self.optimizer!r}")
+        check_positive_int(self.max_iter_predict, "max_iter_predict")
+        for name in ("warm_start", "copy_X_train"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.n_jobs is not None and (not isinstance(self.n_jobs, numbers.Integral)
+                                        or isinstance(self.n_jobs, bool) or self.n_jobs == 0):
+            raise ValueError(f"n_jobs must be None or a nonzero integer (-1: all CPUs), got {self.n_jobs!r}")
         return str(method).lower(), get_likelihood(self.likelihood)
 
-    def _rng(self):
-        rs = self.random_state
-        if isinstance(rs, (np.random.Generator, np.random.RandomState)):
-            return rs
-        return np.random.default_rng(rs)
+    def _max_iter(self, method):
+        # scikit-learn's max_iter_predict bounds Laplace's Newton iterations; gpc's max_iter wins
+        if self.max_iter is None and method == "laplace":
+            return int(self.max_iter_predict)
+        return self.max_iter
+
+    def _n_threads(self, n_problems):
+        n_jobs = 1 if self.n_jobs is None else int(self.n_jobs)
+        if n_jobs < 0:   # joblib's convention: -1 all CPUs, -2 all but one, ...
+            n_jobs = max(1, (os.cpu_count() or 1) + 1 + n_jobs)
+        return min(n_jobs, n_problems)
 
     # -- fitting ------------------------------------------------------------------------------
     def fit(self, X, y):
         """Fit the hyperparameters (unless ``optimizer=None``) and the posterior of each binary problem."""
         X = self._check_X(X, fitting=True)
-        y = self._check_y(y, X.shape[0])
+        n = len(X)
+        y = self._check_y(y, n)
         method, likelihood = self._resolve()
         self.classes_, y_index = np.unique(y, return_inverse=True)
         self.n_classes_ = len(self.classes_)
-        self.n_features_in_ = X.shape[1]
+        if X.ndim == 2:
+            self.n_features_in_ = X.shape[1]
         if self.n_classes_ < 2:
-            raise ValueError(f"only one class ({self.classes_[0]!r}) is present in y; GP classification "
-                             "needs at least two classes")
+            raise ValueError("GaussianProcessClassifier requires 2 or more distinct classes; got 1 class "
+                             f"(only class {self.classes_[0]} is present)")
         kernel = _default_kernel() if self.kernel is None else self.kernel
-        rng = self._rng()
         options = dict(self.method_options or {})
         if method in ("ep", "pl") and "random_state" not in options and self.random_state is not None:
             options["random_state"] = self.random_state
-
-        def make():
-            return _BinaryGPC(kernel, likelihood, method, self.schedule, self.optimizer,
-                              self.n_restarts_optimizer, self.max_iter, self.tol, rng, options)
+        X_train = np.copy(X) if self.copy_X_train else X
 
         if self.n_classes_ == 2:
             self._pairs = [(1, 0)]
-            problems = [(np.arange(X.shape[0]), np.where(y_index == 1, 1.0, -1.0))]
+            problems = [(None, np.where(y_index == 1, 1.0, -1.0))]
         elif self.multi_class == "one_vs_rest":
             self._pairs = [(c, None) for c in range(self.n_classes_)]
-            problems = [(np.arange(X.shape[0]), np.where(y_index == c, 1.0, -1.0))
-                        for c in range(self.n_classes_)]
+            problems = [(None, np.where(y_index == c, 1.0, -1.0)) for c in range(self.n_classes_)]
         else:
             self._pairs = list(itertools.combinations(range(self.n_classes_), 2))
             problems = []
             for i, j in self._pairs:
                 rows = np.flatnonzero((y_index == i) | (y_index == j))
                 problems.append((rows, np.where(y_index[rows] == i, 1.0, -1.0)))
-        self.base_estimators_ = [make().fit(X[rows], labels) for rows, labels in problems]
-        fits = self.base_estimators_
-        self.X_train_ = X
-        self.log_marginal_likelihood_value_ = float(np.mean([b.result_.log_evidence for b in fits]))
+        # warm_start: each problem starts from its previous posterior when the data keep their size
+        previous = getattr(self, "base_estimators_", None) if self.warm_start else None
+        if previous is None or len(previous) != len(problems):
+            inits = [None] * len(problems)
+        else:
+            inits = [b.result_ if hasattr(b, "result_") and len(b.y_train_) == len(labels) else None
+                     for b, (_, labels) in zip(previous, problems)]
+        rngs = self._problem_rngs(len(problems))
+        binaries = [_BinaryGPC(kernel, likelihood, method, self.schedule, self.optimizer,
+                               self.n_restarts_optimizer, self._max_iter(method), self.tol, rng, options,
+                               warm_start=bool(self.warm_start)) for rng in rngs]
+
+        def fit_one(k):
+            rows, labels = problems[k]
+            return binaries[k].fit(X_train if rows is None else X_train[rows], labels, init=inits[k])
+
+        threads = self._n_threads(len(problems))
+        if threads > 1:
+            with ThreadPoolExecutor(max_workers=threads) as pool:
+                fits = list(pool.map(fit_one, range(len(problems))))
+        else:
+            fits = [fit_one(k) for k in range(len(problems))]
+        self._set_fitted(fits, X_train)
         self.n_iter_ = fits[0].result_.n_iter if len(fits) == 1 else np.array([b.result_.n_iter for b in fits])
         self.converged_ = bool(all(b.result_.converged for b in fits))
-        self.kernel_ = fits[0].kernel_ if len(fits) == 1 else [b.kernel_ for b in fits]
         return self
+
+    def _problem_rngs(self, n_problems):
+        """One random generator per binary problem (the restarts' draws), independent of n_jobs."""
+        rs = self.random_state
+        rng = rs if isinstance(rs, (np.random.Generator, np.random.RandomState)) else np.random.default_rng(rs)
+        if n_problems == 1:
+            return [rng]
+        if isinstance(rng, np.random.RandomState):
+            seeds = rng.randint(0, 2**31 - 1, size=n_problems)
+        else:
+            seeds = rng.integers(0, 2**63 - 1, size=n_problems)
+        return [np.random.default_rng(int(s)) for s in seeds]
+
+    def _set_fitted(self, fits, X_train):
+        """The attributes common to fit and partial_fit, from the fitted binary problems."""
+        self.base_estimators_ = fits
+        self.X_train_ = X_train
+        self.base_estimator_ = (fits[0] if len(fits) == 1
+                                else _MultiClass(fits, self.multi_class, self.n_jobs))
+        self.log_marginal_likelihood_value_ = np.float64(np.mean([b.result_.log_evidence for b in fits]))
+        if len(fits) == 1:
+            self.kernel_ = fits[0].kernel_
+        elif _CompoundKernel is not None:
+            self.kernel_ = _CompoundKernel([b.kernel_ for b in fits])
+        else:  # pragma: no cover - without scikit-learn
+            self.kernel_ = [b.kernel_ for b in fits]
 
     @_OnlyForOnline
     def partial_fit(self, X, y, classes=None):
@@ -374,7 +527,7 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
             self._pairs = [(1, 0)] if n_problems == 1 else [(c, None) for c in range(self.n_classes_)]
             self.base_estimators_ = [
                 _BinaryGPC(kernel, likelihood, method, None, None, 0, self.max_iter, self.tol,
-                           self._rng(), dict(self.method_options or {})) for _ in range(n_problems)]
+                           rng, dict(self.method_options or {})) for rng in self._problem_rngs(n_problems)]
         unknown = np.setdiff1d(np.unique(y), self.classes_)
         if unknown.size:
             raise ValueError(f"y has classes {unknown.tolist()} not in classes_ {self.classes_.tolist()}")
@@ -382,10 +535,9 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
         for (c, _), b in zip(self._pairs, self.base_estimators_):
             b.partial_fit(X, np.where(index == c, 1.0, -1.0))
         fits = self.base_estimators_
-        self.log_marginal_likelihood_value_ = float(np.mean([b.result_.log_evidence for b in fits]))
+        self._set_fitted(fits, fits[0].X_train_)
         self.n_iter_ = fits[0].result_.n_iter
         self.converged_ = True
-        self.kernel_ = fits[0].kernel_ if len(fits) == 1 else [b.kernel_ for b in fits]
         return self
 
     def _check_fitted(self):
@@ -398,10 +550,25 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
         """Latent predictive mean and variance; arrays (n,) for two classes, (n, n_problems) otherwise."""
         self._check_fitted()
         X = self._check_X(X, fitting=False)
-        out = [b.latent(X) for b in self.base_estimators_]
+        out = [b.latent_mean_and_variance(X) for b in self.base_estimators_]
         if len(out) == 1:
             return out[0]
         return np.column_stack([m for m, _ in out]), np.column_stack([v for _, v in out])
+
+    def latent_mean_and_variance(self, X):
+        """scikit-learn's name for the latent predictive mean and variance (two classes only).
+
+        Returns
+        -------
+        latent_mean, latent_var : arrays of shape (n_samples,)
+            Mean and variance of q(f*) = ∫ p(f* | f) q(f) df (R&W Alg. 3.2 lines 4 and 6 for Laplace;
+            the site posterior's predictive for EP and the other methods).
+        """
+        self._check_fitted()
+        if self.n_classes_ > 2:
+            raise ValueError("Returning the mean and variance of the latent function f is only supported "
+                             f"for binary classification, received {self.n_classes_} classes.")
+        return self.predict_latent(X)
 
     def predict_proba(self, X):
         """Class probabilities, columns in the order of ``classes_``.
@@ -415,7 +582,7 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
         if self.n_classes_ == 2:
             p = self.base_estimators_[0].proba_positive(X)
             return np.column_stack([1.0 - p, p])
-        P = np.zeros((X.shape[0], self.n_classes_))
+        P = np.zeros((len(X), self.n_classes_))
         for (i, j), b in zip(self._pairs, self.base_estimators_):
             p = b.proba_positive(X)
             if j is None:
@@ -436,26 +603,35 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
     def log_marginal_likelihood(self, theta=None, eval_gradient=False, clone_kernel=True):
         """The method's log evidence at ``theta`` (log hyperparameters), as in scikit-learn.
 
-        With several binary problems, ``theta`` of one kernel is used for all of them and the mean of
-        their evidences (and gradients) is returned, as scikit-learn does.
+        Returns NumPy float64 values, as scikit-learn does.  With several binary problems, ``theta``
+        is either one kernel's θ (used for all of them) or the problems' θ concatenated (the
+        ``CompoundKernel``'s θ), and the mean of their evidences is returned; unlike scikit-learn,
+        the mean gradient is returned too.  ``clone_kernel=False`` sets θ on the fitted kernels
+        themselves instead of copies.  Nothing that ``fit`` checked is checked again: K at ``theta``
+        goes to the inference without a positive-definiteness test.
         """
         self._check_fitted()
         if theta is None:
             if eval_gradient:
-                raise ValueError("gradient can only be evaluated for theta != None")
+                raise ValueError("Gradient can only be evaluated for theta!=None")
             return self.log_marginal_likelihood_value_
         theta = check_finite_array(theta, "theta", ndim=1)
-        values, grads = [], []
-        for b in self.base_estimators_:
-            if theta.shape != b.kernel_.theta.shape:
-                raise ValueError(f"theta has shape {theta.shape}, the kernel has {b.kernel_.theta.shape}")
-            out = b.log_marginal_likelihood(theta, eval_gradient)
-            values.append(out[0])
-            if eval_gradient:
-                grads.append(out[1])
+        fits = self.base_estimators_
+        p = fits[0]._kernel.n_dims
+        if theta.shape[0] == p:
+            thetas = [theta] * len(fits)
+        elif theta.shape[0] == p * len(fits):
+            thetas = [theta[p * k:p * (k + 1)] for k in range(len(fits))]
+        else:
+            raise ValueError(f"Shape of theta must be either {p} or {p * len(fits)}. Obtained theta with "
+                             f"shape {theta.shape[0]}.")
+        out = [b.log_marginal_likelihood(t, eval_gradient, clone_kernel=clone_kernel)
+               for b, t in zip(fits, thetas)]
+        if not clone_kernel:
+            self._set_fitted(fits, self.X_train_)   # kernel_ shows the θ just set, as scikit-learn's
         if eval_gradient:
-            return float(np.mean(values)), np.mean(grads, axis=0)
-        return float(np.mean(values))
+            return np.mean([v for v, _ in out]), np.mean([g for _, g in out], axis=0)
+        return np.mean(out)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

@@ -55,8 +55,10 @@ def maximise_evidence(objective, theta0, bounds, optimizer="fmin_l_bfgs_b", n_re
     bounds : ndarray (p, 2)
         Log-space bounds.
     optimizer : "fmin_l_bfgs_b", "L-BFGS-B" or callable
-        A callable has scikit-learn's signature ``optimizer(obj_func, initial_theta, bounds)`` returning
-        ``(theta_opt, func_min)`` where ``obj_func`` returns the *negative* evidence and its gradient.
+        A callable has scikit-learn's signature ``optimizer(obj_func, initial_theta, bounds)`` (bounds
+        passed by keyword) returning ``(theta_opt, func_min)``, where ``obj_func(theta,
+        eval_gradient=True)`` returns the *negative* evidence and its gradient, or the negative
+        evidence alone with ``eval_gradient=False``.
     n_restarts : int
         Further starts drawn uniformly within ``bounds`` (which must then be finite).
     random_state : numpy Generator or RandomState
@@ -66,12 +68,13 @@ def maximise_evidence(objective, theta0, bounds, optimizer="fmin_l_bfgs_b", n_re
     theta, log_evidence : the best point found and its log evidence.
     """
 
-    def neg(theta):
+    def neg(theta, eval_gradient=True):
+        # scikit-learn's obj_func protocol: (value, gradient), or the value alone without the gradient
         value, grad = objective(theta)
         if not np.isfinite(value):
             # a point where the method broke down: make it unattractive, not fatal
-            return np.inf, np.zeros_like(theta)
-        return -value, -np.asarray(grad)
+            value, grad = -np.inf, np.zeros_like(theta)
+        return (-value, -np.asarray(grad)) if eval_gradient else -value
 
     if optimizer in ("fmin_l_bfgs_b", "L-BFGS-B", "lbfgsb"):
         run = lbfgsb
@@ -88,7 +91,7 @@ def maximise_evidence(objective, theta0, bounds, optimizer="fmin_l_bfgs_b", n_re
             starts.append(random_state.uniform(bounds[:, 0], bounds[:, 1]))
     best_theta, best_value = None, np.inf
     for start in starts:
-        theta, value = run(neg, start, bounds)
+        theta, value = run(neg, start, bounds=bounds)   # bounds by keyword, as scikit-learn calls
         if best_theta is None or value < best_value:
             best_theta, best_value = np.asarray(theta, dtype=np.float64), value
     return best_theta, -best_value

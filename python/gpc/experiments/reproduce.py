@@ -24,6 +24,8 @@ EXPERIMENTS = {
                                "polynomial kernel, with re-use sweeps"),
     "nr-bounds": ("nr_bounds", "NR: evidences of Laplace/EP/KL/VB/PL/MF against annealed importance "
                                "sampling on digits 3 vs 5 over a (ln ℓ, ln σ_f) grid"),
+    "rmgpc-table2": ("rmgpc_table2", "RMGPC Table 2: balanced class rate of RMGPC, SMGPC, one-vs-rest EP "
+                                     "and scikit-learn under η label noise; new-thyroid, wine, glass"),
 }
 
 

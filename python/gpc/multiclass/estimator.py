@@ -1,0 +1,195 @@
+"""``MultiClassGPC``: RMGPC and SMGPC (RMGPC paper) as a scikit-learn-style estimator."""
+
+import numpy as np
+
+from .._validation import check_finite_array, check_positive_float, check_positive_int
+from ..classifier import GaussianProcessClassifier, NotFittedError, _Base, _ClassifierMixin
+from ..kernels import RBF, as_kernel
+from ..optimize import maximise_evidence
+from .ep import rmgpc_ep
+from .predict import predict_proba
+
+MODELS = ("robust", "standard", "heavy-tailed")
+#: SMGPC's latent noise ϑ_k² (RMGPC §4): starting value and bounds
+NOISE_INIT, NOISE_BOUNDS = 0.1, (1e-6, 1e2)
+
+
+class MultiClassGPC(_ClassifierMixin, _Base):
+    """Multi-class GP classifier with l latent functions and the argmax likelihood (RMGPC paper).
+
+    model="robust" is RMGPC: P(yᵢ | f, zᵢ) = Π_{k≠yᵢ} Θ(f_yᵢ(xᵢ) − f_k(xᵢ)) when zᵢ = 0 and 1/l when the
+    outlier indicator zᵢ = 1 (eq. (2)), zᵢ ~ Bern(ρ), ρ ~ Beta(a0, b0) (eq. (3)-(4)), fitted by EP
+    (§3).  model="standard" is SMGPC: b₀ → ∞ (no outliers) and a learned noise ϑ_k² added to the
+    diagonal of each K_k (§4).  Hyperparameters (log space) maximise the EP evidence (16) with its
+    gradient (18) by L-BFGS-B.
+
+    With two classes and model="standard", f₁ − f₂ plays the role of binary GPC's latent function:
+    the likelihood Θ(f₁ − f₂ + ε₁ − ε₂) is a probit in f₁ − f₂ with noise 2ϑ², and f₁ − f₂ has prior
+    covariance 2K; EP's Q here keeps f₁ and f₂ independent, so it matches binary EP (probit, kernel
+    2K, latent noise scale) closely but not exactly.
+
+    Parameters
+    ----------
+    kernel : gpc or scikit-learn kernel, default RBF(1.0)
+        The covariance c of eq. (22), exp(−‖x − x'‖²/(2γ)) with γ = length_scale².
+    model : {"robust", "standard", "heavy-tailed"}
+        "heavy-tailed" (HTPC) is not implemented yet and raises NotImplementedError.
+    a0, b0 : float
+        Beta prior of the outlier rate (paper's suggestion 1 and 9).
+    shared_kernel : bool
+        One kernel for all classes (eq. (22)) or one per class.
+    optimizer : "fmin_l_bfgs_b", callable or None
+    n_restarts_optimizer : int
+    max_iter, tol : EP's iteration limit and tolerance.
+    random_state : seed for the restarts.
+
+    Attributes
+    ----------
+    classes_, n_classes_, n_features_in_, kernels_ (one per class), noise_ (SMGPC's ϑ_k²),
+    n_iter_ (EP iterations of the final fit), log_marginal_likelihood_value_, outlier_probability_ (eq. (21), one per training row in fit
+    order; zeros for "standard"), ep_result_ (the converged EP state, with its damping record).
+    """
+
+    def __init__(self, kernel=None, model="robust", a0=1.0, b0=9.0, shared_kernel=True,
+                 optimizer="fmin_l_bfgs_b", n_restarts_optimizer=0, max_iter=500, tol=1e-4,
+                 random_state=None):
+        self.kernel = kernel
+        self.model = model
+        self.a0 = a0
+        self.b0 = b0
+        self.shared_kernel = shared_kernel
+        self.optimizer = optimizer
+        self.n_restarts_optimizer = n_restarts_optimizer
+        self.max_iter = max_iter
+        self.tol = tol
+        self.random_state = random_state
+
+    # -- validation -----------------------------------------------------------------------------
+    def _check_X(self, X, fitting):
+        if hasattr(X, "toarray") or hasattr(X, "tocsr"):
+            raise TypeError("sparse input is not supported: pass a dense array (X.toarray())")
+        X = check_finite_array(X, "X")
+        if X.ndim != 2:
+            raise ValueError(f"Expected 2D array, got {X.ndim}D array instead. Reshape your data to "
+                             "(n_samples, n_features)")
+        if X.shape[0] == 0 or X.shape[1] == 0:
+            raise ValueError(f"Found array with 0 sample(s) or 0 feature(s) (shape={X.shape}) while a "
+                             "minimum of 1 is required.")
+        if not fitting and X.shape[1] != self.n_features_in_:
+            raise ValueError(f"X has {X.shape[1]} features, but {type(self).__name__} is expecting "
+                             f"{self.n_features_in_} features as input")
+        return X
+
+    def _check_params(self):
+        if self.model not in MODELS:
+            raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
+        if self.model == "heavy-tailed":
+            raise NotImplementedError("model='heavy-tailed' (HTPC) is not implemented yet")
+        check_positive_float(self.a0, "a0")
+        check_positive_float(self.b0, "b0")
+        check_positive_int(self.max_iter, "max_iter")
+        check_positive_float(self.tol, "tol")
+        check_positive_int(self.n_restarts_optimizer, "n_restarts_optimizer", minimum=0)
+
+    # -- the evidence as a function of θ ------------------------------------------------------------
+    def _unpack(self, theta):
+        """θ → (one kernel per class, one noise per class or None)."""
+        l, p = self.n_classes_, self._base_kernel.n_dims
+        n_kernels = 1 if self.shared_kernel else l
+        kernels = [self._base_kernel.clone_with_theta(theta[j * p:(j + 1) * p]) for j in range(n_kernels)]
+        if self.shared_kernel:
+            kernels = kernels * l
+        noise = np.exp(theta[n_kernels * p:]) if self.model == "standard" else None
+        return kernels, noise
+
+    def _matrices(self, kernels, noise, X):
+        cache, Ks = {}, []
+        for k, kern in enumerate(kernels):
+            if id(kern) not in cache:
+                cache[id(kern)] = kern(X)
+            K = cache[id(kern)]
+            Ks.append(K + noise[k] * np.eye(len(X)) if noise is not None else K)
+        return Ks, cache
+
+    def _evidence(self, theta, X, y, eval_gradient=True, init=None):
+        kernels, noise = self._unpack(theta)
+        Ks, cache = self._matrices(kernels, noise, X)
+        res = rmgpc_ep(Ks, y, self.n_classes_, a0=self.a0, b0=self.b0,
+                       robust=self.model == "robust", max_iter=self.max_iter, tol=self.tol,
+                       init=init)
+        if not eval_gradient:
+            return res
+        Ms = res.gradient_matrices()
+        grads = []
+        if self.shared_kernel:
+            grads.append(kernels[0].gradient_contract(X, sum(Ms), K=cache[id(kernels[0])], symmetric=True))
+        else:
+            grads += [kern.gradient_contract(X, M, K=cache[id(kern)], symmetric=True)
+                      for kern, M in zip(kernels, Ms)]
+        if noise is not None:   # ∂K_k/∂ log ϑ_k² = ϑ_k² I
+            grads.append(noise * np.array([np.trace(M) for M in Ms]))
+        return res, np.concatenate(grads)
+
+    # -- fitting ----------------------------------------------------------------------------------
+    def fit(self, X, y):
+        """Fit θ by type-II ML (if an optimizer is given) and run EP at the optimum."""
+        self._check_params()
+        X = self._check_X(X, fitting=True)
+        y = GaussianProcessClassifier._check_y(self, y, X.shape[0])
+        self.classes_, y_index = np.unique(y, return_inverse=True)
+        self.n_classes_ = len(self.classes_)
+        self.n_features_in_ = X.shape[1]
+        if self.n_classes_ < 2:
+            raise ValueError(f"only one class ({self.classes_[0]!r}) is present in y; classification "
+                             "needs at least two")
+        self._base_kernel = as_kernel(RBF(1.0) if self.kernel is None else self.kernel)
+        n_kernels = 1 if self.shared_kernel else self.n_classes_
+        theta0 = np.tile(self._base_kernel.theta, n_kernels)
+        bounds = np.tile(self._base_kernel.bounds, (n_kernels, 1)).reshape(-1, 2)
+        if self.model == "standard":
+            theta0 = np.concatenate([theta0, np.full(self.n_classes_, np.log(NOISE_INIT))])
+            bounds = np.vstack([bounds, np.tile(np.log(NOISE_BOUNDS), (self.n_classes_, 1))])
+        theta, last = theta0, {}
+        if self.optimizer is not None and theta0.size:
+            def objective(t):
+                try:   # warm start from the previous evaluation's sites
+                    res, grad = self._evidence(t, X, y_index, init=last.get("res"))
+                except (np.linalg.LinAlgError, ArithmeticError, ValueError):
+                    return -np.inf, np.zeros_like(t)
+                last["res"] = res
+                return res.log_evidence, grad
+            theta, _ = maximise_evidence(objective, theta0, bounds, optimizer=self.optimizer,
+                                         n_restarts=self.n_restarts_optimizer,
+                                         random_state=np.random.default_rng(self.random_state))
+        self.theta_ = theta
+        self.kernels_, self.noise_ = self._unpack(theta)
+        self.ep_result_ = self._evidence(theta, X, y_index, eval_gradient=False,
+                                         init=last.get("res"))
+        self.n_iter_ = self.ep_result_.n_iter
+        self.log_marginal_likelihood_value_ = self.ep_result_.log_evidence
+        self.outlier_probability_ = self.ep_result_.outlier_probability.copy()
+        self.X_train_ = X
+        return self
+
+    # -- prediction -------------------------------------------------------------------------------
+    def predict_proba(self, X):
+        """Class probabilities (m, l), columns in the order of ``classes_``; RMGPC eq. (19)-(20)."""
+        self._check_fitted()
+        X = self._check_X(X, fitting=False)
+        crosses, diags, cache = [], [], {}
+        for k, kern in enumerate(self.kernels_):
+            if id(kern) not in cache:
+                cache[id(kern)] = (kern(X, self.X_train_), kern.diag(X))
+            Kc, kd = cache[id(kern)]
+            crosses.append(Kc)
+            diags.append(kd + self.noise_[k] if self.noise_ is not None else kd)
+        return predict_proba(self.ep_result_, crosses, diags)
+
+    def _check_fitted(self):
+        if not hasattr(self, "ep_result_"):
+            raise NotFittedError(f"This {type(self).__name__} instance is not fitted yet. Call 'fit' "
+                                 "with appropriate arguments before using this estimator.")
+
+    def predict(self, X):
+        self._check_fitted()
+        return self.classes_[np.argmax(self.predict_proba(X), axis=1)]

@@ -1,0 +1,215 @@
+"""The two baselines of SEP §3, on the same inducing geometry: GFITC and SVI.
+
+GFITC (Naish-Guzman & Holden 2008) runs EP on the FITC prior N(0, Q + diag s) with sites on f_i,
+and fits θ and Z by L-BFGS-B on its converged EP evidence.  A site on f_i seen through
+f_i = a_iᵀw + ε_i, ε_i ~ N(0, s_i), is a Gaussian site on a_iᵀw with τ' = τ/(1 + τ s_i); its update
+from the moments of the cavity widened by s_i is then exactly SEP's (:func:`ep.matched_site`), and
+so are the fixed point and the evidence (tested against exact EP on Q + diag s).  What differs is
+the schedule: GFITC runs EP to convergence for every θ (the "outer" scheme of SEP Fig. 1), where
+SEP steps θ after every pass.  The gradient is eq. (4) at that fixed point.
+
+SVI (Hensman, Matthews & Ghahramani 2015) maximises the bound of SEP eq. (8) with the whitened
+q(w) = N(μ, L_q L_qᵀ) (u = L w):
+
+    F = Σ_i E_{N(f | a_iᵀμ, s_i + |L_qᵀ a_i|²)}[log p(y_i | f)] - KL[q(w) || N(0, I)],
+
+KL = ½ (tr S + μᵀμ - m - log|S|), the expectations by the likelihood's 1-D Gauss–Hermite rule
+(``expected_log_prob``).  Batch training uses L-BFGS-B, minibatches Adadelta with the data terms
+scaled by n/|M|.
+"""
+
+import numpy as np
+from scipy.optimize import minimize
+
+from ..exceptions import NotPositiveDefiniteError
+from ._inducing import InducingFactor
+from ._passes import add_parts, as_block, block_ranges, evidence, run_ep
+from .ep import Posterior
+
+
+def _pack(kernel, Z, optimize_inducing, extra=()):
+    z = Z.ravel() if optimize_inducing else np.empty(0)
+    return np.concatenate([kernel.theta, z, *extra])
+
+
+def _bounds(kernel, Z, optimize_inducing, n_extra):
+    b = [tuple(r) for r in kernel.bounds] if len(kernel.theta) else []
+    return b + [(None, None)] * ((Z.size if optimize_inducing else 0) + n_extra)
+
+
+def _unpack_kernel(state, p):
+    k = len(state.kernel.theta)
+    kernel = state.kernel.clone_with_theta(p[:k]) if k else state.kernel
+    nz = state.Z.size if state.optimize_inducing else 0
+    Z = p[k:k + nz].reshape(state.Z.shape) if nz else state.Z
+    return kernel, Z, p[k + nz:]
+
+
+class _LBFGSState:
+    """Batch fitting by L-BFGS-B: ``run`` minimises -objective(p) for at most ``epochs`` evaluations
+    (each one pass over the data, or for GFITC one converged EP), calling ``record`` after each."""
+
+    def run(self, likelihood, X, y, epochs, record, block_rows):
+        best = {}
+
+        def fun(p):
+            value, grad = self.objective(likelihood, X, y, p, block_rows)
+            if not np.isfinite(value):
+                return np.inf, np.zeros_like(p)
+            if not best or value > best["value"]:
+                best.update(value=value, p=p.copy())
+            record(value)
+            return -value, -grad
+
+        p0 = self.params()
+        if len(p0) == 0:     # everything fixed: GFITC's EP alone (SVI has μ, L_q, never empty)
+            fun(p0)
+            return
+        minimize(fun, p0, jac=True, method="L-BFGS-B", bounds=self.bounds(),
+                 options={"maxfun": epochs, "maxiter": epochs})
+        if best:
+            self.objective(likelihood, X, y, best["p"], block_rows)   # settle on the best point
+            self.log_z = best["value"]
+
+
+class GFITCState(_LBFGSState):
+    """GFITC: EP to convergence at each (θ, Z), warm started from the last sites."""
+
+    def __init__(self, kernel, Z, n, jitter, optimize_inducing, damping, tol=1e-6, max_passes=200):
+        self.kernel, self.Z, self.jitter = kernel, np.array(Z, dtype=np.float64), jitter
+        self.optimize_inducing, self.damping, self.tol, self.max_passes = (
+            optimize_inducing, damping, tol, max_passes)
+        self.tau, self.nu = np.zeros(n), np.zeros(n)
+        self.factor = InducingFactor(kernel, self.Z, jitter)
+        self.q = None
+        self.log_z = np.nan
+        self.reverted = 0
+
+    def params(self):
+        return _pack(self.kernel, self.Z, self.optimize_inducing)
+
+    def bounds(self):
+        return _bounds(self.kernel, self.Z, self.optimize_inducing, 0)
+
+    def objective(self, likelihood, X, y, p, block_rows):
+        """Converged EP evidence (SEP eq. (3) = GFITC's) and its gradient (eq. (4)) at p."""
+        kernel, Z, _ = _unpack_kernel(self, p)
+        try:
+            factor = InducingFactor(kernel, Z, self.jitter)
+            tau, nu, q, _, _ = run_ep(likelihood, X, y, factor, self.tau, self.nu, self.damping,
+                                      self.max_passes, self.tol, block_rows)
+        except NotPositiveDefiniteError:
+            self.reverted += 1
+            return -np.inf, np.zeros_like(p)
+        log_z, g_theta, g_Z, _ = evidence(likelihood, X, y, factor, q, tau, nu, block_rows)
+        self.kernel, self.Z, self.factor, self.q, self.tau, self.nu = kernel, Z, factor, q, tau, nu
+        self.log_z = log_z
+        return log_z, _pack_grad(g_theta, g_Z, self.optimize_inducing)
+
+
+def _pack_grad(g_theta, g_Z, optimize_inducing, extra=()):
+    return np.concatenate([g_theta, g_Z.ravel() if optimize_inducing else np.empty(0), *extra])
+
+
+def svi_block(likelihood, y, A, s, mean, Lq):
+    """One block's part of the bound (8) and of its gradient.
+
+    With μ_i = a_iᵀμ, σ_i² = s_i + |L_qᵀ a_i|² and (e, e_μ, e_σ²) from ``expected_log_prob``:
+    ∂/∂A = e_μ μᵀ + 2 e_σ² (A L_q L_qᵀ - A) (s_i = k_ii - |a_i|² included), ∂/∂k_ii = e_σ²,
+    ∂/∂μ = Aᵀ e_μ and ∂/∂L_q = 2 Aᵀ diag(e_σ²) A L_q.
+    Returns (e_sum, G_A, e_var, AtG, g_mean, G_L).
+    """
+    AL = A @ Lq
+    var = s + np.einsum("ij,ij->i", AL, AL)
+    e, e_m, e_v = likelihood.expected_log_prob(y, A @ mean, var)
+    G_A = np.outer(e_m, mean) + 2.0 * e_v[:, None] * (AL @ Lq.T - A)
+    return float(np.sum(e)), G_A, e_v, A.T @ G_A, A.T @ e_m, 2.0 * (A.T * e_v) @ AL
+
+
+def svi_bound(likelihood, X, y, factor, mean, Lq, block_rows, scale=1.0):
+    """The bound (8) and its gradient in (log θ, Z, μ, L_q); data terms scaled by ``scale``."""
+    parts = None
+    g_theta = np.zeros(len(factor.kernel.theta))
+    g_Z = np.zeros_like(factor.Z)
+    for start, stop in block_ranges(len(y), block_rows):
+        Xb = as_block(X, start, stop)
+        A, s = factor.whiten(Xb)
+        e, G_A, e_v, AtG, g_m, G_L = svi_block(likelihood, y[start:stop], A, s, mean, Lq)
+        gt, gz = factor.block_gradient(Xb, G_A, e_v)
+        g_theta += gt
+        g_Z += gz
+        parts = add_parts(parts, (e, AtG, g_m, G_L))
+    e, AtG, g_m, G_L = parts
+    gt, gz = factor.uu_gradient(scale * AtG)
+    d = np.diag(Lq)
+    kl = 0.5 * (np.sum(Lq * Lq) + mean @ mean - len(mean) - 2.0 * np.sum(np.log(np.abs(d))))
+    G_L = np.tril(scale * G_L - Lq + np.diag(1.0 / d))
+    return (scale * e - kl, scale * g_theta + gt, scale * g_Z + gz, scale * g_m - mean, G_L)
+
+
+class SVIState(_LBFGSState):
+    """SVI: variational parameters (μ, L_q) beside θ and Z, all moved by one optimiser."""
+
+    def __init__(self, kernel, Z, n, jitter, optimize_inducing):
+        self.kernel, self.Z, self.jitter = kernel, np.array(Z, dtype=np.float64), jitter
+        self.optimize_inducing = optimize_inducing
+        m = self.Z.shape[0]
+        self.mean, self.Lq = np.zeros(m), np.eye(m)
+        self.factor = InducingFactor(kernel, self.Z, jitter)
+        self.log_z = np.nan
+        self.reverted = 0
+        self._tril = np.tril_indices(m)
+
+    @property
+    def q(self):
+        return Posterior(mean=self.mean, cov=self.Lq @ self.Lq.T, h=np.zeros(len(self.mean)),
+                         logdet=np.nan)
+
+    def params(self):
+        return _pack(self.kernel, self.Z, self.optimize_inducing, (self.mean, self.Lq[self._tril]))
+
+    def bounds(self):
+        return _bounds(self.kernel, self.Z, self.optimize_inducing,
+                       len(self.mean) + len(self._tril[0]))
+
+    def _set(self, p):
+        kernel, Z, rest = _unpack_kernel(self, p)
+        m = len(self.mean)
+        Lq = np.zeros((m, m))
+        Lq[self._tril] = rest[m:]
+        factor = InducingFactor(kernel, Z, self.jitter)
+        self.kernel, self.Z, self.factor, self.mean, self.Lq = kernel, Z, factor, rest[:m].copy(), Lq
+
+    def objective(self, likelihood, X, y, p, block_rows, scale=1.0):
+        try:
+            self._set(p)
+        except NotPositiveDefiniteError:
+            self.reverted += 1
+            return -np.inf, np.zeros_like(p)
+        value, g_theta, g_Z, g_m, G_L = svi_bound(likelihood, X, y, self.factor, self.mean,
+                                                  self.Lq, block_rows, scale)
+        self.log_z = value
+        return value, _pack_grad(g_theta, g_Z, self.optimize_inducing, (g_m, G_L[self._tril]))
+
+    def minibatch_step(self, likelihood, Xb, yb, n, lr):
+        """One Adadelta ascent step on the minibatch estimate of the bound (data terms x n/|M|)."""
+        if not hasattr(self, "optimizer"):
+            from ._train import Adadelta
+            self.optimizer = Adadelta(len(self.params()), lr=lr)
+        p = self.params()
+        value, grad = self.objective(likelihood, Xb, yb, p, len(yb), scale=n / len(yb))
+        if not (np.isfinite(value) and np.all(np.isfinite(grad))):
+            self._set(p)
+            self.optimizer.lr *= 0.5
+            self.reverted += 1
+            return value
+        lo, hi = np.array(self.bounds(), dtype=float).T
+        new = np.clip(p + self.optimizer.step(grad), np.nan_to_num(lo, nan=-np.inf),
+                      np.nan_to_num(hi, nan=np.inf))
+        try:
+            self._set(new)
+        except NotPositiveDefiniteError:
+            self._set(p)
+            self.optimizer.lr *= 0.5
+            self.reverted += 1
+        return value
