@@ -91,7 +91,8 @@ def run(K, y, likelihood, prior_mean, *, schedule="sequential", max_iter=None, t
     if not (np.isfinite(log_evidence) and log_evidence <= 0.0):
         i = int(np.argmax(tau))
         raise DivergenceError(f"PL ({schedule}): impossible log evidence {log_evidence:.6g} after "
-                              f"{n_iter} sweeps; site {i} has precision {tau[i]:.3g}. {_COLLAPSE}",
+                              f"{n_iter} sweeps (no fixed point reached: undamped parallel sweeps oscillate, or the "
+                              f"marginals collapse; site {i} has precision {tau[i]:.3g}). {_COLLAPSE}",
                               method="pl", index=i, value=tau[i])
     return InferenceResult("pl", schedule, likelihood, post, log_evidence, n_iter, converged,
                            functools.partial(_gradient_matrix, linearisation["posterior"]),
