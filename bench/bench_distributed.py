@@ -1,0 +1,103 @@
+"""The fixed cost of one distributed iteration (SEP §2.3), m = 200: Dask (2 workers x 1 thread) against the
+same step in process, and what it would cost to bring the sites home each iteration instead of leaving them
+on the workers.
+
+Run: ``python -m pytest bench/bench_distributed.py`` (BLAS threads: ``GPC_BENCH_THREADS`` in this process,
+1 in the workers, which dask's nanny pins through OMP/MKL/OPENBLAS_NUM_THREADS).
+"""
+
+import logging
+
+import numpy as np
+import pytest
+from scipy.linalg import lapack
+
+from gpc.distributed import DaskEngine, InProcessEngine
+
+distributed = pytest.importorskip("distributed", reason='needs pip install "gpc[distributed]"')
+
+M = 200          # inducing points: q (m + m² numbers) goes out, the partial (m² + m + 2) comes back
+N_TINY = 64      # rows per iteration: so small that the step's arithmetic is negligible
+N_SITES = 200_000
+
+
+def payload_step(phi, q_state, theta, sites):
+    """A step with SEP's shapes: marginals of f = φᵀ w under q, new sites, O(m²) sums (SEP §2.3)."""
+    mean, cov = q_state
+    tau, nu = sites
+    v_f = np.einsum("ij,jk,ik->i", phi, cov, phi)
+    new_tau, new_nu = 0.5 * tau + 0.5 / v_f, 0.5 * nu + 0.5 * (phi @ mean) / v_f
+    partial = {"precision": (phi * new_tau[:, None]).T @ phi, "shift": phi.T @ new_nu,
+               "log_z": float(np.log(v_f).sum()), "rows": len(phi)}
+    return (new_tau, new_nu), partial
+
+
+def zero_sites(n_rows):
+    return np.zeros(n_rows), np.zeros(n_rows)
+
+
+def carry_sites(rows, q_state, theta, sites):
+    return sites, {"rows": len(rows)}
+
+
+@pytest.fixture(scope="module")
+def client():
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR,
+                                  env={"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+                                       "MKL_NUM_THREADS": "1"}) as cluster, \
+            distributed.Client(cluster) as client:
+        client.wait_for_workers(2, timeout=60)
+        yield client
+
+
+@pytest.fixture(scope="module")
+def problem():
+    rng = np.random.default_rng(0)
+    phi = rng.normal(size=(N_TINY, M)) / np.sqrt(M)
+    a = rng.normal(size=(M, M)) / np.sqrt(M)
+    cov = a @ a.T + np.eye(M)
+    return phi, (rng.normal(size=M), cov)
+
+
+@pytest.mark.benchmark(group="one iteration, n = 64, m = 200")
+def bench_lapack_dpotrf(record, problem):
+    cov = problem[1][1]
+    record("lapack dpotrf", lambda: lapack.dpotrf(cov, lower=1), rounds=50)
+
+
+@pytest.mark.benchmark(group="one iteration, n = 64, m = 200")
+def bench_in_process_step(record, problem):
+    phi, q = problem
+    engine = InProcessEngine(2).load((phi,), zero_sites)
+    total = record("in-process step (2 shards)", lambda: engine.step(payload_step, q, None), rounds=50)
+    assert total["rows"] == N_TINY
+
+
+@pytest.mark.benchmark(group="one iteration, n = 64, m = 200")
+def bench_dask_step(record, problem, client):
+    phi, q = problem
+    engine = DaskEngine(client).load((phi,), zero_sites)
+    total = record("dask step (2 workers x 1 thread)", lambda: engine.step(payload_step, q, None),
+                   rounds=30, warmup=3)
+    assert total["rows"] == N_TINY
+
+
+@pytest.mark.benchmark(group="sites of n = 200,000 rows")
+def bench_sites_stay(record, client):
+    """Sites stay on the workers (the engine's choice): an iteration moves no per-row data."""
+    engine = DaskEngine(client).load((np.zeros((N_SITES, 1)),), zero_sites)
+    record("dask step, sites stay on the workers", lambda: engine.step(carry_sites, None, None), rounds=10)
+
+
+@pytest.mark.benchmark(group="sites of n = 200,000 rows")
+def bench_sites_travel(record, client):
+    """The alternative's extra cost: every shard's sites to the master and back out, once per iteration."""
+    engine = DaskEngine(client).load((np.zeros((N_SITES, 1)),), zero_sites)
+    engine.step(carry_sites, None, None)
+
+    def round_trip():
+        sites = engine.sites()
+        return client.gather(client.scatter(sites, broadcast=False))
+
+    record("added per iteration: sites gathered, sent back", round_trip, rounds=10)

@@ -1,0 +1,23 @@
+"""Distributed training engines (SEP §2.3, Fig. 1 right): K shards of the data and their sites, one master q.
+
+``make_engine(client=None, n_shards=1)`` returns an `InProcessEngine` (shards in a list, steps in order) or,
+given a ``dask.distributed.Client``, a `DaskEngine` (shards persisted on the workers, pure step tasks).
+Both run the same step function and add its partial results in shard order, so they agree to rounding.
+See docs/distributed.md.
+"""
+
+from ._engine import InProcessEngine, add_partials, shard_bounds
+from ._dask import DaskEngine, DistributedError, INSTALL_HINT
+
+__all__ = ["InProcessEngine", "DaskEngine", "DistributedError", "make_engine", "add_partials", "shard_bounds"]
+
+
+def make_engine(client=None, n_shards=None, timeout=300.0):
+    """The engine for ``client``: in-process when it is None, Dask otherwise.
+
+    Raises ImportError naming ``pip install "gpc[distributed]"`` when a client is given but
+    dask.distributed is not installed.
+    """
+    if client is None:
+        return InProcessEngine(1 if n_shards is None else n_shards)
+    return DaskEngine(client, n_shards=n_shards, timeout=timeout)

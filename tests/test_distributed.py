@@ -1,0 +1,314 @@
+"""The distributed engines (SEP §2.3, Fig. 1 right): in-process and Dask give the same fit; a lost worker
+is not a failure; a closed client is a clear error."""
+
+import logging
+import os
+import functools
+import sys
+import time
+
+import dask.array as da
+import distributed   # in the test extra: CI always runs the cluster tests
+import numpy as np
+import pytest
+from scipy import linalg, special
+
+from gpc.distributed import (DaskEngine, DistributedError, InProcessEngine, add_partials, make_engine,
+                             shard_bounds)
+
+M_INDUCING = 15
+
+
+# -- a real numerical step: parallel EP with probit sites on f_i ≈ φ_iᵀ w, w ~ N(0, I) ------------------
+# φ_i = L⁻¹ k_u(x_i) with K_uu = L Lᵀ (whitened inducing values u = L w; SEP §2.1 with the DTC projection).
+# q(w) = N(μ, Σ) with Σ⁻¹ = I + Σ_i τ_i φ_i φ_iᵀ and Σ⁻¹μ = Σ_i ν_i φ_i (the master's sum of the shards'
+# site products, SEP §2.3).  The partial result is O(m²): (Σ τ φ φᵀ, Σ ν φ, Σ log Z_i, rows).
+
+def features(X, theta):
+    lengthscale, Z = theta
+    def rbf(A, B):
+        d2 = ((A[:, None, :] - B[None, :, :]) ** 2).sum(-1)
+        return np.exp(-0.5 * d2 / lengthscale ** 2)
+    L = linalg.cholesky(rbf(Z, Z) + 1e-6 * np.eye(len(Z)), lower=True)
+    return linalg.solve_triangular(L, rbf(Z, X), lower=True).T          # n × m
+
+
+def ep_step(X, y, q_state, theta, sites):
+    """One damped (0.5) parallel EP update of the shard's probit sites against q (R&W eq. (3.58)-(3.59))."""
+    mean, cov = q_state
+    tau, nu = sites
+    phi = features(X, theta)
+    m_f = phi @ mean
+    v_f = np.einsum("ij,jk,ik->i", phi, cov, phi)
+    tau_cav = 1.0 / v_f - tau                                   # cavity, natural parameters
+    nu_cav = m_f / v_f - nu
+    ok = tau_cav > 0
+    var_cav = np.where(ok, 1.0 / np.where(ok, tau_cav, 1.0), 1.0)
+    mu_cav = nu_cav * var_cav
+    z = y * mu_cav / np.sqrt(1.0 + var_cav)
+    log_z = special.log_ndtr(z)
+    ratio = np.exp(-0.5 * z ** 2 - log_z) / np.sqrt(2 * np.pi)   # N(z) / Φ(z)
+    mu_hat = mu_cav + y * var_cav * ratio / np.sqrt(1.0 + var_cav)
+    var_hat = var_cav - var_cav ** 2 * ratio * (z + ratio) / (1.0 + var_cav)
+    new_tau = np.where(ok, 0.5 * tau + 0.5 * (1.0 / var_hat - tau_cav), tau)
+    new_nu = np.where(ok, 0.5 * nu + 0.5 * (mu_hat / var_hat - nu_cav), nu)
+    partial = {"precision": (phi * new_tau[:, None]).T @ phi, "shift": phi.T @ new_nu,
+               "log_z": float(log_z[ok].sum()), "rows": len(y)}
+    return (new_tau, new_nu), partial
+
+
+def zero_sites(n_rows):
+    return np.zeros(n_rows), np.zeros(n_rows)
+
+
+def q_from(total):
+    precision = np.eye(M_INDUCING) + total["precision"]
+    cov = linalg.cho_solve(linalg.cho_factor(precision), np.eye(M_INDUCING))
+    return cov @ total["shift"], cov
+
+
+def fit(engine, X, y, n_iter=5, after_step=None, step=lambda it: ep_step):
+    """``n_iter`` EP iterations on ``engine`` (``step(it)`` gives iteration it's step); q, the last total and the sites."""
+    theta = (1.0, np.asarray(X[:: len(X) // M_INDUCING][:M_INDUCING]))   # NumPy also for a Dask X
+    engine.load((X, y), zero_sites)
+    q = (np.zeros(M_INDUCING), np.eye(M_INDUCING))
+    for it in range(n_iter):
+        total = engine.step(step(it), q, theta)
+        # every row of the data is counted at every step, by the engine and by the step itself
+        assert engine.rows_counted == total["rows"] == len(y)
+        q = q_from(total)
+        if after_step is not None:
+            after_step(it)
+    return q, total, engine.sites()
+
+
+def toy(n=600, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 2))
+    y = np.where(np.sin(2 * X[:, 0]) + X[:, 1] + 0.3 * rng.normal(size=n) > 0, 1.0, -1.0)
+    return X, y
+
+
+def assert_same_fit(a, b, atol):
+    (mean_a, cov_a), total_a, sites_a = a
+    (mean_b, cov_b), total_b, sites_b = b
+    np.testing.assert_allclose(mean_a, mean_b, rtol=0, atol=atol)
+    np.testing.assert_allclose(cov_a, cov_b, rtol=0, atol=atol)
+    np.testing.assert_allclose(total_a["log_z"], total_b["log_z"], rtol=0, atol=atol)
+    assert len(sites_a) == len(sites_b)
+    for (tau_a, nu_a), (tau_b, nu_b) in zip(sites_a, sites_b):
+        np.testing.assert_allclose(tau_a, tau_b, rtol=0, atol=atol)
+        np.testing.assert_allclose(nu_a, nu_b, rtol=0, atol=atol)
+
+
+# -- the engine's pieces, no cluster -------------------------------------------------------------------
+
+def test_shard_bounds_cover_rows_once():
+    bounds = shard_bounds(10, 3)
+    assert list(bounds) == [0, 4, 7, 10]
+    with pytest.raises(ValueError, match="non-empty shards"):
+        shard_bounds(2, 3)
+    with pytest.raises(ValueError, match="at least 1"):
+        shard_bounds(5, 0)
+
+
+def test_partials_are_added_leaf_by_leaf_in_order():
+    parts = [{"a": np.array([1.0, 2.0]), "b": (1, 2.5)}, {"a": np.array([3.0, 4.0]), "b": (2, 0.5)}]
+    total = add_partials(parts)
+    np.testing.assert_array_equal(total["a"], [4.0, 6.0])
+    assert total["b"] == (3, 3.0)
+    with pytest.raises(TypeError, match="same keys"):
+        add_partials([{"a": 1}, {"b": 1}])
+    with pytest.raises(ValueError, match="no partial"):
+        add_partials([])
+
+
+def test_in_process_shards_change_only_rounding():
+    """One shard or four: the same EP fit up to the order of the sums (rounding, ~1e-13 at n = 600)."""
+    X, y = toy()
+    assert_same_fit(fit(InProcessEngine(1), X, y), _merged(fit(InProcessEngine(4), X, y)), atol=1e-10)
+
+
+def _merged(result):
+    q, total, sites = result
+    return q, total, [tuple(np.concatenate(parts) for parts in zip(*sites))]
+
+
+def test_mismatched_rows_are_rejected():
+    with pytest.raises(ValueError, match="same number of rows"):
+        InProcessEngine(2).load((np.zeros((5, 2)), np.zeros(4)), zero_sites)
+    with pytest.raises(RuntimeError, match="load"):
+        InProcessEngine(2).step(ep_step, None, None)
+
+
+def test_client_without_dask_names_the_extra(monkeypatch):
+    for name in ["distributed", "dask.array"]:
+        monkeypatch.setitem(sys.modules, name, None)  # import of these now raises ImportError
+    with pytest.raises(ImportError, match=r'pip install "gpc\[distributed\]"'):
+        make_engine(client=object())
+    assert isinstance(make_engine(), InProcessEngine)  # no client: no dask needed
+
+
+# -- on a LocalCluster (2 worker processes x 1 thread, loopback) -----------------------------------------
+
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def client(cluster):
+    with distributed.Client(cluster, timeout=30) as client:
+        client.wait_for_workers(2, timeout=60)
+        yield client
+
+
+@pytest.mark.parametrize("engine_kind", ["in-process", "dask"])
+def test_revert_gives_back_the_sites_before_the_last_step(client, engine_kind):
+    """After a rejected step the shards carry on from their earlier sites: step, step, revert, step equals
+    step, step (the same step from the same sites and q, so equal to rounding; 1e-12)."""
+    X, y = toy(n=200)
+    theta = (1.0, X[:M_INDUCING])
+    q0 = (np.zeros(M_INDUCING), np.eye(M_INDUCING))
+    runs = []
+    for reverted in (False, True):
+        engine = InProcessEngine(2) if engine_kind == "in-process" else DaskEngine(client, n_shards=2, timeout=60)
+        engine.load((X, y), zero_sites)
+        with pytest.raises(RuntimeError, match="revert"):
+            engine.revert()
+        q1 = q_from(engine.step(ep_step, q0, theta))
+        if reverted:
+            engine.step(ep_step, (np.ones(M_INDUCING), np.eye(M_INDUCING)), theta)   # a step to reject
+            engine.revert()
+            with pytest.raises(RuntimeError, match="revert"):
+                engine.revert()   # one step back only
+        total = engine.step(ep_step, q1, theta)
+        runs.append((q_from(total), total, engine.sites()))
+    assert_same_fit(runs[0], runs[1], atol=1e-12)
+
+
+def test_bad_engine_arguments_are_named(client):
+    with pytest.raises(TypeError, match="dask.distributed.Client"):
+        make_engine(client="tcp://127.0.0.1:8786")
+    with pytest.raises(ValueError, match="timeout"):
+        DaskEngine(client, timeout=0)
+    with pytest.raises(ValueError, match="n_shards"):
+        DaskEngine(client, n_shards=0)
+    with pytest.raises(RuntimeError, match="load"):
+        DaskEngine(client).step(ep_step, None, None)
+    with pytest.raises(TypeError, match="tuple of arrays"):
+        DaskEngine(client).load(np.zeros((4, 2)), zero_sites)
+
+
+def test_dask_equals_in_process(client):
+    """5 EP iterations, 2 shards: the same q, log Z and sites to 1e-10 (the same float operations on the same
+    shards and the same shard-order sums; only BLAS's choice of kernel could differ, ~1e-15)."""
+    X, y = toy()
+    client.wait_for_workers(2, timeout=60)   # one shard per worker: both must be up
+    engine = make_engine(client, timeout=60)
+    distributed_fit = fit(engine, X, y)
+    assert len(engine.bounds) == 3   # one shard per worker
+    assert_same_fit(distributed_fit, fit(InProcessEngine(2), X, y), atol=1e-10)
+
+
+def test_dask_array_keeps_its_chunks(client):
+    X, y = toy(n=300)
+    Xd, yd = da.from_array(X, chunks=(100, 1)), da.from_array(y, chunks=100)
+    engine = DaskEngine(client, timeout=60)
+    result = fit(engine, Xd, yd, n_iter=3)
+    assert list(engine.bounds) == [0, 100, 200, 300]
+    assert_same_fit(result, fit(InProcessEngine(), Xd, yd, n_iter=3), atol=1e-10)
+
+
+async def _exit_process():
+    os._exit(1)   # no cleanup, no goodbye to the scheduler: what a crash or a lost machine looks like
+
+
+def crash_once_step(marker, *args):
+    """EP's step, except that the first shard to run it writes its worker's address to ``marker`` and its
+    process dies in the middle of the task (O_EXCL: exactly one shard, once; the rerun goes through)."""
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return ep_step(*args)
+    os.write(fd, distributed.get_worker().address.encode())
+    os.close(fd)
+    os._exit(1)
+
+
+@pytest.mark.parametrize("when", ["between steps", "during a step"])
+def test_killed_worker_is_not_a_failure(client, caplog, tmp_path, when):
+    """A worker process dies after step 2 of 6, or inside its task of step 3: its shard reruns elsewhere
+    from the source rows and the chain of earlier steps, every row is counted at every step, and the fit
+    equals an undisturbed one (a reset of the sites would be off by ~4e-2 here)."""
+    X, y = toy(seed=1)
+    engine = DaskEngine(client, n_shards=2, timeout=120)
+    marker = tmp_path / "killed"
+    killed = []
+
+    def step_at(it):
+        return functools.partial(crash_once_step, str(marker)) if it == 2 and when == "during a step" else ep_step
+
+    def after_step(it):
+        if it == 1 and when == "between steps":
+            victim = engine._addresses[0]
+            client.run(_exit_process, workers=[victim], wait=False)   # the worker process dies at once
+            deadline = time.monotonic() + 30   # wait until the scheduler has seen it go (bounded)
+            while victim in client.scheduler_info(n_workers=-1)["workers"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            killed.append(victim)
+        elif it == 2 and when == "during a step":
+            killed.append(marker.read_text())
+
+    with caplog.at_level(logging.WARNING, logger="gpc.distributed"):
+        disturbed = fit(engine, X, y, n_iter=6, after_step=after_step, step=step_at)
+    assert killed[0] not in client.scheduler_info(n_workers=-1)["workers"]
+    assert any("left the cluster" in r.getMessage() and killed[0] in r.getMessage() for r in caplog.records)
+    assert_same_fit(disturbed, fit(InProcessEngine(2), X, y, n_iter=6), atol=1e-10)
+    client.wait_for_workers(2, timeout=60)   # the nanny restarts the worker for the next tests
+
+
+async def _reset_connection(client):
+    client.scheduler_comm.comm.abort()   # the TCP stream to the scheduler breaks; the client reconnects
+
+
+@pytest.mark.parametrize("broken, message", [("closed", "closed"), ("reset", "connection")])
+def test_lost_connection_is_a_clear_error(cluster, broken, message):
+    """The client is closed, or its connection to the scheduler breaks mid-fit (the scheduler then cancels
+    the client's tasks, shards and sites with them): the next step says so at once instead of waiting."""
+    X, y = toy(n=200)
+    with distributed.Client(cluster, timeout=30) as other:
+        engine = DaskEngine(other, timeout=20)
+        engine.load((X, y), zero_sites)
+        q = (np.zeros(M_INDUCING), np.eye(M_INDUCING))
+        theta = (1.0, X[:M_INDUCING])
+        engine.step(ep_step, q, theta)
+        if broken == "closed":
+            other.close()
+        else:
+            other.sync(_reset_connection, other)
+        start = time.monotonic()
+        with pytest.raises(DistributedError, match=message):
+            engine.step(ep_step, q, theta)
+        assert time.monotonic() - start < 20   # no hang: inside the engine's timeout
+
+
+def test_unanswered_step_times_out(client):
+    """A step the cluster cannot finish in time (here a task that sleeps past the engine's timeout; a silent
+    scheduler looks the same to the client) raises within the timeout instead of hanging."""
+    X, y = toy(n=200)
+    engine = DaskEngine(client, timeout=1)
+    engine.load((X, y), zero_sites)
+    start = time.monotonic()
+    with pytest.raises(DistributedError, match="did not finish within 1 s"):
+        engine.step(sleeping_step, None, None)
+    assert time.monotonic() - start < 10   # the 1 s timeout, plus slack for a loaded machine
+
+
+def sleeping_step(X, y, q_state, theta, sites):
+    time.sleep(3)
+    return sites, {"rows": len(y)}
