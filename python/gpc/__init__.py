@@ -7,7 +7,8 @@
 
 from . import datasets, kernels, likelihoods
 from .classifier import GaussianProcessClassifier
-from .exceptions import ConvergenceWarning, NegativeVarianceError, NotPositiveDefiniteError
+from .exceptions import (ConvergenceWarning, DivergenceError, NegativeVarianceError, NotPositiveDefiniteError,
+                         NumericalError)
 from .inference import InferenceResult, available_methods, infer
 from .multiclass import MultiClassGPC
 from .sparse import SparseGaussianProcessClassifier
@@ -17,6 +18,7 @@ __version__ = "0.1.0.dev0"
 __all__ = [
     "GaussianProcessClassifier", "MultiClassGPC", "SparseGaussianProcessClassifier", "infer",
     "available_methods", "InferenceResult",
-    "ConvergenceWarning", "NegativeVarianceError", "NotPositiveDefiniteError",
+    "ConvergenceWarning", "NumericalError", "NegativeVarianceError", "DivergenceError",
+    "NotPositiveDefiniteError",
     "kernels", "likelihoods", "datasets",
 ]

@@ -242,7 +242,9 @@ class _BinaryGPC:
 
     def proba_positive(self, X):
         mean, var = self.latent_mean_and_variance(X)
-        return self.result_.likelihood.predictive_probability(mean, var)
+        # a predictive variance of exactly 0 (clamped from rounding, e.g. a Linear kernel through
+        # the training points) means p(+1 | mean) itself; the smallest normal float gives that
+        return self.result_.likelihood.predictive_probability(mean, np.maximum(var, np.finfo(float).tiny))
 
     def predict_proba(self, X):
         p = self.proba_positive(X)
@@ -394,6 +396,8 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
         if _CompoundKernel is not None and isinstance(self.kernel, _CompoundKernel):
             raise ValueError("kernel cannot be a CompoundKernel")
         check_positive_int(self.n_restarts_optimizer, "n_restarts_optimizer", minimum=0)
+        if not (self.optimizer is None or self.optimizer == "fmin_l_bfgs_b" or callable(self.optimizer)):
+            raise ValueError(f"optimizer must be 'fmin_l_bfgs_b', a callable or None, got {self.optimizer!r}")
         check_positive_int(self.max_iter_predict, "max_iter_predict")
         for name in ("warm_start", "copy_X_train"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
@@ -587,7 +591,9 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
                 P[:, i] += p
                 P[:, j] += 1.0 - p
         total = P.sum(axis=1, keepdims=True)
-        return P / np.where(total > 0, total, 1.0)
+        # every one-vs-rest probability of a row can underflow to 0 (far from all data at a huge
+        # σ²): no class is preferred, so the row is uniform rather than all zeros
+        return np.where(total > 0, P / np.where(total > 0, total, 1.0), 1.0 / self.n_classes_)
 
     def predict(self, X):
         """The class with the largest predictive probability."""

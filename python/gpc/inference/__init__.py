@@ -12,6 +12,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from .._linalg import cholesky_lower
+from ..exceptions import DivergenceError, NumericalError
 from .._validation import (check_kernel_matrix, check_positive_float, check_positive_int,
                            check_prior_mean, check_signed_labels)
 from ..likelihoods import get_likelihood
@@ -98,6 +99,24 @@ def infer(K, y, likelihood="probit", method="laplace", schedule=None, prior_mean
     Returns
     -------
     InferenceResult
+        Finite, with a log evidence ≤ 0.
+
+    Raises
+    ------
+    ValueError, TypeError
+        Bad input, named in the message (including a K that is not positive definite:
+        ``NotPositiveDefiniteError``, a ValueError).
+    gpc.exceptions.NumericalError
+        A numerical failure the method meets by its nature on valid input, naming the method, the site
+        and the value: ``NegativeVarianceError`` (EP with a non-log-concave likelihood and
+        ``on_negative="raise"``), ``DivergenceError`` (an iteration that left the finite region or
+        reached an impossible evidence).  No FloatingPointError or LinAlgError escapes.
+
+    Warns
+    -----
+    gpc.exceptions.ConvergenceWarning
+        The iteration limit was reached first; the last iterate is returned (it passed the checks
+        above).
     """
     if check_kernel:
         K = check_kernel_matrix(K)
@@ -125,9 +144,42 @@ def infer(K, y, likelihood="probit", method="laplace", schedule=None, prior_mean
         tol = check_positive_float(tol, "tol")
     # ``init`` (a previous result, for warm starts) goes to the methods that can use it
     init = options.pop("init", None)
+    if init is not None and not isinstance(init, InferenceResult):
+        raise TypeError(f"init must be an InferenceResult (a previous result), got {type(init).__name__}")
     if init is not None and entry.warm_start:
         options["init"] = init
-    return entry.run(K, y, lik, m0, schedule=schedule, max_iter=max_iter, tol=tol, **options)
+    try:
+        # overflow on the way is handled by the methods (a failed step, a clipped site); what
+        # matters is the result, which _check_result below vets
+        with np.errstate(over="ignore", under="ignore", divide="ignore", invalid="ignore"):
+            result = entry.run(K, y, lik, m0, schedule=schedule, max_iter=max_iter, tol=tol, **options)
+    except (NumericalError, ValueError, TypeError):
+        raise
+    except (ArithmeticError, np.linalg.LinAlgError) as exc:
+        # the policy of gpc.exceptions: a bare numerical failure leaves as a NumericalError
+        raise DivergenceError(f"{key}: {exc}", method=key) from exc
+    return _check_result(result, key)
+
+
+#: a log evidence above this is impossible for a probability of discrete labels (≤ 0); the
+#: margin covers rounding of sums over n ≤ 1e6 terms of size ≤ 1e3 (1e-16 · 1e9 ≈ 1e-7)
+_LOG_EVIDENCE_SLACK = 1e-6
+
+
+def _check_result(result, method):
+    """Never hand out an impossible value (gpc.exceptions policy): a non-finite mean or log
+    evidence, or a log evidence above 0 (every method's evidence approximates or bounds the
+    probability of the labels, so ln Z ≤ 0)."""
+    evidence = float(result.log_evidence)
+    if not np.isfinite(evidence) or evidence > _LOG_EVIDENCE_SLACK:
+        raise DivergenceError(f"{method}: impossible log evidence {evidence:.6g} (a log probability of "
+                              "the labels is finite and ≤ 0); the iteration diverged", method=method,
+                              value=evidence)
+    bad = np.flatnonzero(~np.isfinite(result.posterior.mean))
+    if bad.size:
+        raise DivergenceError(f"{method}: non-finite posterior mean at site {bad[0]}", method=method,
+                              index=bad[0], value=result.posterior.mean[bad[0]])
+    return result
 
 
 __all__ = ["infer", "available_methods", "InferenceResult", "Method", "METHODS"]

@@ -35,7 +35,7 @@ import warnings
 import numpy as np
 
 from .._linalg import cho_inverse_lower, cho_solve_lower, cholesky_lower, log_det_from_cholesky, solve_lower
-from ..exceptions import ConvergenceWarning
+from ..exceptions import ConvergenceWarning, NotPositiveDefiniteError
 from ..posterior import SitePosterior
 from ._result import InferenceResult
 
@@ -126,8 +126,8 @@ def run(K, y, likelihood, prior_mean, *, schedule=None, max_iter=None, tol=None,
         d_w = w_star - st.w
         step = 1.0
         for _ in range(MAX_HALVINGS + 1):
-            trial = _State(K, y, likelihood, m0, st.alpha + step * d_alpha, st.w + step * d_w)
-            if trial.bound >= st.bound - 1e-13 * abs(st.bound):
+            trial = _trial_state(K, y, likelihood, m0, st.alpha + step * d_alpha, st.w + step * d_w)
+            if trial is not None and trial.bound >= st.bound - 1e-13 * abs(st.bound):
                 break
             step *= 0.5
         else:
@@ -148,7 +148,19 @@ def run(K, y, likelihood, prior_mean, *, schedule=None, max_iter=None, tol=None,
     posterior = SitePosterior(K, tau, nu, m0)
 
     return InferenceResult("kl", None, likelihood, posterior, float(st.bound), n_iter, converged,
-                           functools.partial(_gradient_matrix, K, st), info={"alpha": st.alpha, "w": st.w, "E": st.E})
+                           functools.partial(_gradient_matrix, K, st),
+                           info={"alpha": st.alpha, "w": st.w, "E": st.E})
+
+
+def _trial_state(K, y, likelihood, m0, alpha, w):
+    """The state at a trial step, or None where the step left the region in which the bound is
+    finite (an expected log-likelihood that underflows, a B that cannot be factored): such a step
+    has failed like one that lowers the bound, and the line search halves it."""
+    try:
+        trial = _State(K, y, likelihood, m0, alpha, w)
+    except (FloatingPointError, NotPositiveDefiniteError):
+        return None
+    return trial if np.isfinite(trial.bound) else None
 
 
 def _gradient_matrix(K, st):

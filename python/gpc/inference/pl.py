@@ -24,9 +24,10 @@ optimiser uses this gradient; tests check it against finite differences of log p
 import numpy as np
 from numpy.polynomial.hermite_e import hermegauss
 
+from ..exceptions import DivergenceError
 from ..posterior import SitePosterior
 from ._result import InferenceResult
-from ._sites import check_options, run_schedule
+from ._sites import check_options, run_schedule, visiting_order
 
 DEFAULT_MAX_ITER = 100
 DEFAULT_TOL = 1e-6
@@ -36,6 +37,16 @@ DEFAULT_CORRECTION_ORDER = 32
 #: default damping per schedule: undamped parallel PL oscillates once the prior amplitude is large
 #: (crabs, σ² = e⁶: no convergence in 200 sweeps; damped 0.5: 65 sweeps to the sequential fixed point)
 DEFAULT_DAMPING = {"sequential": 1.0, "parallel": 0.5}
+
+
+#: why PL can diverge (issue 17): for a step-like likelihood (Heaviside, noisy threshold with small
+#: ε) the SLR against a marginal N(ū_i, W_i) centred on the step has A_i ≈ 2(1 − 2ε) φ(0)/√W_i, so
+#: τ_i = A_i²/Ω_i ≈ 1.6/W_i (PL eq. (15)-(16)): the new site alone is more precise than the marginal
+#: it came from, the next marginal is narrower still, and τ_i grows geometrically.  Labels that a
+#: smooth kernel cannot separate put marginals on the step and trigger it; there is no fixed point.
+_COLLAPSE = ("Site precisions grow without bound when a step-like likelihood is linearised against a "
+             "marginal centred on its step (labels the kernel cannot separate); use method='ep', a "
+             "larger noise level ε, or a shorter length scale")
 
 
 def run(K, y, likelihood, prior_mean, *, schedule="sequential", max_iter=None, tol=None,
@@ -63,11 +74,24 @@ def run(K, y, likelihood, prior_mean, *, schedule="sequential", max_iter=None, t
     max_iter = DEFAULT_MAX_ITER if max_iter is None else max_iter
     tol = DEFAULT_TOL if tol is None else tol
     m0 = prior_mean
-    post, tau, nu, n_iter, converged, _ = run_schedule(
-        K, y, likelihood, m0, rule="pl", schedule=schedule, max_iter=max_iter, tol=tol,
-        damping=damping, on_negative="clip", order=order, random_state=random_state,
-        block=block, init=init, converged_by="moments")
+    visiting_order(len(y), order, random_state)       # bad options raise here, before the sweeps
+    if block is not None and int(block) < 1:
+        raise ValueError("block must be a positive integer")
+    try:
+        post, tau, nu, n_iter, converged, _ = run_schedule(
+            K, y, likelihood, m0, rule="pl", schedule=schedule, max_iter=max_iter, tol=tol,
+            damping=damping, on_negative="clip", order=order, random_state=random_state,
+            block=block, init=init, converged_by="moments")
+    except (ValueError, ArithmeticError) as exc:
+        raise DivergenceError(f"PL ({schedule}): the posterior marginals collapsed ({exc}). {_COLLAPSE}",
+                              method="pl") from exc
     log_evidence, linearisation = pl_log_evidence(K, post, y, likelihood, m0, correction_order)
+    if not (np.isfinite(log_evidence) and log_evidence <= 0.0):
+        i = int(np.argmax(tau))
+        raise DivergenceError(f"PL ({schedule}): impossible log evidence {log_evidence:.6g} after "
+                              f"{n_iter} sweeps (no fixed point reached: undamped parallel sweeps oscillate, or the "
+                              f"marginals collapse; site {i} has precision {tau[i]:.3g}). {_COLLAPSE}",
+                              method="pl", index=i, value=tau[i])
     return InferenceResult("pl", schedule, likelihood, post, log_evidence, n_iter, converged,
                            linearisation["posterior"].gradient_matrix,
                            info=linearisation)

@@ -29,6 +29,7 @@ a stationary point of ln Z_VB(ς), so the gradient in θ is the partial derivati
     M = ½ (α αᵀ − R),   R = T^½ B⁻¹ T^½.
 """
 
+import functools
 import warnings
 
 import numpy as np

@@ -1,0 +1,68 @@
+"""Property-based checks of gpc.exceptions' policy over infer() (hypothesis).
+
+CI runs a few dozen derandomised examples; ``-m slow`` runs many more.  Every run either returns a
+finite result (log evidence ≤ 0, finite mean, non-negative variances) or raises an exception of the
+policy: ValueError / TypeError for bad input, gpc.exceptions.NumericalError for a numerical failure.
+"""
+
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from gpc import infer
+from gpc.exceptions import NumericalError
+
+from helpers import rbf
+
+PAIRS = [("laplace", "probit", None), ("laplace", "logit", None), ("ep", "probit", "sequential"),
+         ("ep", "probit", "parallel"), ("ep", "heaviside", "sequential"),
+         ("ep", "noisy_threshold", "parallel"), ("pl", "probit", "sequential"),
+         ("pl", "noisy_threshold", "parallel"), ("kl", "logit", None), ("kl", "probit", None),
+         ("vb", "logit", None), ("vb", "probit", None), ("mf-ensemble", "probit", None),
+         ("mf-naive", "probit", None), ("online", "probit", None), ("online", "heaviside", None)]
+
+problems = st.fixed_dictionaries({
+    "n": st.integers(2, 12),
+    "seed": st.integers(0, 2**16),
+    "log_ell": st.floats(np.log(1e-4), np.log(1e4)),
+    "log_sf2": st.floats(np.log(1e-4), np.log(1e4)),
+    "pair": st.sampled_from(PAIRS),
+    "max_iter": st.sampled_from([None, 1, 3]),
+})
+
+
+def _check_one(p):
+    rng = np.random.default_rng(p["seed"])
+    X = rng.standard_normal((p["n"], 2))
+    y = rng.choice([-1.0, 1.0], p["n"])
+    K = rbf(X, np.exp(p["log_ell"]), np.exp(p["log_sf2"]))
+    method, likelihood, schedule = p["pair"]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            r = infer(K, y, likelihood=likelihood, method=method, schedule=schedule,
+                      max_iter=p["max_iter"])
+    except (ValueError, TypeError, NumericalError):
+        return          # inside the policy (a K that is numerically singular is bad input)
+    assert np.isfinite(r.log_evidence) and r.log_evidence <= 0.0
+    assert np.all(np.isfinite(r.mean))
+    var = r.posterior.diag_cov()
+    # variances are non-negative up to rounding of K's scale (1e-12 relative to its largest entry)
+    assert np.all(np.isfinite(var)) and np.all(var >= -1e-12 * np.max(np.diag(K)))
+
+
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(problems)
+def test_infer_obeys_the_exception_policy(p):
+    _check_one(p)
+
+
+@pytest.mark.slow
+@settings(max_examples=10_000, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(problems)
+def test_infer_obeys_the_exception_policy_many(p):
+    _check_one(p)

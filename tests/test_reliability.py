@@ -1,0 +1,158 @@
+"""Regression tests from the reproducers of issue 17 and the exception policy of gpc.exceptions."""
+
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+
+import gpc
+from gpc import GaussianProcessClassifier, infer
+from gpc.exceptions import DivergenceError, NumericalError
+from gpc.kernels import RBF, ConstantKernel
+from gpc.likelihoods import Logit, NoisyThreshold, Probit
+
+from helpers import rbf, toy
+
+
+def test_kl_logit_line_search_backtracks_out_of_the_non_finite_region():
+    # item 1: a trial step whose expected log-likelihood underflows used to end the fit with a
+    # FloatingPointError; it is a failed step and the line search halves it
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((200, 3))
+    y = np.digitize(X[:, 1], [-0.4, 0.4])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gpc.ConvergenceWarning)
+        model = GaussianProcessClassifier(ConstantKernel(1.0) * RBF(1.0), likelihood="logit",
+                                          method="kl").fit(X, y)
+    proba = model.predict_proba(X)
+    assert np.all(np.isfinite(proba))
+    # rows sum to one up to rounding of a three-term normalisation
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-12)
+    assert all(b.result_.log_evidence <= 0.0 for b in model.base_estimators_)
+    # the classes are a function of X[:, 1]: a working fit classifies most training points
+    assert model.score(X, y) > 0.8
+
+
+def _random_labels(seed, n=25):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n, 1)), rng.choice([-1.0, 1.0], n)
+
+
+@pytest.mark.parametrize("max_iter", [None, 20])
+@pytest.mark.parametrize("schedule", ["parallel", "sequential"])
+def test_pl_noisy_threshold_collapse_stops_with_a_divergence_error(schedule, max_iter):
+    # item 2: random labels under a smooth kernel put marginals on the step; PL's site precisions
+    # then grow geometrically.  Before the fix: three different exceptions, or (max_iter first) a
+    # log evidence of +55.  Now: a DivergenceError that names the method
+    x, y = _random_labels(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gpc.ConvergenceWarning)
+        with pytest.raises(DivergenceError) as info:
+            infer(rbf(x, 3.0), y, likelihood=NoisyThreshold(0.01), method="pl", schedule=schedule,
+                  max_iter=max_iter)
+    assert info.value.method == "pl"
+
+
+def test_pl_noisy_threshold_on_separable_labels_still_converges():
+    # the guard of item 2 must not reject PL where it works: labels the kernel can fit
+    x, _ = _random_labels(1)
+    y = np.where(x[:, 0] > 0, 1.0, -1.0)
+    r = infer(rbf(x, 1.0), y, likelihood=NoisyThreshold(0.1), method="pl", schedule="parallel")
+    assert r.converged and np.isfinite(r.log_evidence) and r.log_evidence <= 0.0
+
+
+@pytest.mark.parametrize("likelihood", [Probit(), Logit(), "heaviside", NoisyThreshold(0.1)])
+def test_predictive_probability_at_zero_predictive_variance(likelihood):
+    # item 5: predict clamps the latent variance to >= 0 and the probability used to demand > 0.
+    # A test point equal to a training point with a noiseless rank-one kernel gives variance 0
+    X, y = toy(12, 3)
+    model = GaussianProcessClassifier(RBF(1.0, "fixed"), likelihood=likelihood, method="ep",
+                                      optimizer=None).fit(X, y)
+    b = model.base_estimators_[0]
+    mean, _ = b.latent_mean_and_variance(X[:2])
+    b.latent_mean_and_variance = lambda X_: (mean, np.zeros_like(mean))      # exactly the clamped case
+    p = model.predict_proba(X[:2])
+    assert np.all((p >= 0) & (p <= 1))
+    # p(+1 | mean) by a different route (log_prob): equal up to a few ulp of rounding
+    np.testing.assert_allclose(p[:, 1], likelihood_prob(model, mean), rtol=1e-14)
+
+
+def likelihood_prob(model, mean):
+    """p(+1 | f = mean), the limit of the predictive probability as the variance goes to 0."""
+    lik = model.base_estimators_[0].result_.likelihood
+    return np.exp(lik.log_prob(np.ones_like(mean), mean))
+
+
+def test_one_vs_rest_rows_whose_probabilities_all_underflow_are_uniform():
+    # item 6: rows of all-zero binary probabilities were returned as all-zero rows
+    X, _ = toy(30, 4)
+    y = np.digitize(X[:, 0], [-0.4, 0.4])
+    model = GaussianProcessClassifier(RBF(1.0, "fixed"), method="laplace", optimizer=None).fit(X, y)
+    for b in model.base_estimators_:
+        b.proba_positive = lambda X_: np.zeros(len(X_))
+    p = model.predict_proba(X[:3])
+    np.testing.assert_array_equal(p, np.full((3, 3), 1.0 / 3.0))
+
+
+def test_init_must_be_a_result():
+    # item 8: init={} raised AttributeError
+    X, y = toy(10, 5)
+    with pytest.raises(TypeError, match="init must be an InferenceResult"):
+        infer(rbf(X), y, method="ep", init={})
+
+
+def test_unknown_optimizer_is_rejected_even_with_a_fixed_kernel():
+    # item 8: optimizer="bogus" was accepted when the kernel has no free hyperparameter
+    X, y = toy(10, 5)
+    with pytest.raises(ValueError, match="optimizer"):
+        GaussianProcessClassifier(RBF(1.0, "fixed"), optimizer="bogus").fit(X, y)
+
+
+def test_bare_floating_point_error_leaves_infer_as_a_numerical_error(monkeypatch):
+    # the policy's last line: a FloatingPointError from inside a method is translated, with the method
+    X, y = toy(10, 6)
+
+    def fail(*args, **kwargs):
+        raise FloatingPointError("moment not representable")
+
+    monkeypatch.setattr(Probit, "tilted_moments", fail)
+    with pytest.raises(NumericalError) as info:
+        infer(rbf(X), y, method="ep", schedule="parallel")
+    assert info.value.method == "ep" and not isinstance(info.value, FloatingPointError)
+
+
+def test_numerical_errors_share_one_base_class():
+    assert issubclass(gpc.NegativeVarianceError, NumericalError)
+    assert issubclass(DivergenceError, NumericalError)
+    err = gpc.NegativeVarianceError(3, -0.5)
+    assert (err.method, err.index, err.value) == ("ep", 3, -0.5)
+
+
+METHOD_LIKELIHOODS = [("laplace", "probit"), ("ep", "probit"), ("pl", "probit"), ("kl", "logit"),
+                      ("vb", "logit"), ("mf-ensemble", "probit"), ("mf-naive", "probit"),
+                      ("online", "probit")]
+
+
+@pytest.mark.parametrize("method,likelihood", METHOD_LIKELIHOODS)
+def test_results_pickle_with_their_gradient(method, likelihood):
+    X, y = toy(15, 7)
+    K = rbf(X, 1.3)
+    r = infer(K, y, likelihood=likelihood, method=method)
+    back = pickle.loads(pickle.dumps(r))
+    if r.gradient_matrix is None:       # a method without gradient (online): nothing to keep
+        assert back.gradient_matrix is None
+        return
+    assert back.gradient_matrix is not None
+    # the unpickled matrix is computed from the same stored arrays: identical bits
+    np.testing.assert_array_equal(back.gradient_matrix(), r.gradient_matrix())
+
+
+@pytest.mark.parametrize("method,likelihood", METHOD_LIKELIHOODS)
+def test_log_evidence_is_a_log_probability(method, likelihood):
+    # every method's evidence approximates or bounds p(y | X) of discrete labels: finite and <= 0
+    X, y = toy(20, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gpc.ConvergenceWarning)
+        r = infer(rbf(X, 1.0, 100.0), y, likelihood=likelihood, method=method)
+    assert np.isfinite(r.log_evidence) and r.log_evidence <= 0.0
