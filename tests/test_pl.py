@@ -146,11 +146,19 @@ def test_parallel_default_damping_converges_where_undamped_oscillates():
     X = (X - X.mean(0)) / X.std(0)
     y = np.where(y == np.unique(y)[1], 1.0, -1.0)
     K = rbf(X, np.e, np.exp(6.0)) + 0.1 * np.eye(len(y))
-    # undamped: no fixed point in 200 sweeps, and the last iterate's evidence is impossible (> 0),
-    # which infer refuses (gpc.exceptions policy) rather than return
+    # undamped: no fixed point in 200 sweeps (a warning); the last iterate is either refused with a
+    # DivergenceError (its evidence is impossible) or returned unconverged with a finite evidence ≤ 0
+    # (gpc.exceptions policy: never an impossible value)
     from gpc.exceptions import DivergenceError
-    with pytest.warns(Warning, match="did not converge"), pytest.raises(DivergenceError):
-        infer(K, y, likelihood="probit", method="pl", schedule="parallel", damping=1.0, max_iter=200)
+    with pytest.warns(Warning, match="did not converge"):
+        try:
+            undamped = infer(K, y, likelihood="probit", method="pl", schedule="parallel", damping=1.0,
+                             max_iter=200)
+        except DivergenceError:
+            undamped = None
+    if undamped is not None:
+        assert not undamped.converged
+        assert np.isfinite(undamped.log_evidence) and undamped.log_evidence <= 0.0
     damped = infer(K, y, likelihood="probit", method="pl", schedule="parallel", max_iter=400, tol=1e-9)
     seq = infer(K, y, likelihood="probit", method="pl", schedule="sequential", tol=1e-9)
     assert damped.converged
