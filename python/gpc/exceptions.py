@@ -27,6 +27,17 @@ class ConvergenceWarning(UserWarning):
 class NumericalError(ArithmeticError):
     """A method met a numerical failure on valid input (base class of gpc's numerical errors).
 
+    Parameters
+    ----------
+    message : str
+        What failed, naming the method, the site and the value.
+    method : str or None, default=None
+        The inference method ("ep", "pl", "online", ...).
+    index : int or None, default=None
+        The 0-based site (datum) at which it failed, or None when no single site is to blame.
+    value : float or None, default=None
+        The offending value (a variance, a site precision, a log evidence, ...).
+
     Attributes
     ----------
     method : str or None
@@ -83,7 +94,19 @@ class NegativeVarianceError(NumericalError):
 
 class DivergenceError(NumericalError):
     """An iteration left the region where its quantities are finite (a site precision or a moment
-    overflowed, an evidence became impossible) and no step back could repair it."""
+    overflowed, an evidence became impossible) and no step back could repair it.
+
+    Parameters
+    ----------
+    message : str
+        What failed, naming the method, the site and the value.
+    method : str or None, default=None
+        The inference method ("ep", "pl", "online", ...).
+    index : int or None, default=None
+        The 0-based site (datum) at which it failed, or None when no single site is to blame.
+    value : float or None, default=None
+        The offending value (a variance, a site precision, a log evidence, ...).
+    """
 
 
 class NotPositiveDefiniteError(ValueError, ArithmeticError):

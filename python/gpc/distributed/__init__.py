@@ -15,8 +15,24 @@ __all__ = ["InProcessEngine", "DaskEngine", "DistributedError", "make_engine", "
 def make_engine(client=None, n_shards=None, timeout=300.0):
     """The engine for ``client``: in-process when it is None, Dask otherwise.
 
-    Raises ImportError naming ``pip install "gpc[distributed]"`` when a client is given but
-    dask.distributed is not installed.
+    Parameters
+    ----------
+    client : dask.distributed.Client or None, default=None
+        The cluster to run on; None runs the shards in this process, one after another.
+    n_shards : int or None, default=None
+        Number of row shards; None means one per worker (one in process).
+    timeout : float, default=300.0
+        Seconds any wait on the cluster may take before a ``DistributedError``.
+
+    Returns
+    -------
+    InProcessEngine or DaskEngine
+
+    Raises
+    ------
+    ImportError
+        Naming ``pip install "gpc[distributed]"`` when a client is given but dask.distributed is
+        not installed.
     """
     if client is None:
         return InProcessEngine(1 if n_shards is None else n_shards)

@@ -16,7 +16,20 @@ import numpy as np
 
 
 def shard_bounds(n_rows, n_shards):
-    """Row boundaries of ``n_shards`` contiguous shards of nearly equal size (as ``np.array_split``)."""
+    """Row boundaries of ``n_shards`` contiguous shards of nearly equal size (as ``np.array_split``).
+
+    Parameters
+    ----------
+    n_rows : int
+        Number of rows to split.
+    n_shards : int
+        Number of shards, at least 1 and at most ``n_rows``.
+
+    Returns
+    -------
+    ndarray of int, shape (n_shards + 1,)
+        Shard k holds rows ``bounds[k]:bounds[k + 1]``.
+    """
     n_rows, n_shards = int(n_rows), int(n_shards)
     if n_shards < 1:
         raise ValueError(f"n_shards must be at least 1, got {n_shards}")
@@ -30,7 +43,15 @@ def shard_bounds(n_rows, n_shards):
 def add_partials(partials):
     """Sum a sequence of partial results in the order given (shard order), leaf by leaf.
 
-    Leaves are numbers or arrays; containers are dicts (same keys), tuples or lists (same length).
+    Parameters
+    ----------
+    partials : iterable
+        The shards' partial results, in shard order. Leaves are numbers or arrays; containers are
+        dicts (same keys), tuples or lists (same length).
+
+    Returns
+    -------
+    The sum, with the structure of one partial.
     """
     partials = list(partials)
     if not partials:
