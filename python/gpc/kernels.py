@@ -522,7 +522,6 @@ class _Stationary(Kernel):
     """
 
     _hyper = ("length_scale",)
-    _w_is_f = False   # True where W = -f'(r)/r equals f itself (the squared exponential)
 
     def _kind(self):
         raise NotImplementedError
@@ -533,10 +532,6 @@ class _Stationary(Kernel):
             raise ValueError(f"length_scale has {ls.size} entries (ARD) but X has "
                              f"{n_features} features")
         return ls
-
-    @property
-    def anisotropic(self):
-        return np.ndim(self.length_scale) > 0 and np.size(self.length_scale) > 1
 
     def _scaled(self, X, Y):
         ls = self._length_scales(X.shape[1])
@@ -640,8 +635,6 @@ class RBF(_Stationary):
 
     def _kind(self):
         return 0
-
-    _w_is_f = True
 
 
 class Matern(_Stationary):
