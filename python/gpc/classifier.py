@@ -273,7 +273,7 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
     kernel : gpc or scikit-learn kernel, default 1.0 * RBF(1.0) with fixed hyperparameters
     likelihood : str or Likelihood, default "probit"
         "probit", "logit", "noisy_threshold" or "heaviside" (or an instance, e.g. NoisyThreshold(0.05)).
-    method : str, default "ep" when available, else "laplace"
+    method : str or None, default None (meaning "ep")
         Any name of :func:`gpc.inference.available_methods`.
     schedule : str or None
         "sequential" or "parallel" for EP and PL; None is the method's default.
@@ -313,6 +313,19 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
         ``estimators_`` are the binary problems (as scikit-learn's OneVsRest/OneVsOne classifiers)
     log_marginal_likelihood_value_ : numpy.float64, the mean over the binary problems
     n_iter_, converged_, base_estimators_ (the list of binary problems)
+
+    Examples
+    --------
+    >>> from gpc import GaussianProcessClassifier
+    >>> from gpc.datasets import load_banana
+    >>> from gpc.kernels import ConstantKernel, RBF
+    >>> X, y = load_banana(return_X_y=True)
+    >>> X, y = X[:300], y[:300]
+    >>> clf = GaussianProcessClassifier(ConstantKernel(1.0) * RBF(1.0), method="ep").fit(X, y)
+    >>> clf.predict_proba(X[:2]).shape
+    (2, 2)
+    >>> bool(clf.score(X, y) > 0.85)
+    True
     """
 
     def __init__(self, kernel=None, likelihood="probit", method=None, schedule=None,
@@ -388,7 +401,7 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
     def _resolve(self):
         method = self.method
         if method is None:
-            method = "ep" if "ep" in METHODS else "laplace"
+            method = "ep"
         if str(method).lower() not in METHODS:
             raise ValueError(f"unknown method {method!r}; available: {', '.join(sorted(METHODS))}")
         if self.multi_class not in ("one_vs_rest", "one_vs_one"):
