@@ -224,7 +224,7 @@ class Kernel:
     already computed it, and the promise that M is symmetric (see :meth:`gradient_contract`).
     """
 
-    _hyper = ()
+    _hyper: tuple[str, ...] = ()
     requires_vector_input = True
 
     def _constant(self):
@@ -489,7 +489,7 @@ class Kernel:
         a, b = self.get_params(deep=False), other.get_params(deep=False)
         return a.keys() == b.keys() and all(_params_equal(a[k], b[k]) for k in a)
 
-    __hash__ = None
+    __hash__ = None  # type: ignore[assignment]  # equal kernels compare by parameters: unhashable
 
     def __repr__(self):
         args = ", ".join(f"{k}={_fmt(v)}" for k, v in self.get_params(deep=False).items())
@@ -1211,6 +1211,10 @@ class _Power(Kernel):
     def theta(self):
         return self.base.theta
 
+    @theta.setter
+    def theta(self, theta):
+        self.base.theta = theta
+
     @property
     def bounds(self):
         return self.base.bounds
@@ -1250,6 +1254,12 @@ class _RationalQuadratic(Kernel):
     def theta(self):
         values = np.log([self.alpha, self.length_scale])
         return values[np.array(self.free)]
+
+    @theta.setter
+    def theta(self, theta):
+        values = np.log([self.alpha, self.length_scale])
+        values[np.array(self.free)] = self._check_theta(theta)
+        self.alpha, self.length_scale = np.exp(values)
 
     @property
     def bounds(self):

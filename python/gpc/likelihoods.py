@@ -7,6 +7,7 @@ linearisation), MF = Csató et al. (mean field), R&W = Rasmussen & Williams (200
 """
 
 import numbers
+from typing import Optional
 
 import numpy as np
 
@@ -23,7 +24,7 @@ LIK_PROBIT, LIK_LOGIT, LIK_NOISY_THRESHOLD, LIK_HEAVISIDE, LIK_PYTHON = 0, 1, 2,
 #: logit tilted moments are off by 2.6e-12 at order 32 and ~1e-13 (quad's own level) at 48.
 DEFAULT_GH_ORDER = 48
 
-_GH_CACHE = {}
+_GH_CACHE: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
 
 def _gauss_hermite(order):
@@ -122,12 +123,12 @@ class Likelihood:
         Order of the probabilists' Gauss-Hermite rule used where no closed form exists.
     """
 
-    name = None
-    kind = None
+    name: Optional[str] = None
+    kind: Optional[int] = None
     log_concave = True
     differentiable = True
     _instead_of_laplace = ""   # the methods to name when Laplace cannot be used (not differentiable)
-    _param_names = ("gh_order",)
+    _param_names: tuple[str, ...] = ("gh_order",)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
