@@ -35,9 +35,7 @@ import warnings
 
 import numpy as np
 
-from scipy.linalg import lapack
-
-from .. import _dense, _site_rule, _sweeps
+from .. import _dense, _lapack, _site_rule, _sweeps
 from .._linalg import cho_solve_upper_f
 from ..exceptions import ConvergenceWarning, NegativeVarianceError, NotPositiveDefiniteError
 from ..posterior import TINY_SITE_PRECISION, SitePosterior, site_posterior
@@ -149,10 +147,9 @@ class ParallelMarginals:
         s = np.sqrt(tau)
         L = self._buffer(dtype, 0)
         _dense.fill_b(K, s, L)
-        potrf, trtri = ((lapack.spotrf, lapack.strtri) if dtype == np.float32
-                        else (lapack.dpotrf, lapack.dtrtri))
+
         # C-order lower triangle = Fortran 'upper' of the transpose
-        _, info = potrf(L.T, lower=False, clean=False, overwrite_a=True)
+        info = _lapack.cholesky_in_place(L)
         if info != 0:
             return False
         b = nu - tau * m0
@@ -161,7 +158,7 @@ class ParallelMarginals:
         self.mu = m0 + K @ self.alpha
         Linv = self._buffer(dtype, 1)
         np.copyto(Linv, L)
-        _, info = trtri(Linv.T, lower=False, overwrite_c=True)
+        info = _lapack.triangular_inverse_in_place(Linv)
         if info != 0:  # pragma: no cover - a Cholesky factor has a positive diagonal
             return False
         diag_B_inv = np.empty(self.n)
