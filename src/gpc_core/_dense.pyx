@@ -5,6 +5,8 @@
 # Matrices are C-ordered and only their lower triangle is meaningful; Fortran LAPACK sees the
 # transpose, so uplo='U' there addresses this lower triangle.
 
+from cython.parallel cimport prange
+
 include "_tiles.pxi"
 
 ctypedef fused real:
@@ -24,7 +26,7 @@ def fill_b(const double[:, ::1] K, const double[::1] s, real[:, ::1] out):
     if K.shape[1] != n or s.shape[0] != n or out.shape[0] != n or out.shape[1] != n:
         raise ValueError("fill_b: K must be n x n, s of length n and out n x n")
     with nogil:
-        for i in range(n):
+        for i in prange(n, schedule="guided"):      # OpenMP over rows (a no-op without it)
             si = s[i]
             for j in range(i):
                 out[i, j] = <real> (si * K[i, j] * s[j])
@@ -64,7 +66,7 @@ def gaussian_site_gradient_matrix(double[:, ::1] B_inv, const double[::1] s, con
             or g.shape[0] != n:
         raise ValueError("gaussian_site_gradient_matrix: B_inv must be n x n, vectors of length n")
     with nogil:
-        for i in range(n):
+        for i in prange(n, schedule="guided"):
             for j in range(i + 1):
                 B_inv[i, j] = 0.5 * (a[i] * a[j] - s[i] * B_inv[i, j] * s[j] + u[i] * g[j] + g[i] * u[j])
         mirror_lower(B_inv)

@@ -8,6 +8,7 @@
 #
 # Kinds: 0 squared exponential, 1 Matern 1/2, 2 Matern 3/2, 3 Matern 5/2.
 
+from cython.parallel cimport prange
 from libc.math cimport exp, sqrt
 
 include "_tiles.pxi"
@@ -94,7 +95,7 @@ def gram_to_kernel(double[:, ::1] G, const double[::1] su, int kind, double scal
     if G.shape[1] != n or su.shape[0] != n:
         raise ValueError("gram_to_kernel: G must be n x n and su of length n")
     with nogil:
-        for i in range(n):
+        for i in prange(n, schedule="guided"):      # OpenMP over rows (a no-op without it)
             for j in range(i):
                 G[i, j] = scale * kernel_value(kind, dist2(su, su, G[i, j], i, j))
             G[i, i] = scale
@@ -109,7 +110,7 @@ def cross_to_kernel(double[:, ::1] G, const double[::1] su, const double[::1] sv
     if su.shape[0] != n or sv.shape[0] != m:
         raise ValueError("cross_to_kernel: su, sv must match the rows and columns of G")
     with nogil:
-        for i in range(n):
+        for i in prange(n, schedule="static"):
             for j in range(m):
                 G[i, j] = scale * kernel_value(kind, dist2(su, sv, G[i, j], i, j))
 

@@ -1,4 +1,4 @@
-# Tiled helpers for C-ordered square matrices, shared by textual inclusion (like _moments.pxi).
+# Tiled helpers for C-ordered square matrices, included by _dense and _kernels (no module state).
 
 cdef void mirror_lower(double[:, ::1] A) noexcept nogil:
     """A[j, i] = A[i, j] for i > j, in 64 x 64 tiles (cache friendly)."""
