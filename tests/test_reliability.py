@@ -2,6 +2,7 @@
 
 import pickle
 import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -156,3 +157,70 @@ def test_log_evidence_is_a_log_probability(method, likelihood):
         warnings.simplefilter("ignore", gpc.ConvergenceWarning)
         r = infer(rbf(X, 1.0, 100.0), y, likelihood=likelihood, method=method)
     assert np.isfinite(r.log_evidence) and r.log_evidence <= 0.0
+
+
+# -- item 7: the parallel schedules halve their damping when the updates oscillate or fail ----------
+
+def _crabs(amplitude):
+    from gpc.datasets import load_crabs
+    X, y = load_crabs(return_X_y=True)
+    X = (X - X.mean(0)) / X.std(0)
+    y = np.where(y == np.unique(y)[1], 1.0, -1.0)
+    return rbf(X, np.e, amplitude) + 0.1 * np.eye(len(y)), y
+
+
+def test_undamped_parallel_ep_at_a_large_amplitude_reaches_the_sequential_fixed_point():
+    # σ² = 1e4: with the damping fixed at 1, parallel EP oscillates with period 2 (its site change
+    # still 0.09 after 40 sweeps).  The default halves it and converges to the sequential fixed
+    # point: evidence to 1e-7 (both stop at site changes < 1e-9; the evidence is stationary there)
+    K, y = _crabs(1e4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", gpc.ConvergenceWarning)
+        par = infer(K, y, likelihood="probit", method="ep", schedule="parallel", max_iter=200, tol=1e-9)
+    seq = infer(K, y, likelihood="probit", method="ep", schedule="sequential", tol=1e-9)
+    assert par.converged and len(par.info["damping_halved_at"]) >= 1 and par.info["damping"] < 1.0
+    assert abs(par.log_evidence - seq.log_evidence) < 1e-7
+    with pytest.warns(gpc.ConvergenceWarning):      # the plain schedule does not get there
+        fixed = infer(K, y, likelihood="probit", method="ep", schedule="parallel", max_iter=40,
+                      tol=1e-9, min_damping=None)
+    assert fixed.info["damping"] == 1.0 and fixed.info["damping_halved_at"] == []
+
+
+def test_damping_below_the_floor_is_a_divergence_error():
+    # crabs at σ² = e⁶ needs one halving; a floor of 1 forbids it: a DivergenceError naming PL
+    K, y = _crabs(np.exp(6.0))
+    with pytest.raises(DivergenceError, match="min_damping") as info:
+        infer(K, y, likelihood="probit", method="pl", schedule="parallel", damping=1.0, min_damping=1.0)
+    assert info.value.method == "pl" and info.value.value == 0.5
+
+
+def test_min_damping_is_validated():
+    X, y = toy(10, 5)
+    for bad in (0.0, -1.0, 2.0, "small"):
+        with pytest.raises(ValueError, match="min_damping"):
+            infer(rbf(X), y, method="ep", schedule="parallel", min_damping=bad)
+
+
+def test_a_failed_parallel_update_is_retried_at_half_the_damping(monkeypatch):
+    # an update whose likelihood cannot be evaluated (status 2) is discarded and retried from the
+    # old sites at half the damping; the fixed point is the same as without the failure (1e-8: both
+    # runs stop at site changes below 1e-10 relative)
+    import gpc.inference._sites as sites
+    X, y = toy(20, 9)
+    K = rbf(X, 1.0, 4.0)
+    reference = infer(K, y, method="ep", schedule="parallel", tol=1e-10)
+    real = sites._site_rule.parallel_update
+    calls = []
+
+    def failing(*args):
+        calls.append(1)
+        if len(calls) == 2:         # (status, site, value, n_fixed): site 3's likelihood failed
+            return 2, 3, 0.0, 0
+        return real(*args)
+
+    monkeypatch.setattr(sites, "_site_rule", SimpleNamespace(parallel_update=failing))
+    r = infer(K, y, method="ep", schedule="parallel", tol=1e-10)
+    assert r.info["damping_halved_at"] == [(2, 0.5)]
+    assert r.converged
+    np.testing.assert_allclose(r.mean, reference.mean, atol=1e-8)
+    assert abs(r.log_evidence - reference.log_evidence) < 1e-8
