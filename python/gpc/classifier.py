@@ -288,7 +288,9 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
     multi_class : "one_vs_rest" or "one_vs_one", default "one_vs_rest"
     random_state : int, Generator, RandomState or None
     method_options : dict or None
-        Further options for the method (e.g. ``{"damping": 0.5}`` for EP).
+        Further options for the method (e.g. ``{"damping": 0.5}`` for EP).  The parallel EP and PL
+        schedules halve ``damping`` when their updates oscillate or fail, down to ``min_damping``
+        (default 2⁻¹⁰; ``None`` keeps it fixed), recorded in the result's ``info``.
     max_iter_predict : int, default 100
         scikit-learn's limit on the Newton iterations of the Laplace approximation; used as
         ``max_iter`` when the method is "laplace" and ``max_iter`` is None.
