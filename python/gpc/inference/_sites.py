@@ -39,7 +39,8 @@ from scipy.linalg import lapack
 
 from .. import _dense, _site_rule, _sweeps
 from .._linalg import cho_solve_upper_f
-from ..exceptions import ConvergenceWarning, NegativeVarianceError, NotPositiveDefiniteError
+from ..exceptions import (ConvergenceWarning, DivergenceError, NegativeVarianceError,
+                          NotPositiveDefiniteError)
 from ..posterior import TINY_SITE_PRECISION, SitePosterior, site_posterior
 from ._damping import AdaptiveDamping
 
@@ -213,7 +214,7 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
             status, index, value, fixed = _sweeps.sequential_sweep(
                 Sigma, mu, tau, nu, y, next_order(n_iter), code_rule, *spec, float(damping), code_neg,
                 block, work)
-            _raise_for(status, index, value, likelihood)
+            _raise_for(status, index, value, likelihood, rule)
             n_fixed += fixed
             var = np.diag(Sigma).copy()
             if n_iter % RECOMPUTE_EVERY == 0:
@@ -224,7 +225,7 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
             status, index, value, fixed = _site_rule.parallel_update(
                 *spec, code_rule, code_neg, float(adapt.damping), y, mu, var, new_tau, new_nu)
             if status == 1:
-                _raise_for(status, index, value, likelihood)
+                _raise_for(status, index, value, likelihood, rule)
             site_change = _site_change(new_tau, new_nu, tau, nu)
             if status == 2 or not np.isfinite(site_change):
                 adapt.failed(n_iter, f"the {likelihood.name} likelihood could not be evaluated at site "
@@ -300,12 +301,13 @@ def _lower_cov(post):
     return np.ascontiguousarray(post.cov(), dtype=np.float64).copy()
 
 
-def _raise_for(status, index, value, likelihood):
+def _raise_for(status, index, value, likelihood, rule):
     if status == 1:
         raise NegativeVarianceError(index, value)
-    if status == 2:
-        raise ValueError(f"the {likelihood.name} likelihood could not be evaluated at site {index} "
-                         "(its tilted distribution underflows: labels contradict a confident cavity)")
+    if status == 2:       # valid input, a numerical failure of the method (gpc.exceptions)
+        raise DivergenceError(f"{rule.upper()}: the {likelihood.name} likelihood could not be evaluated "
+                              f"at site {index} (its tilted distribution underflows: the label "
+                              "contradicts a confident cavity)", method=rule, index=index)
     if status == 3:
         raise NotPositiveDefiniteError(f"a site update at {index} would make the posterior covariance "
                                        f"indefinite (1 + Δτ Σ_ii = {value:.3g})")

@@ -80,12 +80,16 @@ def ep_log_evidence(post, y, likelihood, m0):
     mu, var = post.mean, post.diag_cov()
     tau_c = 1.0 / var - tau
     nu_c = mu / var - nu
-    ok = tau_c > 0
-    if not np.all(ok):
-        # a site whose cavity is not a distribution (possible only after "clip"/"skip"): its tilted
-        # normaliser does not exist, and neither does the EP evidence
+    cav_mean, cav_var = nu_c / tau_c, 1.0 / tau_c
+    if not (np.all(tau_c > 0) and np.all(np.isfinite(cav_mean)) and np.all(cav_var > 0)
+            and np.all(np.isfinite(cav_var))):
+        # a site whose cavity is not a distribution (after "clip"/"skip", or a posterior variance
+        # that is zero to rounding: a Heaviside site of unbounded precision): its tilted normaliser
+        # does not exist, and neither does the EP evidence
         return -np.inf
-    log_z, _, _ = likelihood.tilted_moments(y, nu_c / tau_c, 1.0 / tau_c)
+    # log Z_i = −inf where a confident cavity contradicts its label (Heaviside): the evidence is 0,
+    # which infer reports; the moments of such a tilted distribution are not needed here
+    log_z = likelihood.log_tilted_normaliser(y, cav_mean, cav_var)
     site_terms = (log_z + 0.5 * np.log1p(tau / tau_c) - 0.5 * (nu + nu_c) ** 2 / (tau + tau_c)
                   + 0.5 * nu_c ** 2 / tau_c)
     return float(np.sum(site_terms) - 0.5 * post.log_det_B + 0.5 * (post.alpha @ m0 + mu @ nu))
