@@ -37,6 +37,14 @@ Gradient: the evidence depends on θ through the whole recursion; no analytic gr
 (``gradient_matrix`` is None).  It is a smooth function of K for probit/logit, so an optimiser may use
 finite differences of it (its registry entry says ``has_gradient=False``).
 
+Order of presentation (issue 17, item 4).  ADF's evidence is the prequential sum Σ_t ln p(y_{t+1} |
+y_1..t) under its Gaussian approximations, and both it and the posterior depend on the order.  On data
+sorted by class (the bundled data sets are) it rewards a near-constant latent function, which predicts
+"the same label as before" well: type-II ML on crabs in file order went to σ² = 1e4, ℓ = 21.5, with
+evidence −27.1 (EP's best: −29.1) and a posterior whose training error is 0.245 (EP's: 0.015); in a
+random order the same kernel's evidence is −35.1 and the training error 0.02.  The estimator therefore
+presents the data in a seeded random order (``order="random"``).
+
 Equivalence: one pass in the natural order equals the first sweep of sequential EP started from zero
 sites (each site is visited once, its cavity is the current marginal, moment matching is the same).
 """
@@ -50,7 +58,7 @@ from ._result import InferenceResult
 
 
 def run(K, y, likelihood, prior_mean, *, schedule=None, max_iter=None, tol=None, n_sweeps=1,
-        order=None, warm_start=None):
+        order=None, random_state=None, warm_start=None):
     """Assumed-density filtering over the data, MF eq. (10)-(12).
 
     Parameters
@@ -62,8 +70,13 @@ def run(K, y, likelihood, prior_mean, *, schedule=None, max_iter=None, tol=None,
         caps it.  ``tol`` is unused (ADF is not iterated to convergence).
     n_sweeps : int
         Passes over the data (default 1: the algorithm of the paper; more is its heuristic).
-    order : array-like of int, optional
-        The order in which the data are presented (default: natural order).
+    order : None, "random" or array-like of int, optional
+        The order in which the data are presented: natural order (None, the default), a permutation,
+        or "random": one permutation drawn with ``random_state``.  ADF's posterior and evidence
+        depend on it (see the module docstring); the estimator uses "random".
+    random_state : int or None
+        Seeds ``order="random"`` (None: seed 0, so that an evidence is a deterministic function of
+        K, as type-II ML needs).
     warm_start : dict, optional
         Streaming: ``{"log_evidence", "site_precision", "site_location"}`` from a previous call on
         the first n_old points (``info`` of its result); the new points n_old..n−1 of K and y are then
@@ -82,6 +95,16 @@ def run(K, y, likelihood, prior_mean, *, schedule=None, max_iter=None, tol=None,
         raise ValueError(f"n_sweeps must be >= 1, got {n_sweeps}")
     if max_iter is not None:
         n_sweeps = min(n_sweeps, max_iter)
+    if order is not None and warm_start is not None:
+        raise ValueError("online: warm_start (streaming) absorbs the new points in the order given; "
+                         "it cannot be combined with order")
+    if isinstance(order, str):
+        if order != "random":
+            raise ValueError(f"order must be None, 'random' or a permutation, got {order!r}")
+        if random_state is not None and not isinstance(random_state, (int, np.integer)):
+            raise TypeError("online: random_state must be an int or None (the order must be the same "
+                            f"in every evaluation of the evidence), got {type(random_state).__name__}")
+        order = np.random.default_rng(0 if random_state is None else int(random_state)).permutation(n)
     if order is not None:
         perm = np.asarray(order, dtype=np.intp)
         if perm.shape != (n,) or not np.array_equal(np.sort(perm), np.arange(n)):
