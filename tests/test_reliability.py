@@ -369,3 +369,36 @@ def test_online_random_order_is_a_fixed_function_of_its_seed():
         infer(K, y, method="online", order="random", random_state=np.random.default_rng(0))
     with pytest.raises(ValueError, match="warm_start"):
         infer(K, y, method="online", order=perm, warm_start=a.info)
+
+
+# -- item 5, second half: test inputs of size 1e200 -----------------------------------------------
+
+@pytest.mark.parametrize("nu", [0.5, 1.5, 2.5])
+def test_matern_at_infinite_distance_is_zero_not_nan(nu):
+    # r = inf gave (1 + √3 r) e^{−√3 r} = inf · 0 = NaN; its limit is 0, in the compiled kernel
+    # matrix, in the NumPy path of eval_gradient and in the gradient weights
+    from gpc.kernels import Matern
+    k = Matern(1.0, nu=nu)
+    X = np.array([[0.0, 0.0], [1.0, 0.5], [1e200, 0.0], [-1e200, 3.0]])
+    K = k(X[:2], X)
+    assert np.all(np.isfinite(K)) and np.all(K[:, 2:] == 0.0)
+    K2, dK = k(X, eval_gradient=True)
+    assert np.all(np.isfinite(K2)) and np.all(np.isfinite(dK))
+    assert K2[0, 2] == 0.0 and K2[2, 2] == 1.0
+    X_train, y = toy(12, 4)
+    model = GaussianProcessClassifier(Matern(1.0, nu=nu), optimizer=None).fit(X_train, y)
+    p = model.predict_proba(X[2:])
+    # infinitely far from the data the prediction is the prior's: p = 1/2 (zero prior mean)
+    np.testing.assert_allclose(p, 0.5, rtol=1e-12)
+
+
+@pytest.mark.parametrize("kernel", ["Linear", "Polynomial"])
+def test_kernels_whose_values_overflow_name_the_input_size(kernel):
+    # Linear and Polynomial values grow with |x|: at 1e200 they are beyond float64 and predict_proba
+    # returned NaN (inf − inf in the predictive variance).  Now a ValueError that says so
+    import gpc.kernels as kernels
+    X_train, y = toy(12, 4)
+    model = GaussianProcessClassifier(getattr(kernels, kernel)(), optimizer=None).fit(X_train, y)
+    with pytest.raises(ValueError, match="overflow float64 for inputs as large as 1e\\+200"):
+        model.predict_proba(np.array([[1e200, 0.0]]))
+    assert np.all(np.isfinite(model.predict_proba(X_train)))      # ordinary inputs unaffected
