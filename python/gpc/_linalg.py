@@ -91,6 +91,19 @@ def cho_inverse_lower(L):
     return out
 
 
+def mirror_lower(A, block=256):
+    """Copy the strict lower triangle of the square C-ordered A into its upper one, in place.
+
+    Block rows at a time, so the temporaries are ``block`` x n, not n x n."""
+    n = A.shape[0]
+    for i in range(0, n, block):
+        j = min(i + block, n)
+        A[i:j, j:] = A[j:, i:j].T
+        D = A[i:j, i:j]
+        D[...] = np.tril(D) + np.tril(D, -1).T
+    return A
+
+
 def log_det_from_cholesky(L):
     """log |L Lᵀ| = 2 Σ log L_ii."""
     return 2.0 * float(np.sum(np.log(np.diag(L))))

@@ -12,10 +12,11 @@ through the Cholesky factor L of the well-conditioned B = I + S K S, S = T^½ (R
 """
 
 import numpy as np
-from scipy.linalg import lapack
+from scipy.linalg import blas, lapack
 
 from . import _dense
-from ._linalg import cho_inverse_lower, cholesky_lower, cho_solve_lower, log_det_from_cholesky, solve_lower
+from ._linalg import (cho_inverse_lower, cholesky_lower, cho_solve_lower, log_det_from_cholesky,
+                      mirror_lower, solve_lower)
 
 
 #: below this site precision diag Σ takes the exact column: the rounding error of 1 − [B⁻¹]_ii
@@ -110,9 +111,26 @@ class SitePosterior:
     def cov(self):
         """Σ = K − K S B⁻¹ S K as an n x n array (computed on first request, O(n³))."""
         if self._cov is None:
-            V = solve_lower(self.L, self.sqrt_tau[:, None] * self.K)
-            self._cov = self.K - V.T @ V
+            self._cov = self.lower_cov()
+            mirror_lower(self._cov)
         return self._cov
+
+    def lower_cov(self):
+        """A new C-ordered n x n array whose lower triangle is Σ (the upper one holds K).
+
+        Σ = K − Vᵀ V with V = L⁻¹ S K: one triangular solve in place (dtrtrs) and one rank-n update
+        (dsyrk), so two n x n buffers besides K and L are alive at the peak (issue 16's memory
+        budget), against four for the product written out."""
+        if self._cov is not None:
+            return self._cov.copy()
+        Vt = self.K * self.sqrt_tau[None, :]            # (S K)ᵀ in C order = S K in Fortran order
+        V, info = lapack.dtrtrs(self.L.T, Vt.T, lower=False, trans=1, overwrite_b=True)
+        if info != 0:  # pragma: no cover - L is a Cholesky factor
+            raise RuntimeError(f"dtrtrs failed with info={info}")
+        Sigma = self.K.copy()
+        # Fortran view of Sigma is Sigma itself (K symmetric); its 'upper' is our lower triangle
+        blas.dsyrk(-1.0, V, beta=1.0, c=Sigma.T, trans=1, lower=0, overwrite_c=1)
+        return Sigma
 
     def diag_cov(self):
         """diag Σ, the posterior marginal variances.
@@ -207,6 +225,10 @@ class SignedSitePosterior:
 
     def cov(self):
         return self._cov
+
+    def lower_cov(self):
+        """A new C-ordered copy of Σ (both triangles)."""
+        return np.array(self._cov, dtype=np.float64, order="C")
 
     def diag_cov(self):
         return np.diag(self._cov).copy()

@@ -98,6 +98,14 @@ def _moments(K, tau, nu, m0):
     return post, post.mean.copy(), post.diag_cov().copy()
 
 
+def _sweep_state(K, tau, nu, m0):
+    """(μ, Σ) from the sites for the sequential sweep, Σ held in its lower triangle (C order)."""
+    if not np.any(tau) and not np.any(nu):
+        return m0.copy(), K.copy()
+    post = site_posterior(K, tau, nu, m0)
+    return post.mean.copy(), post.lower_cov()
+
+
 class ParallelMarginals:
     """Marginals μ, diag Σ of the site posterior for the parallel schedule, refactored in place.
 
@@ -195,7 +203,6 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
     spec = likelihood.compiled_spec()
     code_rule, code_neg = RULES[rule], ON_NEGATIVE[on_negative]
     next_order = visiting_order(n, order, random_state)
-    post, mu, var = _moments(K, tau, nu, m0)
     marginals = ParallelMarginals(K, m0) if schedule == "parallel" else None
     adapt = AdaptiveDamping(damping, min_damping if schedule == "parallel" else None, rule)
     change = np.inf
@@ -206,8 +213,12 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
         block = min(DEFAULT_BLOCK if block is None else int(block), n)
         if block < 1:
             raise ValueError("block must be a positive integer")
-        Sigma = K.copy() if post is None else _lower_cov(post)
+        mu, Sigma = _sweep_state(K, tau, nu, m0)   # the sweep keeps Σ itself, not a factor
+        var = np.diag(Sigma).copy()
+        post = None
         work = np.empty((2 * block + 3, n))
+    else:
+        post, mu, var = _moments(K, tau, nu, m0)
     for n_iter in range(1, max_iter + 1):
         tau_old, nu_old, mu_old, var_old = tau.copy(), nu.copy(), mu.copy(), var.copy()
         if schedule == "sequential":
@@ -218,8 +229,9 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
             n_fixed += fixed
             var = np.diag(Sigma).copy()
             if n_iter % RECOMPUTE_EVERY == 0:
-                post, mu, var = _moments(K, tau, nu, m0)
-                Sigma = K.copy() if post is None else _lower_cov(post)
+                Sigma = None            # freed before the refactorisation: peak K, L, V, Σ (issue 16)
+                mu, Sigma = _sweep_state(K, tau, nu, m0)
+                var = np.diag(Sigma).copy()
         else:
             new_tau, new_nu = tau.copy(), nu.copy()
             status, index, value, fixed = _site_rule.parallel_update(
@@ -262,6 +274,7 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
     if from_marginals and not marginals.single:
         post = marginals.posterior()
     elif schedule == "sequential" or post is None or from_marginals:
+        Sigma = post = None             # freed before the final factorisation
         # the final posterior from the sites (not from the updates), also when every site is empty
         # or when the run stopped after a single-precision sweep
         post = site_posterior(K, tau, nu, m0)
@@ -294,11 +307,6 @@ def _site_change(tau, nu, tau_old, nu_old):
     """Largest change of a site parameter, relative to 1 + |value|."""
     return max(np.max(np.abs(tau - tau_old) / (1.0 + np.abs(tau))),
                np.max(np.abs(nu - nu_old) / (1.0 + np.abs(nu))))
-
-
-def _lower_cov(post):
-    """Σ as a C-ordered array whose lower triangle the sweep maintains."""
-    return np.ascontiguousarray(post.cov(), dtype=np.float64).copy()
 
 
 def _raise_for(status, index, value, likelihood, rule):
