@@ -69,16 +69,20 @@ def _check_one(p):
     OUTCOMES["finite result"] += 1
 
 
-@settings(max_examples=60, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow])
+def _examples(n):
+    """Derandomised hypothesis settings for n examples (the same examples in every run)."""
+    return settings(max_examples=n, deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+@_examples(60)
 @given(problems)
 def test_infer_obeys_the_exception_policy(p):
     _check_one(p)
 
 
 @pytest.mark.slow
-@settings(max_examples=10_000, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow])
+@_examples(10_000)
 @given(problems)
 def test_infer_obeys_the_exception_policy_many(p):
     _check_one(p)
@@ -123,16 +127,14 @@ def _check_estimator(p):
     OUTCOMES["estimator finite result"] += 1
 
 
-@settings(max_examples=30, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow])
+@_examples(30)
 @given(estimator_problems)
 def test_estimator_obeys_the_exception_policy(p):
     _check_estimator(p)
 
 
 @pytest.mark.slow
-@settings(max_examples=2_000, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow])
+@_examples(2_000)
 @given(estimator_problems)
 def test_estimator_obeys_the_exception_policy_many(p):
     _check_estimator(p)
