@@ -113,8 +113,9 @@ def _sqdist(U, V=None):
         # dsyrk on the Fortran-ordered U fills the upper triangle of a Fortran array; its transpose
         # is a C-ordered array holding the lower triangle.
         R2 = _dsyrk(-2.0, np.asfortranarray(U)).T
-        R2 += su[:, None]
-        R2 += su[None, :]
+        with np.errstate(invalid="ignore"):     # inputs beyond 1e154: inf − inf on the diagonal,
+            R2 += su[:, None]                   # which is set to its exact 0 below
+            R2 += su[None, :]
         _mirror_lower(R2)  # after the additions, which are not symmetric in rounding
         np.fill_diagonal(R2, 0.0)
     else:
@@ -559,9 +560,9 @@ class _Stationary(Kernel):
             return K, np.empty(K.shape + (0,))
         W = self._w(R2, K)
         if ls.size == 1:
-            return K, (W * R2)[:, :, None]
+            return K, _times_weight(W, R2)[:, :, None]
         D2 = (U[:, None, :] - U[None, :, :]) ** 2
-        return K, W[:, :, None] * D2
+        return K, _times_weight(W[:, :, None], D2)
 
     def _diag(self, X):
         self._length_scales(X.shape[1])
@@ -678,13 +679,9 @@ class Matern(_Stationary):
             return np.exp(-r)
         if self.nu == 1.5:
             r *= np.sqrt(3.0)
-            K = np.exp(-r)
-            K *= 1.0 + r
-            return K
+            return _poly_times_exp(1.0 + r, r)
         r *= np.sqrt(5.0)
-        K = np.exp(-r)
-        K *= 1.0 + r + r * r / 3.0
-        return K
+        return _poly_times_exp(1.0 + r + r * r / 3.0, r)
 
     def _kind(self):
         return {0.5: 1, 1.5: 2, 2.5: 3}[float(self.nu)]
@@ -701,9 +698,22 @@ class Matern(_Stationary):
             W *= 3.0
             return W
         r *= np.sqrt(5.0)
-        W = np.exp(-r)
-        W *= (5.0 / 3.0) * (1.0 + r)
-        return W
+        return _poly_times_exp((5.0 / 3.0) * (1.0 + r), r)
+
+
+def _times_weight(W, D2):
+    """W · D2 with 0 where W = 0: at infinite distance W r² → 0, where IEEE's 0 · inf is NaN."""
+    with np.errstate(invalid="ignore"):
+        return np.where(W == 0.0, 0.0, W * D2)
+
+
+def _poly_times_exp(poly, r):
+    """poly · e^{−r}, with its limit 0 where e^{−r} = 0 (r = inf: IEEE's inf · 0 is NaN)."""
+    K = np.exp(-r)
+    with np.errstate(invalid="ignore"):
+        K *= poly
+    K[np.isnan(K) & (r == np.inf)] = 0.0
+    return K
 
 
 # ----------------------------------------------------------------------------------------------
@@ -846,12 +856,13 @@ class Linear(Kernel):
         if Y is None:
             K += K.T
             K *= 0.5
+        _check_no_overflow(self, K, X, Y)
         if eval_gradient:
             return K, (K[:, :, None].copy() if self._free() else np.empty(K.shape + (0,)))
         return K
 
     def _diag(self, X):
-        return float(self.variance) * np.einsum("ij,ij->i", X, X)
+        return _check_no_overflow(self, float(self.variance) * np.einsum("ij,ij->i", X, X), X)
 
     def _contract(self, X, M, K=None, symmetric=False):
         if not self._free():
@@ -864,6 +875,18 @@ class Linear(Kernel):
 
     def is_stationary(self):
         return False
+
+
+def _check_no_overflow(kernel, values, X, Y=None):
+    """``values`` if finite; else a ValueError naming the kernel and the input size that overflows.
+
+    The Linear and Polynomial kernels grow with |x|: inputs of size ~1e155 (Linear) give values
+    beyond float64, and a predictive variance inf − inf would be NaN further on (issue 17)."""
+    if np.all(np.isfinite(values)):
+        return values
+    biggest = max(float(np.max(np.abs(X))), 0.0 if Y is None else float(np.max(np.abs(Y))))
+    raise ValueError(f"{type(kernel).__name__} kernel values overflow float64 for inputs as large as "
+                     f"{biggest:.3g}; rescale the inputs (e.g. standardise them)")
 
 
 class Polynomial(Kernel):
@@ -910,13 +933,17 @@ class Polynomial(Kernel):
         return B
 
     def _call(self, X, Y, eval_gradient):
-        K = self._base(X, Y) ** int(self.degree)
+        with np.errstate(over="ignore", invalid="ignore"):
+            K = self._base(X, Y) ** int(self.degree)
+        _check_no_overflow(self, K, X, Y)
         if eval_gradient:
             return K, np.empty(K.shape + (0,))
         return K
 
     def _diag(self, X):
-        return (1.0 + np.einsum("ij,ij->i", X, X) / self._s(X)) ** int(self.degree)
+        with np.errstate(over="ignore"):
+            d = (1.0 + np.einsum("ij,ij->i", X, X) / self._s(X)) ** int(self.degree)
+        return _check_no_overflow(self, d, X)
 
     def _contract(self, X, M, K=None, symmetric=False):
         return np.empty(0)

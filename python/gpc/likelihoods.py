@@ -12,6 +12,7 @@ from typing import Optional
 import numpy as np
 
 from . import _likelihoods as _core
+from .exceptions import DivergenceError
 from ._validation import check_finite_array
 
 __all__ = ["Likelihood", "Probit", "Logit", "NoisyThreshold", "Heaviside", "get_likelihood"]
@@ -85,9 +86,9 @@ def _check_gaussian(y, mean, var, mean_name="mean", var_name="var"):
 
 
 def _check_status(bad, what):
-    if bad >= 0:
-        raise FloatingPointError(f"{what}: result not representable at index {bad} "
-                                 "(normaliser underflows or a moment is not finite)")
+    if bad >= 0:   # a numerical failure on valid input: gpc.exceptions' policy, not a FloatingPointError
+        raise DivergenceError(f"{what}: result not representable at index {bad} "
+                              "(normaliser underflows or a moment is not finite)", index=bad)
 
 
 class Likelihood:
@@ -247,6 +248,52 @@ class Likelihood:
         mean = (p * f).sum(axis=1) / z
         var = (p * (f - mean[:, None]) ** 2).sum(axis=1) / z
         return np.log(z) + top[:, 0], mean, var
+
+    def log_tilted_normaliser(self, y, cav_mean, cav_var):
+        """log Z = log ∫ p(y|f) N(f | cav_mean, cav_var) df, −inf where Z underflows.
+
+        What an evidence needs from :meth:`tilted_moments` (EP's log Z_i): a label that a confident
+        cavity contradicts has Z = 0 to double precision, a legitimate value here, where the moments
+        of its tilted distribution do not exist (and :meth:`tilted_moments` raises).
+
+        Parameters
+        ----------
+        y : array-like (n,)
+            Labels -1, +1.
+        cav_mean : array-like (n,)
+            Means of the cavity distributions.
+        cav_var : array-like (n,)
+            Their variances, > 0.
+
+        Returns
+        -------
+        log_z : ndarray (n,)
+        """
+        y, m, v = _check_gaussian(y, cav_mean, cav_var, "cav_mean", "cav_var")
+        log_z = np.full(len(y), -np.inf)
+        start = 0
+        while start < len(y):
+            # the first entry whose Z underflows stops a vectorised call: it stays −inf, and the
+            # rest is evaluated again from the next entry (rare: once per such entry)
+            part, bad = self._log_z_until_failure(y[start:], m[start:], v[start:])
+            stop = len(y) if bad < 0 else start + bad
+            log_z[start:stop] = part[: stop - start]
+            start = stop + 1
+        return log_z
+
+    def _log_z_until_failure(self, y, m, v):
+        """(log Z, index of the first entry whose Z underflows or −1); entries from it are unset."""
+        if self.is_compiled:
+            log_z, _, _, bad = _core.tilted_moments_vec(*self._core_args(), y, m, v)
+            return log_z, bad
+        f, w = self._nodes(m, v)
+        terms = np.log(w)[None, :] + self._log_prob_at(y, f)
+        top = terms.max(axis=1)
+        failed = np.flatnonzero(~np.isfinite(top))
+        safe = np.where(np.isfinite(top), top, 0.0)
+        with np.errstate(divide="ignore"):          # log 0 = −inf at the failed entries
+            log_z = np.log(np.exp(terms - safe[:, None]).sum(axis=1)) + safe
+        return log_z, (int(failed[0]) if failed.size else -1)
 
     def slr_moments(self, mean, var):
         """SLR moments of the label for f ~ N(mean, var) (PL eq. (15)-(16) and supplement).

@@ -32,9 +32,15 @@ cdef inline double kernel_value(int kind, double r2) noexcept nogil:
         return exp(-r)
     if kind == MATERN32:
         r = SQRT3 * r
-        return (1.0 + r) * exp(-r)
+        return matern_product(1.0 + r, exp(-r))
     r = SQRT5 * r
-    return (1.0 + r + r * r / 3.0) * exp(-r)
+    return matern_product(1.0 + r + r * r / 3.0, exp(-r))
+
+
+cdef inline double matern_product(double poly, double e) noexcept nogil:
+    # poly(r) e^{-r} -> 0 as r -> inf; at r = inf (inputs of size ~1e155 and more) it is inf * 0,
+    # which IEEE makes NaN: the limit instead (issue 17)
+    return 0.0 if e == 0.0 else poly * e
 
 
 cdef inline double value_and_weight(int kind, double r2, double* w) noexcept nogil:
@@ -54,11 +60,11 @@ cdef inline double value_and_weight(int kind, double r2, double* w) noexcept nog
         s = SQRT3 * r
         e = exp(-s)
         w[0] = 3.0 * e
-        return (1.0 + s) * e
+        return matern_product(1.0 + s, e)
     s = SQRT5 * r
     e = exp(-s)
-    w[0] = (5.0 / 3.0) * (1.0 + s) * e
-    return (1.0 + s + s * s / 3.0) * e
+    w[0] = matern_product((5.0 / 3.0) * (1.0 + s), e)
+    return matern_product(1.0 + s + s * s / 3.0, e)
 
 
 cdef inline double weight_from_value(int kind, double r2, double f) noexcept nogil:
@@ -70,6 +76,8 @@ cdef inline double weight_from_value(int kind, double r2, double f) noexcept nog
     r = sqrt(r2)
     if kind == MATERN12:
         return f / r if r > 0.0 else 0.0
+    if f == 0.0:                # also at r = inf, where the ratios below are inf / inf
+        return 0.0
     if kind == MATERN32:
         s = SQRT3 * r
         return 3.0 * f / (1.0 + s)

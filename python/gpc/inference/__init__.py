@@ -89,7 +89,8 @@ def infer(K, y, likelihood="probit", method="laplace", schedule=None, prior_mean
     check_kernel : bool, default True
         Check that K is finite, symmetric and positive definite (a Cholesky factorisation, with
         jitter if needed; one O(n³/3) step) and raise ValueError (``NotPositiveDefiniteError`` for
-        the last) if not.  The methods only factor well-conditioned matrices such as I + S K S,
+        the last) if not.  When K factors only with jitter (it is singular to rounding), the method
+        runs on K + jitter·I, the matrix that passed, and ``result.info["jitter"]`` records it.  The methods only factor well-conditioned matrices such as I + S K S,
         which can hide an indefinite K; callers that evaluate many nearby K of one checked kernel
         (an optimiser) may skip the checks.
     **options
@@ -118,9 +119,15 @@ def infer(K, y, likelihood="probit", method="laplace", schedule=None, prior_mean
         The iteration limit was reached first; the last iterate is returned (it passed the checks
         above).
     """
+    jitter = 0.0
     if check_kernel:
         K = check_kernel_matrix(K)
-        cholesky_lower(K, name="the kernel matrix K")
+        _, jitter = cholesky_lower(K, name="the kernel matrix K")
+        if jitter:
+            # K is positive definite only to rounding: the check accepted K + jitter·I, and that is
+            # the K the method runs on (issue 17: methods on the unjittered K met variances that are
+            # zero or negative to rounding)
+            K = K + jitter * np.eye(K.shape[0])
     else:  # the caller vouches for K (e.g. the optimiser, with K from a checked kernel): shape only
         K = np.ascontiguousarray(K, dtype=np.float64)
         if K.ndim != 2 or K.shape[0] != K.shape[1] or K.shape[0] == 0:
@@ -158,6 +165,8 @@ def infer(K, y, likelihood="probit", method="laplace", schedule=None, prior_mean
     except (ArithmeticError, np.linalg.LinAlgError) as exc:
         # the policy of gpc.exceptions: a bare numerical failure leaves as a NumericalError
         raise DivergenceError(f"{key}: {exc}", method=key) from exc
+    if jitter:
+        result.info["jitter"] = jitter
     return _check_result(result, key)
 
 

@@ -37,8 +37,10 @@ import numpy as np
 
 from .. import _dense, _lapack, _site_rule, _sweeps
 from .._linalg import cho_solve_upper_f
-from ..exceptions import ConvergenceWarning, NegativeVarianceError, NotPositiveDefiniteError
+from ..exceptions import (ConvergenceWarning, DivergenceError, NegativeVarianceError,
+                          NotPositiveDefiniteError)
 from ..posterior import TINY_SITE_PRECISION, SitePosterior, site_posterior
+from ._damping import AdaptiveDamping
 
 RULES = {"ep": 0, "pl": 1}
 #: codes of gpc._site_rule (src/gpc_core/gpc/_site_rule.pxd)
@@ -183,12 +185,15 @@ class ParallelMarginals:
 
 
 def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping, on_negative,
-                 order, random_state, block, init, converged_by):
+                 order, random_state, block, init, converged_by, min_damping=None):
     """Iterate the site rule to a fixed point.
 
     ``converged_by`` is "sites" (EP: largest change of τ, ν relative to 1 + |value|) or "moments"
-    (PL: largest change of the posterior means and variances).  Returns
-    (posterior, tau, nu, n_iter, converged, n_fixed).
+    (PL: largest change of the posterior means and variances); a sweep converges when that change
+    divided by the damping (the residual of the undamped update) is below ``tol``.  The parallel
+    schedule halves its damping when the updates oscillate or fail, down to ``min_damping`` (None:
+    the damping stays fixed; gpc.inference._damping).  Returns
+    (posterior, tau, nu, n_iter, converged, n_fixed, info) with info the damping record.
     """
     n = K.shape[0]
     tau, nu = initial_sites(n, init, rule)
@@ -196,6 +201,8 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
     code_rule, code_neg = RULES[rule], ON_NEGATIVE[on_negative]
     next_order = visiting_order(n, order, random_state)
     marginals = ParallelMarginals(K, m0) if schedule == "parallel" else None
+    adapt = AdaptiveDamping(damping, min_damping if schedule == "parallel" else None, rule)
+    change = np.inf
     n_fixed = 0
     converged = False
     n_iter = 0
@@ -215,7 +222,7 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
             status, index, value, fixed = _sweeps.sequential_sweep(
                 Sigma, mu, tau, nu, y, next_order(n_iter), code_rule, *spec, float(damping), code_neg,
                 block, work)
-            _raise_for(status, index, value, likelihood)
+            _raise_for(status, index, value, likelihood, rule)
             n_fixed += fixed
             var = np.diag(Sigma).copy()
             if n_iter % RECOMPUTE_EVERY == 0:
@@ -225,28 +232,39 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
         else:
             new_tau, new_nu = tau.copy(), nu.copy()
             status, index, value, fixed = _site_rule.parallel_update(
-                *spec, code_rule, code_neg, float(damping), y, mu, var, new_tau, new_nu)
-            _raise_for(status, index, value, likelihood)
-            n_fixed += fixed
+                *spec, code_rule, code_neg, float(adapt.damping), y, mu, var, new_tau, new_nu)
+            if status == 1:
+                _raise_for(status, index, value, likelihood, rule)
             site_change = _site_change(new_tau, new_nu, tau, nu)
-            if converged_by == "sites" and site_change < tol and post is not None:
+            if status == 2 or not np.isfinite(site_change):
+                adapt.failed(n_iter, f"the {likelihood.name} likelihood could not be evaluated at site "
+                             f"{index}" if status == 2 else "a site parameter overflowed")
+                continue                # the old sites and their posterior stand; retry, damped
+            if converged_by == "sites" and site_change < tol * adapt.damping and post is not None:
                 # one more update would move no site by more than tol: keep the sites whose
                 # posterior is already factored (saves the last refactorisation)
                 converged = True
                 break
-            tau, nu = new_tau, new_nu
-            if np.all(tau >= 0):
-                single = site_change > SINGLE_PRECISION_ABOVE and n >= SINGLE_PRECISION_MIN_N
-                mu, var = marginals(tau, nu, single=single)
-                mu, var = mu.copy(), var.copy()
-                post = marginals
-            else:                       # EP without fixes kept negative sites: the LU posterior
-                post, mu, var = _moments(K, tau, nu, m0)
+            single = site_change > SINGLE_PRECISION_ABOVE and n >= SINGLE_PRECISION_MIN_N
+            moments = _parallel_moments(K, m0, marginals, new_tau, new_nu, single)
+            if moments is None:
+                adapt.failed(n_iter, "the updated sites give no posterior (B not positive definite "
+                             "or a non-finite marginal)")
+                if post is marginals:   # its factor buffer was overwritten: refactor the old sites
+                    marginals(tau, nu)
+                continue
+            post, mu, var = moments
+            n_fixed += fixed
+            restart = adapt.observe(n_iter, tau, nu, new_tau, new_nu)
+            tau, nu = (new_tau, new_nu) if restart is None else restart
+            if restart is not None:     # back to the sites of the smallest residual, refactored
+                post, mu, var = _parallel_moments(K, m0, marginals, tau, nu, single=False)
+                continue                # (no convergence test: this sweep made no step)
         if converged_by == "sites":
             change = _site_change(tau, nu, tau_old, nu_old)
         else:
             change = max(np.max(np.abs(mu - mu_old)), np.max(np.abs(var - var_old) / (1e-12 + var)))
-        if change < tol:
+        if change < tol * (1.0 if schedule == "sequential" else adapt.damping):
             converged = True
             break
     from_marginals = marginals is not None and post is marginals
@@ -264,7 +282,22 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
         warnings.warn(f"{rule.upper()}: {n_fixed} site updates met a negative cavity or site variance "
                       f"and were handled by on_negative={on_negative!r}", NegativeSitesWarning,
                       stacklevel=4)
-    return post, tau, nu, n_iter, converged, n_fixed
+    return post, tau, nu, n_iter, converged, n_fixed, adapt.info()
+
+
+def _parallel_moments(K, m0, marginals, tau, nu, single):
+    """(posterior, μ, diag Σ) of the sites (τ, ν), or None if they give no finite posterior."""
+    try:
+        if np.all(tau >= 0):
+            mu, var = marginals(tau, nu, single=single)
+            post = marginals
+        else:                           # EP without fixes kept negative sites: the LU posterior
+            post, mu, var = _moments(K, tau, nu, m0)
+    except (NotPositiveDefiniteError, np.linalg.LinAlgError):
+        return None
+    if not (np.all(np.isfinite(mu)) and np.all(np.isfinite(var))):
+        return None
+    return post, mu.copy(), var.copy()
 
 
 def _site_change(tau, nu, tau_old, nu_old):
@@ -273,12 +306,13 @@ def _site_change(tau, nu, tau_old, nu_old):
                np.max(np.abs(nu - nu_old) / (1.0 + np.abs(nu))))
 
 
-def _raise_for(status, index, value, likelihood):
+def _raise_for(status, index, value, likelihood, rule):
     if status == 1:
         raise NegativeVarianceError(index, value)
-    if status == 2:
-        raise ValueError(f"the {likelihood.name} likelihood could not be evaluated at site {index} "
-                         "(its tilted distribution underflows: labels contradict a confident cavity)")
+    if status == 2:       # valid input, a numerical failure of the method (gpc.exceptions)
+        raise DivergenceError(f"{rule.upper()}: the {likelihood.name} likelihood could not be evaluated "
+                              f"at site {index} (its tilted distribution underflows: the label "
+                              "contradicts a confident cavity)", method=rule, index=index)
     if status == 3:
         raise NotPositiveDefiniteError(f"a site update at {index} would make the posterior covariance "
                                        f"indefinite (1 + Δτ Σ_ii = {value:.3g})")

@@ -23,6 +23,7 @@ Log-concave likelihoods (probit, logit) never produce negative sites without dam
 import numpy as np
 
 from ._result import InferenceResult
+from ._damping import DEFAULT_MIN_DAMPING, check_min_damping
 from ._sites import check_options, run_schedule
 
 DEFAULT_MAX_ITER = 100
@@ -30,7 +31,8 @@ DEFAULT_TOL = 1e-6
 
 
 def run(K, y, likelihood, prior_mean, *, schedule="sequential", max_iter=None, tol=None,
-        damping=1.0, on_negative="clip", order=None, random_state=None, block=None, init=None):
+        damping=1.0, on_negative="clip", order=None, random_state=None, block=None, init=None,
+        min_damping=DEFAULT_MIN_DAMPING):
     """Expectation propagation.
 
     Parameters
@@ -41,7 +43,13 @@ def run(K, y, likelihood, prior_mean, *, schedule="sequential", max_iter=None, t
     tol : float, default 1e-6
         On the largest change of a site parameter (relative to 1 + |value|) in a sweep.
     damping : float in (0, 1], default 1
-        New natural parameters = damping × matched + (1 − damping) × old (RMGPC §3).
+        New natural parameters = damping × matched + (1 − damping) × old (RMGPC §3).  The parallel
+        schedule starts from it and halves it whenever its updates oscillate or fail
+        (gpc.inference._damping); ``info["damping"]`` is the final value and
+        ``info["damping_halved_at"]`` lists (sweep, new damping) per halving.
+    min_damping : float or None, default 2⁻¹⁰
+        The parallel schedule stops with a DivergenceError rather than halve the damping below this.
+        None keeps the damping fixed (the plain parallel schedule).
     on_negative : "clip" (default), "raise", "skip" or "pl"
         What a negative cavity or site variance does (module docstring, _sites.py).
     order : None, "random" or a permutation
@@ -52,17 +60,18 @@ def run(K, y, likelihood, prior_mean, *, schedule="sequential", max_iter=None, t
         Warm start from its sites (the optimiser passes the previous result).
     """
     check_options(damping, on_negative, schedule)
+    min_damping = check_min_damping(min_damping, damping)
     max_iter = DEFAULT_MAX_ITER if max_iter is None else max_iter
     tol = DEFAULT_TOL if tol is None else tol
     m0 = prior_mean
-    post, tau, nu, n_iter, converged, n_fixed = run_schedule(
+    post, tau, nu, n_iter, converged, n_fixed, damping_info = run_schedule(
         K, y, likelihood, m0, rule="ep", schedule=schedule, max_iter=max_iter, tol=tol,
         damping=damping, on_negative=on_negative, order=order, random_state=random_state,
-        block=block, init=init, converged_by="sites")
+        block=block, init=init, converged_by="sites", min_damping=min_damping)
     log_evidence = ep_log_evidence(post, y, likelihood, m0)
     return InferenceResult("ep", schedule, likelihood, post, log_evidence, n_iter, converged,
                            post.gradient_matrix,
-                           info={"n_negative_handled": n_fixed})
+                           info={"n_negative_handled": n_fixed, **damping_info})
 
 
 def ep_log_evidence(post, y, likelihood, m0):
@@ -71,12 +80,16 @@ def ep_log_evidence(post, y, likelihood, m0):
     mu, var = post.mean, post.diag_cov()
     tau_c = 1.0 / var - tau
     nu_c = mu / var - nu
-    ok = tau_c > 0
-    if not np.all(ok):
-        # a site whose cavity is not a distribution (possible only after "clip"/"skip"): its tilted
-        # normaliser does not exist, and neither does the EP evidence
+    cav_mean, cav_var = nu_c / tau_c, 1.0 / tau_c
+    if not (np.all(tau_c > 0) and np.all(np.isfinite(cav_mean)) and np.all(cav_var > 0)
+            and np.all(np.isfinite(cav_var))):
+        # a site whose cavity is not a distribution (after "clip"/"skip", or a posterior variance
+        # that is zero to rounding: a Heaviside site of unbounded precision): its tilted normaliser
+        # does not exist, and neither does the EP evidence
         return -np.inf
-    log_z, _, _ = likelihood.tilted_moments(y, nu_c / tau_c, 1.0 / tau_c)
+    # log Z_i = −inf where a confident cavity contradicts its label (Heaviside): the evidence is 0,
+    # which infer reports; the moments of such a tilted distribution are not needed here
+    log_z = likelihood.log_tilted_normaliser(y, cav_mean, cav_var)
     site_terms = (log_z + 0.5 * np.log1p(tau / tau_c) - 0.5 * (nu + nu_c) ** 2 / (tau + tau_c)
                   + 0.5 * nu_c ** 2 / tau_c)
     return float(np.sum(site_terms) - 0.5 * post.log_det_B + 0.5 * (post.alpha @ m0 + mu @ nu))

@@ -35,7 +35,7 @@ import warnings
 import numpy as np
 
 from .._linalg import cho_inverse_lower, cho_solve_lower, cholesky_lower, log_det_from_cholesky, solve_lower
-from ..exceptions import ConvergenceWarning, NotPositiveDefiniteError
+from ..exceptions import ConvergenceWarning, NotPositiveDefiniteError, NumericalError
 from ..posterior import SitePosterior
 from ._result import InferenceResult
 
@@ -158,7 +158,7 @@ def _trial_state(K, y, likelihood, m0, alpha, w):
     has failed like one that lowers the bound, and the line search halves it."""
     try:
         trial = _State(K, y, likelihood, m0, alpha, w)
-    except (FloatingPointError, NotPositiveDefiniteError):
+    except (NumericalError, NotPositiveDefiniteError):
         return None
     return trial if np.isfinite(trial.bound) else None
 

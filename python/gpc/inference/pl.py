@@ -27,6 +27,7 @@ from numpy.polynomial.hermite_e import hermegauss
 from ..exceptions import DivergenceError
 from ..posterior import SitePosterior
 from ._result import InferenceResult
+from ._damping import DEFAULT_MIN_DAMPING, check_min_damping
 from ._sites import check_options, run_schedule, visiting_order
 
 DEFAULT_MAX_ITER = 100
@@ -51,7 +52,7 @@ _COLLAPSE = ("Site precisions grow without bound when a step-like likelihood is 
 
 def run(K, y, likelihood, prior_mean, *, schedule="sequential", max_iter=None, tol=None,
         damping=None, order=None, random_state=None, block=None, init=None,
-        correction_order=DEFAULT_CORRECTION_ORDER):
+        correction_order=DEFAULT_CORRECTION_ORDER, min_damping=DEFAULT_MIN_DAMPING):
     """Iterated posterior linearisation.
 
     Parameters
@@ -62,15 +63,21 @@ def run(K, y, likelihood, prior_mean, *, schedule="sequential", max_iter=None, t
         On the largest change of a posterior mean, or of a variance relative to itself, in a sweep.
     damping : float in (0, 1], default 1 (sequential) or 0.5 (parallel)
         Undamped parallel PL can oscillate (``DEFAULT_DAMPING``); the PL paper's parallel runs are
-        undamped, pass ``damping=1`` for them.
+        undamped, pass ``damping=1`` for them.  The parallel schedule starts from this value and
+        halves it whenever its updates oscillate or fail (gpc.inference._damping), recording the
+        final value in ``info["damping"]`` and each halving in ``info["damping_halved_at"]``.
     order, random_state, block, init
         As for EP.
     correction_order : int, default 32
         Gauss–Hermite order of the correction integrals of eq. (18).
+    min_damping : float or None, default 2⁻¹⁰
+        The parallel schedule stops with a DivergenceError rather than halve the damping below this.
+        None keeps the damping fixed (the plain parallel schedule of the paper).
     """
     if damping is None:
         damping = DEFAULT_DAMPING.get(schedule, 1.0)
     check_options(damping, "clip", schedule)
+    min_damping = check_min_damping(min_damping, damping)
     max_iter = DEFAULT_MAX_ITER if max_iter is None else max_iter
     tol = DEFAULT_TOL if tol is None else tol
     m0 = prior_mean
@@ -78,10 +85,13 @@ def run(K, y, likelihood, prior_mean, *, schedule="sequential", max_iter=None, t
     if block is not None and int(block) < 1:
         raise ValueError("block must be a positive integer")
     try:
-        post, tau, nu, n_iter, converged, _ = run_schedule(
+        post, tau, nu, n_iter, converged, _, damping_info = run_schedule(
             K, y, likelihood, m0, rule="pl", schedule=schedule, max_iter=max_iter, tol=tol,
             damping=damping, on_negative="clip", order=order, random_state=random_state,
-            block=block, init=init, converged_by="moments")
+            block=block, init=init, converged_by="moments", min_damping=min_damping)
+    except DivergenceError as exc:     # the parallel schedule's damping reached its floor
+        raise DivergenceError(f"{exc}. Or: {_COLLAPSE}", method="pl", index=exc.index,
+                              value=exc.value) from exc
     except (ValueError, ArithmeticError) as exc:
         raise DivergenceError(f"PL ({schedule}): the posterior marginals collapsed ({exc}). {_COLLAPSE}",
                               method="pl") from exc
@@ -94,7 +104,7 @@ def run(K, y, likelihood, prior_mean, *, schedule="sequential", max_iter=None, t
                               method="pl", index=i, value=tau[i])
     return InferenceResult("pl", schedule, likelihood, post, log_evidence, n_iter, converged,
                            linearisation["posterior"].gradient_matrix,
-                           info=linearisation)
+                           info={**linearisation, **damping_info})
 
 
 def slr(likelihood, mean, var):
