@@ -101,3 +101,65 @@ def bench_sites_travel(record, client):
         return client.gather(client.scatter(sites, broadcast=False))
 
     record("added per iteration: sites gathered, sent back", round_trip, rounds=10)
+
+
+# -- the sparse classifier's real iteration: speedup and fixed overhead (``python bench/bench_distributed.py``) --
+
+def _seconds_per_iteration(clf):
+    """Median time of iterations 2.. (the first also loads the shards onto the workers)."""
+    t = [h["seconds"] for h in clf.history_]
+    return float(np.median(np.diff(t)))
+
+
+def sparse_iteration(client, X, y, m, iters):
+    """Seconds per batch SEP iteration of SparseGaussianProcessClassifier (θ and Z learnt)."""
+    from gpc import SparseGaussianProcessClassifier
+    from gpc.kernels import RBF, ConstantKernel
+
+    Z = X[np.linspace(0, len(y) - 1, m).astype(int)]
+    clf = SparseGaussianProcessClassifier(kernel=ConstantKernel(1.0) * RBF(np.full(X.shape[1], 2.0)),
+                                          inducing_points=Z, n_inducing=m, max_iter=iters,
+                                          progress=False, client=client)
+    return _seconds_per_iteration(clf.fit(X, y)), clf
+
+
+def main(n=200_000, m=M, iters=4, n_tiny=N_TINY, workers=2):
+    """In process (1 thread) against ``workers`` workers x 1 thread on 127.0.0.1, batch SEP:
+    seconds per iteration at n rows (the speedup) and at n_tiny rows (the fixed overhead)."""
+    import os
+    import sys
+    import time
+
+    from threadpoolctl import threadpool_limits
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from bench_sparse import make_data
+
+    X, y = make_data(n)
+    Xt, yt = make_data(n_tiny, seed=3)
+    print(f"batch SEP, m = {m}, {iters} iterations (median of iterations 2..{iters}); load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    with threadpool_limits(1):
+        local, _ = sparse_iteration(None, X, y, m, iters)
+        local_tiny, _ = sparse_iteration(None, Xt, yt, m, 12)
+        t = time.perf_counter()
+        with distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                      host="127.0.0.1", dashboard_address="127.0.0.1:0",
+                                      silence_logs=logging.ERROR) as cluster, \
+                distributed.Client(cluster) as client:
+            client.wait_for_workers(workers, timeout=300)
+            print(f"cluster of {workers} up in {time.perf_counter() - t:.1f} s")
+            remote, clf = sparse_iteration(client, X, y, m, iters)
+            remote_tiny, _ = sparse_iteration(client, Xt, yt, m, 12)
+    print(f"n = {n}: in process {local:.3f} s/iteration, {workers} workers {remote:.3f} s/iteration, "
+          f"speedup {local / remote:.2f}")
+    print(f"n = {n_tiny}: in process {local_tiny * 1e3:.1f} ms/iteration, {workers} workers "
+          f"{remote_tiny * 1e3:.1f} ms/iteration, fixed overhead {1e3 * (remote_tiny - local_tiny):.1f} ms "
+          f"per iteration (two rounds of shard tasks)")
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    import sys as _sys
+    _n = int(_sys.argv[1]) if len(_sys.argv) > 1 else 200_000
+    main(n=_n)
