@@ -365,6 +365,22 @@ def test_sparse_classifier_on_the_cluster_equals_in_process(client, n_classes):
     np.testing.assert_allclose(remote.predict_proba(X), local.predict_proba(X), rtol=0, atol=1e-9)
 
 
+def test_sparse_classifier_clones_share_the_client(client):
+    from sklearn.base import clone
+
+    from gpc import SparseGaussianProcessClassifier
+
+    estimator = SparseGaussianProcessClassifier(client=client, n_inducing=7, kernel=_amplitude_rbf())
+    twin = clone(estimator)
+    assert twin.client is client and twin.n_inducing == 7
+    assert twin.kernel is not estimator.kernel and twin.kernel.get_params() == estimator.kernel.get_params()
+
+
+def _amplitude_rbf():
+    from gpc.kernels import RBF, ConstantKernel
+    return ConstantKernel(2.0) * RBF(1.5)
+
+
 @pytest.mark.parametrize("params, match", [
     (dict(method="gfitc"), "not a sum over the data"), (dict(method="svi"), "SVI"),
     (dict(batch_size=50), "batch SEP only"), (dict(tied_sites=True, batch_size=50), "batch SEP only"),

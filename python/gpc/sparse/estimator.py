@@ -502,6 +502,15 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         proba = self.predict_proba(X)
         return self.classes_[np.argmax(proba, axis=1)]
 
+    def __sklearn_clone__(self):
+        """scikit-learn's ``clone``, sharing ``client``: a live connection is not copied (deep-copying a
+        dask Client fails), so clones, e.g. in a grid search, train on the same cluster."""
+        from sklearn.base import clone
+
+        params = self.get_params(deep=False)
+        return type(self)(**{name: value if name == "client" else clone(value, safe=False)
+                             for name, value in params.items()})
+
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.non_deterministic = False
