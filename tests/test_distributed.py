@@ -359,8 +359,12 @@ def test_sparse_classifier_on_the_cluster_equals_in_process(client, n_classes):
                                                                   rel=0, abs=1e-10)
     assert [h["iteration"] for h in remote.history_] == list(range(1, 6))
     assert remote.history_[-1]["objective"] > remote.history_[0]["objective"]   # the steps did learn
-    # the sites came home: partial_fit continues in process from where the cluster stopped
-    remote.set_params(client=None).partial_fit(X, y)
+    # the sites came home, and a pickled model drops its connection: the copy continues in process
+    # from where the cluster stopped
+    import pickle
+    remote = pickle.loads(pickle.dumps(remote))
+    assert remote.client is None
+    remote.partial_fit(X, y)
     local.partial_fit(X, y)
     np.testing.assert_allclose(remote.predict_proba(X), local.predict_proba(X), rtol=0, atol=1e-9)
 

@@ -164,7 +164,8 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         equals the in-process one up to the order of the sums.  Batch ``method="ep"`` only:
         GFITC's evidence is not a sum over the data (SEP §3), and SVI, minibatches and tied
         sites are not distributed yet; they raise a ValueError.  Needs the ``distributed``
-        extra (``pip install "gpc[distributed]"``).
+        extra (``pip install "gpc[distributed]"``).  Clones share the client; a pickled model
+        drops it (``client=None`` after unpickling).
 
     Attributes
     ----------
@@ -510,6 +511,13 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         params = self.get_params(deep=False)
         return type(self)(**{name: value if name == "client" else clone(value, safe=False)
                              for name, value in params.items()})
+
+    def __getstate__(self):
+        """Pickle without ``client``: a connection cannot be saved; the unpickled model has
+        ``client=None`` and predicts (and continues with ``partial_fit``) in process."""
+        state = dict(super().__getstate__())
+        state["client"] = None
+        return state
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
