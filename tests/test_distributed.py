@@ -369,6 +369,23 @@ def test_sparse_classifier_on_the_cluster_equals_in_process(client, n_classes):
     np.testing.assert_allclose(remote.predict_proba(X), local.predict_proba(X), rtol=0, atol=1e-9)
 
 
+def test_sparse_classifier_takes_a_dask_array_in_its_chunks(client):
+    """A Dask X on the cluster (one shard per row chunk, three chunks on two workers): the fit equals the
+    in-process fit of the same array (1e-10, as above)."""
+    from gpc import SparseGaussianProcessClassifier
+
+    X, y = _sparse_problem(2)
+    Xd = da.from_array(X, chunks=(250, X.shape[1]))
+    kw = dict(n_inducing=6, max_iter=3, random_state=1, progress=False)
+    local = SparseGaussianProcessClassifier(**kw).fit(Xd, y)
+    remote = SparseGaussianProcessClassifier(client=client, **kw).fit(Xd, y)
+    a, b = local._problems[0][0].state, remote._problems[0][0].state
+    np.testing.assert_allclose(b.tau, a.tau, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(b.Z, a.Z, rtol=0, atol=1e-10)
+    assert remote.log_marginal_likelihood_value_ == pytest.approx(local.log_marginal_likelihood_value_,
+                                                                  rel=0, abs=1e-10)
+
+
 def test_sparse_classifier_clones_share_the_client(client):
     from sklearn.base import clone
 
