@@ -101,3 +101,82 @@ def bench_sites_travel(record, client):
         return client.gather(client.scatter(sites, broadcast=False))
 
     record("added per iteration: sites gathered, sent back", round_trip, rounds=10)
+
+
+# -- the sparse classifier's real iteration: speedup and fixed overhead (``python bench/bench_distributed.py``) --
+
+def _seconds_per_iteration(clf):
+    """Median time of iterations 2.. (the first also loads the shards onto the workers)."""
+    t = [h["seconds"] for h in clf.history_]
+    return float(np.median(np.diff(t)))
+
+
+def _worker_cpu(client):
+    """CPU seconds each worker process has used so far (its event loop included)."""
+    import time
+    return client.run(time.process_time)
+
+
+def sparse_iteration(client, X, y, m, iters):
+    """Batch SEP iterations of SparseGaussianProcessClassifier (θ and Z learnt): wall seconds per
+    iteration, and CPU seconds per iteration of the master and (with a client) of each worker."""
+    import time
+
+    from gpc import SparseGaussianProcessClassifier
+    from gpc.kernels import RBF, ConstantKernel
+
+    Z = X[np.linspace(0, len(y) - 1, m).astype(int)]
+    clf = SparseGaussianProcessClassifier(kernel=ConstantKernel(1.0) * RBF(np.full(X.shape[1], 2.0)),
+                                          inducing_points=Z, n_inducing=m, max_iter=iters,
+                                          progress=False, client=client)
+    before = _worker_cpu(client) if client is not None else {}
+    cpu = time.process_time()
+    clf.fit(X, y)
+    cpu = (time.process_time() - cpu) / iters
+    workers = ({w: (t - before[w]) / iters for w, t in _worker_cpu(client).items()}
+               if client is not None else {})
+    return _seconds_per_iteration(clf), cpu, workers
+
+
+def main(n=200_000, m=M, iters=4, n_tiny=N_TINY, workers=2):
+    """In process (1 thread) against ``workers`` workers x 1 thread on 127.0.0.1, batch SEP:
+    seconds per iteration at n rows (the speedup) and at n_tiny rows (the fixed overhead).
+
+    On a shared machine the wall-clock figures depend on the load; the CPU seconds do not, and give
+    the model: an iteration on K workers takes about max_k (worker k's CPU) + the fixed overhead."""
+    import os
+    import sys
+    import time
+
+    from threadpoolctl import threadpool_limits
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from bench_sparse import make_data
+
+    X, y = make_data(n)
+    Xt, yt = make_data(n_tiny, seed=3)
+    print(f"batch SEP, m = {m}, {iters} iterations (wall: median of iterations 2..{iters}; CPU: mean); "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    with threadpool_limits(1):
+        local = sparse_iteration(None, X, y, m, iters)
+        local_tiny = sparse_iteration(None, Xt, yt, m, 12)
+        t = time.perf_counter()
+        from gpc.distributed.cli import local_cluster
+        with local_cluster(workers) as cluster, distributed.Client(cluster) as client:
+            client.wait_for_workers(workers, timeout=300)
+            print(f"cluster of {workers} up in {time.perf_counter() - t:.1f} s")
+            remote_tiny = sparse_iteration(client, Xt, yt, m, 12)   # first, on a fresh cluster
+            remote = sparse_iteration(client, X, y, m, iters)
+    for rows, (lw, lc, _), (rw, rc, wc) in ((n, local, remote), (n_tiny, local_tiny, remote_tiny)):
+        busiest = max(wc.values())
+        print(f"n = {rows}: in process {lw:.4f} s/iteration wall, {lc:.4f} s CPU; {workers} workers "
+              f"{rw:.4f} s/iteration wall (speedup {lw / rw:.2f}), master CPU {rc:.4f} s, worker CPU "
+              f"{', '.join(f'{c:.4f}' for c in wc.values())} s per iteration (busiest / in-process CPU "
+              f"{busiest / lc:.2f})")
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    import sys as _sys
+    _n = int(_sys.argv[1]) if len(_sys.argv) > 1 else 200_000
+    main(n=_n)

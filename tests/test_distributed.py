@@ -2,11 +2,13 @@
 is not a failure; a closed client is a clear error."""
 
 import logging
-import os
 import functools
+import os
+import signal
 import sys
 import time
 
+import dask
 import dask.array as da
 import distributed   # in the test extra: CI always runs the cluster tests
 import numpy as np
@@ -17,6 +19,15 @@ from gpc.distributed import (DaskEngine, DistributedError, InProcessEngine, add_
                              shard_bounds)
 
 M_INDUCING = 15
+
+# Waits for things that must happen (a worker to start, restart or be seen gone; a step to finish)
+# are bounded by PATIENCE: long enough that a machine under a load of 10+ on 2 cores does not make
+# them fail (a nanny restarting a worker took over 60 s there), short enough that a real hang ends
+# the test.  Waits that must *fail* fast keep their own short timeouts.
+PATIENCE = 300.0
+# distributed's own defaults (30 s to connect, 30 s of silence before a connection counts as dead)
+# are what a starved worker process can exceed on such a machine; they are raised for this module.
+COMM_TIMEOUTS = {"distributed.comm.timeouts.connect": "120s", "distributed.comm.timeouts.tcp": "120s"}
 
 
 # -- a real numerical step: parallel EP with probit sites on f_i ≈ φ_iᵀ w, w ~ N(0, I) ------------------
@@ -155,15 +166,16 @@ def test_client_without_dask_names_the_extra(monkeypatch):
 
 @pytest.fixture(scope="module")
 def cluster():
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                  dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cluster:
+    with dask.config.set(COMM_TIMEOUTS), \
+            distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                     dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cluster:
         yield cluster
 
 
 @pytest.fixture(scope="module")
 def client(cluster):
-    with distributed.Client(cluster, timeout=30) as client:
-        client.wait_for_workers(2, timeout=60)
+    with dask.config.set(COMM_TIMEOUTS), distributed.Client(cluster, timeout=PATIENCE) as client:
+        client.wait_for_workers(2, timeout=PATIENCE)
         yield client
 
 
@@ -176,7 +188,8 @@ def test_revert_gives_back_the_sites_before_the_last_step(client, engine_kind):
     q0 = (np.zeros(M_INDUCING), np.eye(M_INDUCING))
     runs = []
     for reverted in (False, True):
-        engine = InProcessEngine(2) if engine_kind == "in-process" else DaskEngine(client, n_shards=2, timeout=60)
+        engine = InProcessEngine(2) if engine_kind == "in-process" else DaskEngine(client, n_shards=2,
+                                                                                    timeout=PATIENCE)
         engine.load((X, y), zero_sites)
         with pytest.raises(RuntimeError, match="revert"):
             engine.revert()
@@ -208,8 +221,8 @@ def test_dask_equals_in_process(client):
     """5 EP iterations, 2 shards: the same q, log Z and sites to 1e-10 (the same float operations on the same
     shards and the same shard-order sums; only BLAS's choice of kernel could differ, ~1e-15)."""
     X, y = toy()
-    client.wait_for_workers(2, timeout=60)   # one shard per worker: both must be up
-    engine = make_engine(client, timeout=60)
+    client.wait_for_workers(2, timeout=PATIENCE)   # one shard per worker: both must be up
+    engine = make_engine(client, timeout=PATIENCE)
     distributed_fit = fit(engine, X, y)
     assert len(engine.bounds) == 3   # one shard per worker
     assert_same_fit(distributed_fit, fit(InProcessEngine(2), X, y), atol=1e-10)
@@ -218,14 +231,10 @@ def test_dask_equals_in_process(client):
 def test_dask_array_keeps_its_chunks(client):
     X, y = toy(n=300)
     Xd, yd = da.from_array(X, chunks=(100, 1)), da.from_array(y, chunks=100)
-    engine = DaskEngine(client, timeout=60)
+    engine = DaskEngine(client, timeout=PATIENCE)
     result = fit(engine, Xd, yd, n_iter=3)
     assert list(engine.bounds) == [0, 100, 200, 300]
     assert_same_fit(result, fit(InProcessEngine(), Xd, yd, n_iter=3), atol=1e-10)
-
-
-async def _exit_process():
-    os._exit(1)   # no cleanup, no goodbye to the scheduler: what a crash or a lost machine looks like
 
 
 def crash_once_step(marker, *args):
@@ -246,7 +255,7 @@ def test_killed_worker_is_not_a_failure(client, caplog, tmp_path, when):
     from the source rows and the chain of earlier steps, every row is counted at every step, and the fit
     equals an undisturbed one (a reset of the sites would be off by ~4e-2 here)."""
     X, y = toy(seed=1)
-    engine = DaskEngine(client, n_shards=2, timeout=120)
+    engine = DaskEngine(client, n_shards=2, timeout=PATIENCE)
     marker = tmp_path / "killed"
     killed = []
 
@@ -256,8 +265,11 @@ def test_killed_worker_is_not_a_failure(client, caplog, tmp_path, when):
     def after_step(it):
         if it == 1 and when == "between steps":
             victim = engine._addresses[0]
-            client.run(_exit_process, workers=[victim], wait=False)   # the worker process dies at once
-            deadline = time.monotonic() + 30   # wait until the scheduler has seen it go (bounded)
+            # SIGKILL from this process: certain and at once, with no message to deliver through a loaded
+            # scheduler first; no cleanup, no goodbye, as when a machine is lost
+            pid = client.run(os.getpid, workers=[victim])[victim]
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + PATIENCE   # wait until the scheduler has seen it go (bounded)
             while victim in client.scheduler_info(n_workers=-1)["workers"] and time.monotonic() < deadline:
                 time.sleep(0.05)
             killed.append(victim)
@@ -269,7 +281,7 @@ def test_killed_worker_is_not_a_failure(client, caplog, tmp_path, when):
     assert killed[0] not in client.scheduler_info(n_workers=-1)["workers"]
     assert any("left the cluster" in r.getMessage() and killed[0] in r.getMessage() for r in caplog.records)
     assert_same_fit(disturbed, fit(InProcessEngine(2), X, y, n_iter=6), atol=1e-10)
-    client.wait_for_workers(2, timeout=60)   # the nanny restarts the worker for the next tests
+    client.wait_for_workers(2, timeout=PATIENCE)   # the nanny restarts the worker for the next tests
 
 
 async def _reset_connection(client):
@@ -281,12 +293,13 @@ def test_lost_connection_is_a_clear_error(cluster, broken, message):
     """The client is closed, or its connection to the scheduler breaks mid-fit (the scheduler then cancels
     the client's tasks, shards and sites with them): the next step says so at once instead of waiting."""
     X, y = toy(n=200)
-    with distributed.Client(cluster, timeout=30) as other:
-        engine = DaskEngine(other, timeout=20)
+    with dask.config.set(COMM_TIMEOUTS), distributed.Client(cluster, timeout=PATIENCE) as other:
+        engine = DaskEngine(other, timeout=PATIENCE)       # loading and a first step must succeed
         engine.load((X, y), zero_sites)
         q = (np.zeros(M_INDUCING), np.eye(M_INDUCING))
         theta = (1.0, X[:M_INDUCING])
         engine.step(ep_step, q, theta)
+        engine.timeout = 60.0     # the broken step must end well before PATIENCE
         if broken == "closed":
             other.close()
         else:
@@ -294,21 +307,141 @@ def test_lost_connection_is_a_clear_error(cluster, broken, message):
         start = time.monotonic()
         with pytest.raises(DistributedError, match=message):
             engine.step(ep_step, q, theta)
-        assert time.monotonic() - start < 20   # no hang: inside the engine's timeout
+        assert time.monotonic() - start < 60   # no hang: inside the engine's timeout
 
 
 def test_unanswered_step_times_out(client):
     """A step the cluster cannot finish in time (here a task that sleeps past the engine's timeout; a silent
     scheduler looks the same to the client) raises within the timeout instead of hanging."""
     X, y = toy(n=200)
-    engine = DaskEngine(client, timeout=1)
+    engine = DaskEngine(client, timeout=PATIENCE)   # loading may be slow on a loaded machine: not tested here
     engine.load((X, y), zero_sites)
+    engine.timeout = 1.0
     start = time.monotonic()
     with pytest.raises(DistributedError, match="did not finish within 1 s"):
         engine.step(sleeping_step, None, None)
-    assert time.monotonic() - start < 10   # the 1 s timeout, plus slack for a loaded machine
+    assert time.monotonic() - start < 30   # the 1 s timeout, plus slack for a loaded machine
 
 
 def sleeping_step(X, y, q_state, theta, sites):
     time.sleep(3)
     return sites, {"rows": len(y)}
+
+
+# -- the sparse classifier on the cluster (SparseGaussianProcessClassifier(client=...)) -------------------
+
+def _sparse_problem(n_classes):
+    from gpc.datasets import load
+    X, y = (load("australian", return_X_y=True) if n_classes == 2
+            else load("glass", return_X_y=True, binary=False))
+    return (X - X.mean(0)) / X.std(0), y
+
+
+@pytest.mark.parametrize("n_classes", [2, 6])
+def test_sparse_classifier_on_the_cluster_equals_in_process(client, n_classes):
+    """5 batch SEP iterations with θ and Z learnt: sites, hyperparameters, inducing points and log Z agree
+    with the in-process fit to 1e-10.  Both run the same passes on the same rows; only the grouping of the
+    sums differs (2 shards against one block), which moves the results by ~1e-14 here (measured)."""
+    from gpc import SparseGaussianProcessClassifier
+
+    X, y = _sparse_problem(n_classes)
+    kw = dict(n_inducing=8, max_iter=5, random_state=0, progress=False)
+    local = SparseGaussianProcessClassifier(**kw).fit(X, y)
+    remote = SparseGaussianProcessClassifier(client=client, **kw).fit(X, y)
+    assert len(local._problems) == len(remote._problems) == (1 if n_classes == 2 else n_classes)
+    for (a, _), (b, _) in zip(local._problems, remote._problems):
+        a, b = a.state, b.state
+        np.testing.assert_allclose(b.tau, a.tau, rtol=0, atol=1e-10)     # gathered from the workers
+        np.testing.assert_allclose(b.nu, a.nu, rtol=0, atol=1e-10)
+        np.testing.assert_allclose(b.kernel.theta, a.kernel.theta, rtol=0, atol=1e-10)
+        np.testing.assert_allclose(b.Z, a.Z, rtol=0, atol=1e-10)
+    assert remote.log_marginal_likelihood_value_ == pytest.approx(local.log_marginal_likelihood_value_,
+                                                                  rel=0, abs=1e-10)
+    assert [h["iteration"] for h in remote.history_] == list(range(1, 6))
+    assert remote.history_[-1]["objective"] > remote.history_[0]["objective"]   # the steps did learn
+    # the sites came home, and a pickled model drops its connection: the copy continues in process
+    # from where the cluster stopped
+    import pickle
+    remote = pickle.loads(pickle.dumps(remote))
+    assert remote.client is None
+    remote.partial_fit(X, y)
+    local.partial_fit(X, y)
+    np.testing.assert_allclose(remote.predict_proba(X), local.predict_proba(X), rtol=0, atol=1e-9)
+
+
+def test_sparse_classifier_takes_a_dask_array_in_its_chunks(client):
+    """A Dask X on the cluster (one shard per row chunk, three chunks on two workers): the fit equals the
+    in-process fit of the same array (1e-10, as above)."""
+    from gpc import SparseGaussianProcessClassifier
+
+    X, y = _sparse_problem(2)
+    Xd = da.from_array(X, chunks=(250, X.shape[1]))
+    kw = dict(n_inducing=6, max_iter=3, random_state=1, progress=False)
+    local = SparseGaussianProcessClassifier(**kw).fit(Xd, y)
+    remote = SparseGaussianProcessClassifier(client=client, **kw).fit(Xd, y)
+    a, b = local._problems[0][0].state, remote._problems[0][0].state
+    np.testing.assert_allclose(b.tau, a.tau, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(b.Z, a.Z, rtol=0, atol=1e-10)
+    assert remote.log_marginal_likelihood_value_ == pytest.approx(local.log_marginal_likelihood_value_,
+                                                                  rel=0, abs=1e-10)
+
+
+def test_sparse_classifier_clones_share_the_client(client):
+    from sklearn.base import clone
+
+    from gpc import SparseGaussianProcessClassifier
+
+    estimator = SparseGaussianProcessClassifier(client=client, n_inducing=7, kernel=_amplitude_rbf())
+    twin = clone(estimator)
+    assert twin.client is client and twin.n_inducing == 7
+    assert twin.kernel is not estimator.kernel and twin.kernel.get_params() == estimator.kernel.get_params()
+
+
+def _amplitude_rbf():
+    from gpc.kernels import RBF, ConstantKernel
+    return ConstantKernel(2.0) * RBF(1.5)
+
+
+@pytest.mark.parametrize("params, match", [
+    (dict(method="gfitc"), "not a sum over the data"), (dict(method="svi"), "SVI"),
+    (dict(batch_size=50), "batch SEP only"), (dict(tied_sites=True, batch_size=50), "batch SEP only"),
+])
+def test_sparse_methods_that_do_not_distribute_say_so(client, params, match):
+    from gpc import SparseGaussianProcessClassifier
+
+    X, y = _sparse_problem(2)
+    with pytest.raises(ValueError, match=match):
+        SparseGaussianProcessClassifier(client=client, n_inducing=5, max_iter=1, progress=False,
+                                        **params).fit(X, y)
+
+
+def test_sparse_classifier_without_dask_names_the_extra(monkeypatch):
+    from gpc import SparseGaussianProcessClassifier
+
+    X, y = _sparse_problem(2)
+    for name in ["distributed", "dask.array"]:
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(ImportError, match=r'pip install "gpc\[distributed\]"'):
+        SparseGaussianProcessClassifier(client=object(), n_inducing=5, max_iter=1, progress=False).fit(X, y)
+
+
+def test_command_line_fits_on_a_running_scheduler(cluster, capsys):
+    """``gpc sep-distributed --scheduler ADDRESS``: one fit in process and one on the cluster, the same model
+    (log Z and test error printed alike to the digits shown)."""
+    from gpc.__main__ import main
+
+    main(["sep-distributed", "--scheduler", cluster.scheduler_address, "--data", "crabs", "--n-inducing",
+          "5", "--max-iter", "3"])
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: line.split()[-3:] for line in lines if line.startswith(("in process", "scheduler"))}
+    assert set(rows) == {"in", "scheduler"}
+    assert rows["in"][0] == rows["scheduler"][0] and rows["in"][2] == rows["scheduler"][2]  # error, log Z
+
+
+def test_command_line_rejects_bad_counts(capsys):
+    from gpc.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["sep-distributed", "--dask-workers", "0"])
+    assert exit_.value.code == 2
+    assert "--dask-workers must be at least 1" in capsys.readouterr().err

@@ -3,8 +3,10 @@
     gpc compare [--data NAME | --csv FILE --label COL] [--methods …] [--likelihood …] [--folds K]
                 [--jobs N] [--out results.json] [--plot out.png]
     gpc reproduce NAME [--out results.json] [--plots DIR] [--folds K] [--datasets …] [--methods …]
+    gpc sep-distributed [--dask-workers N … | --scheduler ADDRESS] [--data NAME | --synthetic N]
 
-Errors the user can fix (a missing file, an unknown data set, method or column) end with a one-line message and exit status 2, not a traceback.
+Errors the user can fix (a missing file, an unknown data set, method or column) end with a
+one-line message and exit status 2, not a traceback.
 """
 
 import argparse
@@ -38,6 +40,8 @@ def build_parser():
     cmp_.add_argument("--quiet", action="store_true", help="no progress bar")
 
     add_parsers(sub)
+    from .distributed.cli import add_parser as add_distributed
+    add_distributed(sub)
     return parser
 
 
@@ -52,6 +56,9 @@ def main(argv=None):
         elif args.command == "reproduce":
             from .experiments import reproduce
             reproduce.main(args)
+        elif args.command == "sep-distributed":
+            from .distributed import cli
+            cli.main(args)
     except (FileNotFoundError, ValueError) as exc:
         msg = str(exc)
         if isinstance(exc, FileNotFoundError) and exc.filename and exc.filename not in msg:

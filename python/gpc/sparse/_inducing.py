@@ -7,14 +7,98 @@ With inducing inputs Z (m x d) and values u = f(Z), K_uu = L Lᵀ is held by its
 * ``s_b = k_ii - |a_i|²``, the FITC conditional variance s_i of SEP eq. (1),
 
 and turns the matrix derivatives of an objective F with respect to K_bu, K_uu and diag K_bb into the
-derivative with respect to the kernel's log hyperparameters and to Z, through the kernel's
-``gradient_contract`` and ``gradient_inputs`` (no n x m x p tensor is formed).
+derivative with respect to the kernel's log hyperparameters and to Z.  For the squared exponential
+(with or without an amplitude ``c``) this is done here from the kernel values already computed, by
+b x m and m x m products (:class:`_SquaredExponential`); other kernels go through their
+``gradient_contract`` and ``gradient_inputs`` (no n x m x p tensor is formed either way).
 """
 
+import copy
+
 import numpy as np
-from scipy.linalg import solve_triangular
+from scipy.linalg import blas
 
 from .._linalg import cholesky_lower
+from ..kernels import RBF, ConstantKernel, Product
+
+
+class _SquaredExponential:
+    """Gradients of c · exp(-½ Σ_d (x_d - z_d)²/ℓ_d²) contracted from the kernel values.
+
+    With W = G ∘ K for a weight matrix G over the pairs (x_i, z_j):
+
+        Σ G ∂K/∂log c = Σ W,
+        Σ G ∂K/∂log ℓ_d = Σ_ij W_ij (x_id - z_jd)²/ℓ_d²
+                        = [rowsum(W)ᵀ x̃_d² + colsum(W)ᵀ z̃_d² - 2 x̃_dᵀ W z̃_d] / ℓ_d²,
+        Σ_i G_ij ∂k(x_i, z_j)/∂z_jd = [(Wᵀ X̃)_jd - colsum(W)_j z̃_jd] / ℓ_d²,
+
+    with x̃, z̃ the inputs shifted by the mean of Z (so the expansion does not cancel).  One b x m
+    product with W instead of a pass over a (b + m)² block.  ``order`` is where (log c, log ℓ)
+    sit in the kernel's ``theta``.
+    """
+
+    def __init__(self, amplitude, rbf, amplitude_first):
+        self.c = 1.0 if amplitude is None else float(amplitude.constant_value)
+        self.c_free = amplitude is not None and amplitude._free()
+        self.ls = np.atleast_1d(np.asarray(rbf.length_scale, dtype=np.float64))
+        self.ls_free = rbf._free()
+        self.amplitude_first = amplitude_first
+
+    @classmethod
+    def of(cls, kernel):
+        """The fast path for ``kernel`` when it is RBF or ConstantKernel · RBF, else None."""
+        if type(kernel) is RBF:
+            return cls(None, kernel, True)
+        if type(kernel) is Product:
+            a, b = kernel._a, kernel._b
+            if type(a) is ConstantKernel and type(b) is RBF:
+                return cls(a, b, True)
+            if type(a) is RBF and type(b) is ConstantKernel:
+                return cls(b, a, False)
+        return None
+
+    def with_theta(self, kernel, theta):
+        """``kernel.clone_with_theta(theta)`` for this kernel's form, by shallow copies.
+
+        ``theta`` comes from the kernel's own (validated) theta moved by an optimiser step and
+        clipped to its bounds, so the parameter checks of a full clone (a millisecond, as much
+        as a b x m x m product at m = 200) are skipped."""
+        theta = np.exp(np.asarray(theta, dtype=np.float64))
+        if type(kernel) is RBF:
+            new = rbf = copy.copy(kernel)
+            amplitude = None
+        else:
+            new = copy.copy(kernel)
+            new.k1, new.k2 = copy.copy(kernel.k1), copy.copy(kernel.k2)
+            amplitude, rbf = (new.k1, new.k2) if self.amplitude_first else (new.k2, new.k1)
+        c_at = 0 if self.amplitude_first or not self.ls_free else self.ls.size
+        ls_at = 1 if self.amplitude_first and self.c_free else 0
+        if self.c_free:
+            amplitude.constant_value = float(theta[c_at])
+        if self.ls_free:
+            ls = theta[ls_at:ls_at + self.ls.size]
+            rbf.length_scale = ls.copy() if np.ndim(rbf.length_scale) > 0 else float(ls[0])
+        return new
+
+    def contract(self, X, Z, K, G, g_diag=None):
+        """(Σ G ∂K/∂θ [+ Σ g_diag ∂k_ii/∂θ], the gradient in Z through K's second argument)."""
+        W = G * K
+        shift = Z.mean(axis=0)
+        Xs, Zs = (X - shift) / self.ls, (Z - shift) / self.ls
+        rows, cols = W.sum(axis=1), W.sum(axis=0)
+        WZ = W @ Zs
+        parts = []
+        if self.c_free:
+            total = float(rows.sum()) + (self.c * float(np.sum(g_diag)) if g_diag is not None else 0.0)
+            parts.append(np.array([total]))
+        if self.ls_free:
+            per_d = rows @ (Xs * Xs) + cols @ (Zs * Zs) - 2.0 * np.einsum("id,id->d", Xs, WZ)
+            parts.append(per_d if self.ls.size > 1 else np.array([per_d.sum()]))
+        if not self.amplitude_first:
+            parts.reverse()
+        g_theta = np.concatenate(parts) if parts else np.empty(0)
+        g_Z = (W.T @ Xs - cols[:, None] * Zs) / self.ls
+        return g_theta, g_Z
 
 
 class InducingFactor:
@@ -31,36 +115,39 @@ class InducingFactor:
     def __init__(self, kernel, Z, jitter=1e-8):
         self.kernel = kernel
         self.Z = np.ascontiguousarray(Z, dtype=np.float64)
-        Kuu = kernel(self.Z)
-        m = Kuu.shape[0]
-        Kuu.flat[:: m + 1] += jitter * float(np.trace(Kuu)) / m
-        self.L, _ = cholesky_lower(Kuu, name="K_uu (kernel at the inducing points)")
+        self.Kuu = kernel(self.Z)
+        m = self.Kuu.shape[0]
+        Kj = self.Kuu.copy()
+        Kj.flat[:: m + 1] += jitter * float(np.trace(Kj)) / m
+        self.L, _ = cholesky_lower(Kj, name="K_uu (kernel at the inducing points)")
+        self.fast = _SquaredExponential.of(kernel)
 
     @property
     def m(self):
         return self.L.shape[0]
 
-    def whiten(self, Xb):
-        """(A_b, s_b): A_b = K_bu L⁻ᵀ and s_b = diag K_bb - rowsum(A_b²), clipped at 0 (rounding)."""
+    def whiten(self, Xb, keep_cross=False):
+        """(A_b, s_b): A_b = K_bu L⁻ᵀ and s_b = diag K_bb - rowsum(A_b²), clipped at 0 (rounding).
+
+        With ``keep_cross`` also K_bu, which :meth:`block_gradient` can reuse."""
         Kbu = self.kernel(Xb, self.Z)
-        A = solve_triangular(self.L, Kbu.T, lower=True, check_finite=False).T
-        s = self.kernel.diag(Xb) - np.einsum("ij,ij->i", A, A)
-        return np.ascontiguousarray(A), np.maximum(s, 0.0)
+        A = blas.dtrsm(1.0, self.L, Kbu.T, lower=1).T      # (L⁻¹ K_ub)ᵀ, C-contiguous
+        s = np.maximum(self.kernel.diag(Xb) - np.einsum("ij,ij->i", A, A), 0.0)
+        return (A, s, Kbu) if keep_cross else (A, s)
 
-    def unwhiten_rows(self, A):
-        """Rows v_i = L⁻ᵀ a_i (SEP eq. (2)'s v_i = K_uu⁻¹ k_i) for the rows a_i of A."""
-        return solve_triangular(self.L, A.T, lower=True, trans="T", check_finite=False).T
-
-    def block_gradient(self, Xb, G_A, g_s):
+    def block_gradient(self, Xb, G_A, g_s, Kbu=None):
         """Kernel and Z gradient of the K_bu and diag K_bb parts of dF.
 
         ``G_A`` is the total ∂F/∂A_b (b x m), the part through s = diag K_bb - rowsum(A²)
         included, and ``g_s`` is ∂F/∂s_b (b,).  Since A_b = K_bu L⁻ᵀ, ∂F/∂K_bu = G_A L⁻¹, and
-        ∂F/∂k_ii = g_s.
+        ∂F/∂k_ii = g_s.  ``Kbu`` (from :meth:`whiten`) saves recomputing the kernel block.
 
         Returns (g_theta (p,), g_Z (m, d)).
         """
-        G_bu = solve_triangular(self.L, G_A.T, lower=True, trans="T", check_finite=False).T
+        G_bu = blas.dtrsm(1.0, self.L, G_A.T, lower=1, trans_a=1).T     # G_A L⁻¹
+        if self.fast is not None:
+            return self.fast.contract(Xb, self.Z, self.kernel(Xb, self.Z) if Kbu is None else Kbu,
+                                      G_bu, g_s)
         b, m = G_bu.shape
         # one contraction over the stacked inputs [X_b; Z] of the symmetric block matrix
         # [[diag g_s, G_bu / 2], [G_buᵀ / 2, 0]] gives Σ G_bu ∂K_bu/∂θ + Σ g_s ∂k_ii/∂θ
@@ -82,9 +169,13 @@ class InducingFactor:
         """
         P = np.tril(-AtG.T)
         P.flat[:: P.shape[0] + 1] *= 0.5
-        T = solve_triangular(self.L, P, lower=True, trans="T", check_finite=False)
-        G_uu = solve_triangular(self.L, T.T, lower=True, trans="T", check_finite=False).T
+        T = blas.dtrsm(1.0, self.L, P, lower=1, trans_a=1)               # L⁻ᵀ Φ
+        G_uu = blas.dtrsm(1.0, self.L, T, side=1, lower=1)                 # (L⁻ᵀ Φ) L⁻¹
         G_uu = 0.5 * (G_uu + G_uu.T)
+        if self.fast is not None:
+            # G_uu is symmetric, so both arguments' Z derivatives are equal: twice the second's
+            g_theta, g_Z = self.fast.contract(self.Z, self.Z, self.Kuu, G_uu)
+            return g_theta, 2.0 * g_Z
         g_theta = self.kernel.gradient_contract(self.Z, G_uu, symmetric=True)
         # k(z_i, z_j) depends on Z through both arguments: 2 x the first-argument derivative
         g_Z = 2.0 * self.kernel.gradient_inputs(self.Z, self.Z, G_uu)

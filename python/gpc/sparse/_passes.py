@@ -2,11 +2,13 @@
 
 The rows come from any array with row slicing (NumPy, ``np.memmap``, a Dask array): a block is read
 with ``X[start:stop]`` and converted to a float64 NumPy array, so only one block is in memory.
+Every pass returns sums over its rows only (O(m²)), taken in row order; that is what a shard of a
+distributed fit sends back (:mod:`gpc.sparse._distributed`).
 """
 
 import numpy as np
 
-from .ep import block_evidence, build_posterior, update_sites
+from .ep import NaturalPosterior, block_evidence, update_sites, whitened_sums
 
 
 def as_block(X, start, stop):
@@ -27,31 +29,44 @@ def block_ranges(n, block_rows):
 def site_pass(likelihood, X, y, factor, q, tau, nu, damping, block_rows):
     """One parallel EP pass (SEP §2.2): every site from the same q.
 
-    Returns (tau, nu, S2_new, S1_new, S2_old, S1_old, skipped): the new sites, the sums of the new
-    and of the old sites with the current v_i (a trainer that changed θ since the old sums were
-    made swaps the old for the new), and how many rows had no proper cavity.
+    Returns (tau, nu, dP, dh, skipped): the new sites, the change they make to q's natural
+    parameters (P, h) with the current factor, and how many rows had no proper cavity.
     """
     m = factor.m
     tau, nu = tau.copy(), nu.copy()
-    sums = [np.zeros((m, m)), np.zeros(m), np.zeros((m, m)), np.zeros(m)]
+    dP, dh = np.zeros((m, m)), np.zeros(m)
     skipped = 0
     for start, stop in block_ranges(len(y), block_rows):
         A, s = factor.whiten(as_block(X, start, stop))
-        up = update_sites(likelihood, y[start:stop], A, s, factor.unwhiten_rows(A), q,
-                          tau[start:stop], nu[start:stop], damping)
+        up = update_sites(likelihood, y[start:stop], A, s, q, tau[start:stop], nu[start:stop],
+                          damping)
         tau[start:stop], nu[start:stop] = up.tau, up.nu
-        for total, part in zip(sums, (up.S2_new, up.S1_new, up.S2_old, up.S1_old)):
-            total += part
+        dP += up.dP
+        dh += up.dh
         skipped += up.n_skipped
-    return (tau, nu) + tuple(sums) + (skipped,)
+    return tau, nu, dP, dh, skipped
 
 
-def block_parts(likelihood, Xb, y, A, s, factor, q, tau, nu, gradient=True):
+def natural_sums(X, factor, tau, nu, block_rows):
+    """(P, h) = (I + Σ τ_i a_i a_iᵀ, Σ ν_i a_i) of given sites with the current factor."""
+    m = factor.m
+    P, h = np.eye(m), np.zeros(m)
+    if not (np.any(tau) or np.any(nu)):
+        return P, h
+    for start, stop in block_ranges(len(tau), block_rows):
+        A, _ = factor.whiten(as_block(X, start, stop))
+        dP, dh = whitened_sums(A, tau[start:stop], nu[start:stop])
+        P += dP
+        h += dh
+    return P, h
+
+
+def block_parts(likelihood, Xb, y, A, s, factor, q, tau, nu, gradient=True, Kbu=None):
     """One block's share of log Z_q and of its gradient: (log_z, g_theta, g_Z, AtG, n_bad)."""
     ev = block_evidence(likelihood, y, A, s, q, tau, nu, gradient=gradient)
     if not gradient:
         return ev.log_z, None, None, None, ev.n_bad
-    g_theta, g_Z = factor.block_gradient(Xb, ev.G_A, ev.g_s)
+    g_theta, g_Z = factor.block_gradient(Xb, ev.G_A, ev.g_s, Kbu)
     return ev.log_z, g_theta, g_Z, ev.AtG, ev.n_bad
 
 
@@ -60,6 +75,17 @@ def add_parts(total, part):
     if total is None:
         return part
     return tuple(None if a is None else a + b for a, b in zip(total, part))
+
+
+def evidence_parts(likelihood, X, y, factor, q, tau, nu, block_rows, gradient=True):
+    """The summed block parts of log Z_q over all rows of X (before :func:`finish_evidence`)."""
+    parts = None
+    for start, stop in block_ranges(len(y), block_rows):
+        Xb = as_block(X, start, stop)
+        A, s, Kbu = factor.whiten(Xb, keep_cross=True)
+        parts = add_parts(parts, block_parts(likelihood, Xb, y[start:stop], A, s, factor, q,
+                                             tau[start:stop], nu[start:stop], gradient, Kbu))
+    return parts
 
 
 def finish_evidence(factor, q, parts, scale=1.0):
@@ -82,31 +108,23 @@ def evidence(likelihood, X, y, factor, q, tau, nu, block_rows, gradient=True):
 
     Returns (log_z, g_theta, g_Z, n_bad), n_bad counting rows without a proper cavity.
     """
-    parts = None
-    for start, stop in block_ranges(len(y), block_rows):
-        Xb = as_block(X, start, stop)
-        A, s = factor.whiten(Xb)
-        parts = add_parts(parts, block_parts(likelihood, Xb, y[start:stop], A, s, factor, q,
-                                             tau[start:stop], nu[start:stop], gradient))
-    return finish_evidence(factor, q, parts)
+    return finish_evidence(factor, q, evidence_parts(likelihood, X, y, factor, q, tau, nu,
+                                                     block_rows, gradient))
 
 
 def run_ep(likelihood, X, y, factor, tau, nu, damping=0.5, max_iter=200, tol=1e-9,
            block_rows=4096):
     """Parallel damped EP at fixed θ and Z until the sites move less than ``tol`` (max abs)."""
-    m = factor.m
-    S2 = np.zeros((m, m))
-    S1 = np.zeros(m)
-    if np.any(tau) or np.any(nu):
-        tau, nu, S2, S1 = site_pass(likelihood, X, y, factor, build_posterior(factor.L, S2, S1),
-                                    tau, nu, 0.0, block_rows)[:4]
-    q = build_posterior(factor.L, S2, S1)
+    P, h = natural_sums(X, factor, tau, nu, block_rows)
+    q = NaturalPosterior(P, h)
     for it in range(1, max_iter + 1):
-        new_tau, new_nu, S2, S1 = site_pass(likelihood, X, y, factor, q, tau, nu, damping,
-                                            block_rows)[:4]
+        new_tau, new_nu, dP, dh, _ = site_pass(likelihood, X, y, factor, q, tau, nu, damping,
+                                               block_rows)
         change = max(np.max(np.abs(new_tau - tau)), np.max(np.abs(new_nu - nu)))
         tau, nu = new_tau, new_nu
-        q = build_posterior(factor.L, S2, S1)
+        P = P + dP
+        q = NaturalPosterior(0.5 * (P + P.T), h + dh)
+        P, h = q.P, q.h
         if change < tol:
             return tau, nu, q, it, True
     return tau, nu, q, max_iter, False

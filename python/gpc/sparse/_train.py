@@ -1,18 +1,23 @@
 """SEP trainers: batch passes and minibatches, both with "inner" hyperparameter steps (SEP §2.3).
 
-Each step updates sites first, rebuilds q, and then moves the free log hyperparameters and Z along
+Each step updates sites first, then q, and then moves the free log hyperparameters and Z along
 the gradient of log Z_q (eq. (4); for a minibatch M its stochastic form eq. (6), data terms scaled
 by n/|M|) with Adadelta.  A step that leaves q without a factor or a non-finite value is reverted,
 and the learning rate is halved; the trainer records it.  With batch_size = n a minibatch step is
 the batch step (same sites, same q, same gradient): tested.
+
+Cost of a minibatch step of b rows (m inducing points): the kernel block K_bm, five b x m x m
+triangular solves or products (whitening, the cavity marginals, the site sums, the marginals and
+A Σ_w at the new q), one b x m x m product for the K_uu part of the gradient, and O(m³) for the
+new q (one Cholesky factor) and for moving q to the new θ and Z (:func:`ep.transform_natural`).
 """
 
 import numpy as np
 
 from ..exceptions import NotPositiveDefiniteError
 from ._inducing import InducingFactor
-from ._passes import (add_parts, as_block, block_parts, block_ranges, finish_evidence, site_pass)
-from .ep import build_posterior, matched_site, update_sites
+from ._passes import block_parts, evidence_parts, finish_evidence, site_pass
+from .ep import NaturalPosterior, matched_site, transform_natural, update_sites, whitened_sums
 
 
 class Adadelta:
@@ -31,11 +36,12 @@ class Adadelta:
 
 
 class SEPState:
-    """Everything a fit carries between steps: θ, Z, the sites and their sums, q, the optimiser.
+    """Everything a fit carries between steps: θ, Z, the sites, q, the optimiser.
 
-    ``tau``/``nu`` hold two scalars per training row; S2/S1 are their u-space sums.  With
-    ``tied`` there are no per-row sites: S2/S1 are n times one shared average site (stochastic
-    EP, Li, Hernández-Lobato & Turner 2015), so the state is O(m²) whatever n is.
+    ``tau``/``nu`` hold two scalars per training row; q holds their sums as its natural
+    parameters (P, h) in the current whitened coordinates (:class:`ep.NaturalPosterior`).  With
+    ``tied`` there are no per-row sites: (P - I, h) are n times one shared average site
+    (stochastic EP, Li, Hernández-Lobato & Turner 2015), so the state is O(m²) whatever n is.
     """
 
     def __init__(self, kernel, Z, n, jitter, optimize_inducing, lr, tied=False):
@@ -44,10 +50,10 @@ class SEPState:
         self.tied, self.n = tied, n
         self.tau, self.nu = (None, None) if tied else (np.zeros(n), np.zeros(n))
         m = self.Z.shape[0]
-        self.S2, self.S1 = np.zeros((m, m)), np.zeros(m)
         self.factor = InducingFactor(kernel, self.Z, jitter)
-        self.q = build_posterior(self.factor.L, self.S2, self.S1)
-        self.n_params = len(kernel.theta) + (self.Z.size if optimize_inducing else 0)
+        self.q = NaturalPosterior(np.eye(m), np.zeros(m))
+        self._theta, self._bounds = kernel.theta, kernel.bounds
+        self.n_params = len(self._theta) + (self.Z.size if optimize_inducing else 0)
         self.optimizer = Adadelta(self.n_params, lr=lr)
         self.log_z = np.nan
         self.reverted = 0          # parameter steps undone (rate halved)
@@ -59,24 +65,42 @@ class SEPState:
 
     def _params(self):
         z = self.Z.ravel() if self.optimize_inducing else np.empty(0)
-        return np.concatenate([self.kernel.theta, z])
+        return np.concatenate([self._theta, z])
 
     def _set_params(self, p):
-        k = len(self.kernel.theta)
-        bounds = self.kernel.bounds
+        k = len(self._theta)
+        bounds = self._bounds
         theta = np.clip(p[:k], bounds[:, 0], bounds[:, 1]) if k else p[:k]
-        kernel = self.kernel.clone_with_theta(theta) if k else self.kernel
+        if not k:
+            kernel = self.kernel
+        elif self.factor.fast is not None:
+            kernel = self.factor.fast.with_theta(self.kernel, theta)
+        else:
+            kernel = self.kernel.clone_with_theta(theta)
         Z = p[k:].reshape(self.Z.shape) if self.optimize_inducing else self.Z
         factor = InducingFactor(kernel, Z, self.jitter)
-        q = build_posterior(factor.L, self.S2, self.S1)
+        q = NaturalPosterior(*transform_natural(self.q.P, self.q.h, self.factor.L, factor.L))
         if not (np.all(np.isfinite(q.mean)) and np.isfinite(q.logdet)):
             raise NotPositiveDefiniteError("q is not finite")
         self.kernel, self.Z, self.factor, self.q = kernel, np.array(Z), factor, q
+        self._theta = theta
 
-    def set_sites(self, S2, S1):
-        """Adopt new sums (after a site pass); raises NotPositiveDefiniteError if q has no factor."""
-        q = build_posterior(self.factor.L, S2, S1)
-        self.S2, self.S1, self.q = S2, S1, q
+    def add_sites(self, dP, dh, shrink=1.0):
+        """q with the sites' change (dP, dh) added (after ``shrink`` scales the old sites, for the
+        tied site); False and q unchanged if that q has no factor (negative sites)."""
+        m = self.factor.m
+        P = self.q.P.copy()
+        if shrink != 1.0:
+            P.flat[:: m + 1] -= 1.0
+            P *= shrink
+            P.flat[:: m + 1] += 1.0
+        P += dP
+        try:
+            self.q = NaturalPosterior(0.5 * (P + P.T), shrink * self.q.h + dh)
+        except NotPositiveDefiniteError:     # negative sites made q improper: keep the old sites
+            self.skipped_passes += 1
+            return False
+        return True
 
     def gradient_step(self, g_theta, g_Z):
         """One Adadelta ascent step on (log θ, Z); reverted with the rate halved if it fails."""
@@ -91,39 +115,68 @@ class SEPState:
         try:
             self._set_params(old + self.optimizer.step(grad))
         except (NotPositiveDefiniteError, FloatingPointError, ValueError):
-            self._set_params(old)
             self.optimizer.lr *= 0.5
             self.reverted += 1
             return False
         return True
 
 
-def _swap_sites(state, S2_new, S1_new, S2_old, S1_old):
-    """Replace the rows' old contribution to the sums by the new one, both made with the current
-    v_i: the sums stay in u-space across θ and Z steps (SEP §2.3), without an m x n matrix."""
-    S2 = state.S2 + (S2_new - S2_old)
-    try:
-        state.set_sites(0.5 * (S2 + S2.T), state.S1 + (S1_new - S1_old))
-    except NotPositiveDefiniteError:     # negative sites made q improper: keep the old sites
-        state.skipped_passes += 1
-        return False
-    return True
+class LocalRows:
+    """The training rows of one binary problem in this process, their sites in ``state``.
+
+    The interface a batch iteration needs (:func:`batch_iteration`); the distributed twin is
+    :class:`gpc.sparse._distributed.ShardedRows`.
+    """
+
+    def __init__(self, state, likelihood, X, y, block_rows):
+        self.state, self.likelihood, self.X, self.y, self.block_rows = (
+            state, likelihood, X, y, block_rows)
+        self._pending = None
+
+    def update_sites(self, factor, q, damping):
+        """Refine every site from q (SEP §2.2); returns (dP, dh), kept pending until commit."""
+        tau, nu, dP, dh, _ = site_pass(self.likelihood, self.X, self.y, factor, q, self.state.tau,
+                                       self.state.nu, damping, self.block_rows)
+        self._pending = tau, nu
+        return dP, dh
+
+    def commit(self):
+        self.state.tau, self.state.nu = self._pending
+        self._pending = None
+
+    def revert(self):
+        self._pending = None
+
+    def evidence_parts(self, factor, q, gradient):
+        return evidence_parts(self.likelihood, self.X, self.y, factor, q, self.state.tau,
+                              self.state.nu, self.block_rows, gradient)
+
+
+def batch_iteration(state, rows, damping):
+    """One batch iteration: a parallel site pass over all rows, q updated, one inner step."""
+    dP, dh = rows.update_sites(state.factor, state.q, damping)
+    if state.add_sites(dP, dh):
+        rows.commit()
+    else:
+        rows.revert()
+    parts = rows.evidence_parts(state.factor, state.q, state.learns)
+    log_z, g_theta, g_Z, _ = finish_evidence(state.factor, state.q, parts)
+    state.log_z = log_z
+    if state.learns:
+        state.gradient_step(g_theta, g_Z)
+    return log_z
 
 
 def batch_step(state, likelihood, X, y, damping, block_rows):
-    """One batch iteration: a parallel site pass over all rows, q rebuilt, one inner step."""
-    tau, nu, S2_new, S1_new, S2_old, S1_old, _ = site_pass(
-        likelihood, X, y, state.factor, state.q, state.tau, state.nu, damping, block_rows)
-    if _swap_sites(state, S2_new, S1_new, S2_old, S1_old):
-        state.tau, state.nu = tau, nu
-    parts = None
-    for start, stop in block_ranges(len(y), block_rows):
-        Xb = as_block(X, start, stop)
-        A, s = state.factor.whiten(Xb)
-        parts = add_parts(parts, block_parts(likelihood, Xb, y[start:stop], A, s, state.factor,
-                                             state.q, tau[start:stop], nu[start:stop],
-                                             state.learns))
-    log_z, g_theta, g_Z, _ = finish_evidence(state.factor, state.q, parts)
+    """:func:`batch_iteration` over the rows of X in this process."""
+    return batch_iteration(state, LocalRows(state, likelihood, X, y, block_rows), damping)
+
+
+def _minibatch_gradient_step(state, likelihood, Xb, yb, A, s, Kbu, tau, nu, n):
+    """The stochastic step (eq. (6)) of a minibatch at the current q; returns the estimate."""
+    parts = block_parts(likelihood, Xb, yb, A, s, state.factor, state.q, tau, nu, state.learns,
+                        Kbu)
+    log_z, g_theta, g_Z, _ = finish_evidence(state.factor, state.q, parts, scale=n / len(yb))
     state.log_z = log_z
     if state.learns:
         state.gradient_step(g_theta, g_Z)
@@ -135,48 +188,32 @@ def minibatch_step(state, likelihood, Xb, yb, rows, n, damping):
 
     Returns the minibatch estimate of log Z_q (data terms scaled by n/|M|).
     """
-    factor = state.factor
-    A, s = factor.whiten(Xb)
-    up = update_sites(likelihood, yb, A, s, factor.unwhiten_rows(A), state.q,
-                      state.tau[rows], state.nu[rows], damping)
-    if _swap_sites(state, up.S2_new, up.S1_new, up.S2_old, up.S1_old):
+    A, s, Kbu = state.factor.whiten(Xb, keep_cross=True)
+    up = update_sites(likelihood, yb, A, s, state.q, state.tau[rows], state.nu[rows], damping)
+    if state.add_sites(up.dP, up.dh):
         state.tau[rows], state.nu[rows] = up.tau, up.nu
-    parts = block_parts(likelihood, Xb, yb, A, s, factor, state.q, state.tau[rows],
-                        state.nu[rows], state.learns)
-    log_z, g_theta, g_Z, _ = finish_evidence(factor, state.q, parts, scale=n / len(yb))
-    state.log_z = log_z
-    if state.learns:
-        state.gradient_step(g_theta, g_Z)
-    return log_z
+    return _minibatch_gradient_step(state, likelihood, Xb, yb, A, s, Kbu, state.tau[rows],
+                                    state.nu[rows], n)
 
 
 def tied_minibatch_step(state, likelihood, Xb, yb, damping):
     """Minibatch step with one tied site (stochastic EP; beyond the SEP paper).
 
-    Each row's cavity removes one average site, q^{\\i} ∝ p(u) f̄^{n-1}: in the sums,
-    (1 - 1/n)(S2, S1).  Every row of M matches its rank-one site t_i against that cavity and
-    replaces its 1/n share, damped: S ← (1 - δ|M|/n) S + δ Σ_M t_i.  The stochastic gradient step
-    (eq. (6)) then uses the rows' matched sites in place of stored ones, the same "inner"
-    approximation as the untied step.  Returns the minibatch estimate of log Z_q.
+    Each row's cavity removes one average site, q^{\\i} ∝ p(u) f̄^{n-1}: in the natural
+    parameters, (1 - 1/n)(P - I, h).  Every row of M matches its rank-one site t_i against that
+    cavity and replaces its 1/n share, damped: S ← (1 - δ|M|/n) S + δ Σ_M t_i.  The stochastic
+    gradient step (eq. (6)) then uses the rows' matched sites in place of stored ones, the same
+    "inner" approximation as the untied step.  Returns the minibatch estimate of log Z_q.
     """
-    factor, n = state.factor, state.n
-    A, s = factor.whiten(Xb)
-    V = factor.unwhiten_rows(A)
+    n, m = state.n, state.factor.m
+    A, s, Kbu = state.factor.whiten(Xb, keep_cross=True)
     keep = 1.0 - 1.0 / n
-    cav = build_posterior(factor.L, keep * state.S2, keep * state.S1)
-    cmean, cvar = cav.marginals(A)
+    P_cav = keep * state.q.P
+    P_cav.flat[:: m + 1] += 1.0 - keep
+    cmean, cvar = NaturalPosterior(P_cav, keep * state.q.h).marginals(A)
     _, tau, nu, _ = matched_site(likelihood, yb, cmean, cvar, s)
     good = np.isfinite(tau) & np.isfinite(nu)
     tau, nu = np.where(good, tau, 0.0), np.where(good, nu, 0.0)
-    shrink = 1.0 - damping * len(yb) / n
-    S2 = shrink * state.S2 + damping * ((V.T * tau) @ V)
-    try:
-        state.set_sites(0.5 * (S2 + S2.T), shrink * state.S1 + damping * (V.T @ nu))
-    except NotPositiveDefiniteError:
-        state.skipped_passes += 1
-    parts = block_parts(likelihood, Xb, yb, A, s, factor, state.q, tau, nu, state.learns)
-    log_z, g_theta, g_Z, _ = finish_evidence(factor, state.q, parts, scale=n / len(yb))
-    state.log_z = log_z
-    if state.learns:
-        state.gradient_step(g_theta, g_Z)
-    return log_z
+    dP, dh = whitened_sums(A, tau, nu)
+    state.add_sites(damping * dP, damping * dh, shrink=1.0 - damping * len(yb) / n)
+    return _minibatch_gradient_step(state, likelihood, Xb, yb, A, s, Kbu, tau, nu, n)

@@ -162,8 +162,7 @@ class SVIState(_LBFGSState):
 
     @property
     def q(self):
-        return Posterior(mean=self.mean, cov=self.Lq @ self.Lq.T, h=np.zeros(len(self.mean)),
-                         logdet=np.nan)
+        return Posterior(mean=self.mean, cov=self.Lq @ self.Lq.T)
 
     def params(self):
         return _pack(self.kernel, self.Z, self.optimize_inducing, (self.mean, self.Lq[self._tril]))

@@ -5,13 +5,18 @@ Model (SEP eq. (1)): q(u) ∝ p(u | Z) Π_i φ̃_i(u) with rank-one sites, SEP e
     φ̃_i(u) ∝ exp(-½ τ_i (v_iᵀu)² + ν_i v_iᵀu),    v_i = K_uu⁻¹ k_i,
 
 approximating φ_i(u) = ∫ p(y_i | f) N(f | v_iᵀu, s_i) df (Φ(y_i v_iᵀu / √(1 + s_i)) for probit).
-SEP's (ν̃_i, μ̃_i) are our (τ_i, ν_i).  Per datum only the two scalars are kept; q needs the
-u-space sums S2 = Σ τ_i v_i v_iᵀ (m x m) and S1 = Σ ν_i v_i (m,).
+SEP's (ν̃_i, μ̃_i) are our (τ_i, ν_i).  Per datum only the two scalars are kept.
 
 Everything is computed whitened: u = L w with K_uu = L Lᵀ, so p(w) = N(0, I), v_iᵀu = a_iᵀw with
-a_i = L⁻¹ k_i, and q(w) = N(P⁻¹h, P⁻¹) with P = I + Lᵀ S2 L and h = Lᵀ S1.  P ⪰ I is factored
-(never K_uu⁻¹); the sums stay in u-space, so a change of θ or Z keeps the sites (as in SEP §2.3,
-where q is "reconstructed" after a hyperparameter step).
+a_i = L⁻¹ k_i, and q(w) ∝ exp(-½ wᵀPw + hᵀw) with the natural parameters
+
+    P = I + Σ_i τ_i a_i a_iᵀ,    h = Σ_i ν_i a_i
+
+(the u-space sums S2 = Σ τ_i v_i v_iᵀ = L⁻ᵀ(P - I)L⁻¹ and S1 = L⁻ᵀh that q needs, seen through
+the current factor).  q is held by the Cholesky factor of P ⪰ I alone (never K_uu⁻¹, never P⁻¹):
+refining a block of sites adds Aᵀ diag(Δτ) A and Aᵀ Δν to (P, h), an O(b m²) product, and a step
+of θ or Z from L to L' keeps the sites (SEP §2.3: q is "reconstructed") by
+:func:`transform_natural`, P' = I + Mᵀ(P - I)M with M = L⁻¹L', O(m³).
 
 The functions below are pure: a block of rows, the posterior q, the factor of K_uu and the rows'
 sites in; new sites, their sums, and the block's log Z and gradient parts out (sums taken in row
@@ -28,24 +33,65 @@ from ..exceptions import NotPositiveDefiniteError
 
 @dataclass
 class Posterior:
-    """q(w) = N(mean, cov) in whitened coordinates, from P = R Rᵀ.
+    """q(w) = N(mean, cov) held by its covariance (SVI's q(w) = N(μ, L_q L_qᵀ)).
 
     Attributes
     ----------
-    mean : (m,) μ_w = P⁻¹ h
-    cov : (m, m) Σ_w = P⁻¹ (P ⪰ I, so this inverse is well conditioned)
-    h : (m,) the linear natural parameter Lᵀ S1
-    logdet : float, log |P|
+    mean : (m,) the mean of w
+    cov : (m, m) its covariance
     """
 
     mean: np.ndarray
     cov: np.ndarray
-    h: np.ndarray
-    logdet: float
 
     def marginals(self, A):
         """Mean and variance of a_iᵀw for the rows a_i of A."""
         return A @ self.mean, np.einsum("ij,ij->i", A @ self.cov, A)
+
+
+class NaturalPosterior:
+    """q(w) ∝ exp(-½ wᵀPw + hᵀw) from its natural parameters, held by P = R Rᵀ (R lower).
+
+    Raises NotPositiveDefiniteError when P (negative sites) has no Cholesky factor or the
+    parameters are not finite.
+
+    Parameters
+    ----------
+    P : (m, m) symmetric precision I + Σ τ_i a_i a_iᵀ
+    h : (m,) linear natural parameter Σ ν_i a_i
+    """
+
+    def __init__(self, P, h):
+        if not (np.all(np.isfinite(P)) and np.all(np.isfinite(h))):
+            raise NotPositiveDefiniteError("the site sums are not finite")
+        R, info = lapack.dpotrf(P, lower=True, clean=True)
+        if info != 0:
+            raise NotPositiveDefiniteError("q(u)'s precision I + Σ τ_i a_i a_iᵀ is not positive "
+                                           "definite")
+        self.P, self.h, self.R = P, h, R
+        self.mean, _ = lapack.dpotrs(R, h, lower=True)
+        self.logdet = 2.0 * float(np.sum(np.log(np.diag(R))))
+
+    def solve_rows(self, A):
+        """B = R⁻¹Aᵀ (m x b), so that |B[:, i]|² = a_iᵀ P⁻¹ a_i."""
+        return blas.dtrsm(1.0, self.R, A.T, lower=1)
+
+    def marginals(self, A):
+        """Mean and variance of a_iᵀw for the rows a_i of A (one triangular solve)."""
+        B = self.solve_rows(A)
+        return A @ self.mean, np.einsum("ij,ij->j", B, B)
+
+    def moments(self, A):
+        """(marginal means, variances, A Σ_w) for the rows of A: two triangular solves."""
+        B = self.solve_rows(A)
+        return A @ self.mean, np.einsum("ij,ij->j", B, B), blas.dtrsm(1.0, self.R, B, lower=1,
+                                                                       trans_a=1).T
+
+    @property
+    def cov(self):
+        """Σ_w = P⁻¹ (formed on demand; training never needs it)."""
+        C, _ = lapack.dpotri(self.R, lower=True)
+        return np.tril(C) + np.tril(C, -1).T
 
     def log_normaliser_ratio(self):
         """g(θ) - g(θ_prior) of SEP eq. (3): ½ hᵀ P⁻¹ h - ½ log|P| (in w, where g(θ_prior) is that
@@ -53,26 +99,26 @@ class Posterior:
         return 0.5 * float(self.h @ self.mean) - 0.5 * self.logdet
 
 
-def build_posterior(L, S2, S1):
-    """q(w) from the u-space sums: P = I + Lᵀ S2 L, h = Lᵀ S1.
+def whitened_sums(A, tau, nu):
+    """(Aᵀ diag(τ) A, Aᵀ ν): a block's share of (P - I, h)."""
+    return (A.T * tau) @ A, A.T @ nu
 
-    Raises NotPositiveDefiniteError when negative sites make P indefinite.
+
+def transform_natural(P, h, L_old, L_new):
+    """(P', h') for the same sites seen from a new factor L' of K_uu (after a θ or Z step).
+
+    The sites are fixed in u-space (S2 = L⁻ᵀ(P - I)L⁻¹, S1 = L⁻ᵀh), so with M = L⁻¹L'
+    (lower triangular) P' = I + Mᵀ(P - I)M and h' = Mᵀh: one triangular solve and two
+    triangular products, O(m³), no inverse.
     """
-    m = L.shape[0]
-    # Lᵀ S2 L by two triangular products (m³ each, half of two general ones)
-    P = blas.dtrmm(1.0, L, blas.dtrmm(1.0, L, S2, side=1, lower=1), side=0, lower=1, trans_a=1)
-    P = 0.5 * (P + P.T)
-    P.flat[:: m + 1] += 1.0
-    h = L.T @ S1
-    if not (np.all(np.isfinite(P)) and np.all(np.isfinite(h))):
-        raise NotPositiveDefiniteError("the site sums are not finite")
-    R, info = lapack.dpotrf(P, lower=True, clean=True)
-    if info != 0:
-        raise NotPositiveDefiniteError("q(u)'s precision I + Lᵀ S2 L is not positive definite")
-    cov, info = lapack.dpotri(R, lower=True)       # P⁻¹ from the factor, lower triangle
-    cov = np.tril(cov) + np.tril(cov, -1).T
-    mean = cov @ h
-    return Posterior(mean=mean, cov=cov, h=h, logdet=2.0 * float(np.sum(np.log(np.diag(R)))))
+    m = P.shape[0]
+    M = blas.dtrsm(1.0, L_old, L_new, lower=1)
+    S = P.copy()
+    S.flat[:: m + 1] -= 1.0
+    S = blas.dtrmm(1.0, M, blas.dtrmm(1.0, M, S, side=1, lower=1), side=0, lower=1, trans_a=1)
+    S = 0.5 * (S + S.T)
+    S.flat[:: m + 1] += 1.0
+    return S, M.T @ h
 
 
 def cavity(mean, var, tau, nu):
@@ -107,14 +153,12 @@ class SiteUpdate:
 
     tau: np.ndarray          # the rows' new (damped) site precisions
     nu: np.ndarray           # and locations
-    S2_new: np.ndarray       # Σ_b τ_new v vᵀ (m x m), in row order
-    S1_new: np.ndarray       # Σ_b ν_new v
-    S2_old: np.ndarray       # Σ_b τ_old v vᵀ with the same v (what the block contributed before)
-    S1_old: np.ndarray
+    dP: np.ndarray           # Aᵀ diag(τ_new - τ_old) A (m x m): the change of P
+    dh: np.ndarray           # Aᵀ (ν_new - ν_old): the change of h
     n_skipped: int           # rows whose cavity had no positive precision (left unchanged)
 
 
-def update_sites(likelihood, y, A, s, V, q, tau, nu, damping):
+def update_sites(likelihood, y, A, s, q, tau, nu, damping):
     """Parallel damped EP update of one block's sites (SEP §2.2).
 
     Parameters
@@ -122,8 +166,7 @@ def update_sites(likelihood, y, A, s, V, q, tau, nu, damping):
     likelihood : gpc.likelihoods.Likelihood
     y : (b,) labels ±1
     A, s : whitened rows a_i and FITC variances s_i (:meth:`InducingFactor.whiten`)
-    V : (b, m) the u-space rows v_i = L⁻ᵀ a_i
-    q : Posterior
+    q : NaturalPosterior
     tau, nu : (b,) the rows' current sites
     damping : float in (0, 1]; new = damping · matched + (1 - damping) · old
     """
@@ -133,10 +176,8 @@ def update_sites(likelihood, y, A, s, V, q, tau, nu, damping):
     good = ok & np.isfinite(t_new) & np.isfinite(n_new)
     t_new = np.where(good, damping * t_new + (1.0 - damping) * tau, tau)
     n_new = np.where(good, damping * n_new + (1.0 - damping) * nu, nu)
-    return SiteUpdate(tau=t_new, nu=n_new,
-                      S2_new=(V.T * t_new) @ V, S1_new=V.T @ n_new,
-                      S2_old=(V.T * tau) @ V, S1_old=V.T @ nu,
-                      n_skipped=int(np.count_nonzero(~good)))
+    dP, dh = whitened_sums(A, t_new - tau, n_new - nu)
+    return SiteUpdate(tau=t_new, nu=n_new, dP=dP, dh=dh, n_skipped=int(np.count_nonzero(~good)))
 
 
 @dataclass
@@ -166,10 +207,14 @@ def block_evidence(likelihood, y, A, s, q, tau, nu, gradient=True):
 
         G_A = ∂F/∂A = β μ_wᵀ - T A Σ_w - 2 diag(g_s) A,
 
-    one O(b m²) product per block.  This is SEP eq. (4) at a fixed point; during training it is
-    used before convergence, as SEP §2.3 does with eq. (4) ("inner" updates).
+    O(b m²) per block (A Σ_w by two triangular solves with P's factor).  This is SEP eq. (4) at a
+    fixed point; during training it is used before convergence, as SEP §2.3 does with eq. (4)
+    ("inner" updates).
     """
-    mean, var = q.marginals(A)
+    if gradient:
+        mean, var, A_cov = q.moments(A)
+    else:
+        mean, var = q.marginals(A)
     cmean, cvar, ok = cavity(mean, var, tau, nu)
     log_z, _, _, g_s = matched_site(likelihood, y, cmean, cvar, s)
     terms = (log_z + 0.5 * np.log1p(tau * cvar) + 0.5 * cmean ** 2 / cvar
@@ -180,7 +225,7 @@ def block_evidence(likelihood, y, A, s, q, tau, nu, gradient=True):
         return BlockEvidence(total, None, None, None, n_bad)
     g_s = np.where(ok, g_s, 0.0)
     beta = nu - tau * mean
-    G_A = np.outer(beta, q.mean) - (tau[:, None] * A) @ q.cov - 2.0 * g_s[:, None] * A
+    G_A = np.outer(beta, q.mean) - tau[:, None] * A_cov - 2.0 * g_s[:, None] * A
     return BlockEvidence(total, G_A, g_s, A.T @ G_A, n_bad)
 
 
@@ -188,4 +233,3 @@ def posterior_predict(A, s, q):
     """Latent predictive mean and variance at rows with whitened A and FITC variance s."""
     mean, var = q.marginals(A)
     return mean, var + s
-

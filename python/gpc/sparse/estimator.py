@@ -16,7 +16,7 @@ from ..classifier import GaussianProcessClassifier, NotFittedError, _Base, _Clas
 from ..kernels import RBF, ConstantKernel, as_kernel
 from ..likelihoods import get_likelihood
 from ._passes import as_block, block_ranges
-from ._train import SEPState, batch_step, minibatch_step, tied_minibatch_step
+from ._train import SEPState, batch_iteration, batch_step, minibatch_step, tied_minibatch_step
 from .baselines import GFITCState, SVIState, _LBFGSState
 from .ep import posterior_predict
 
@@ -157,6 +157,15 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         Seeds the inducing-point initialisation and the minibatch order.
     verbose : bool, default False
         Print one line per epoch.
+    client : dask.distributed.Client or None, default None
+        Train on a Dask cluster (SEP §2.3, Fig. 1 right; see the distributed guide): the rows
+        and their sites are split into one shard per worker (a Dask array keeps its row chunks)
+        and stay there; each iteration sends q and θ out and gets O(m²) sums back.  The fit
+        equals the in-process one up to the order of the sums.  Batch ``method="ep"`` only:
+        GFITC's evidence is not a sum over the data (SEP §3), and SVI, minibatches and tied
+        sites are not distributed yet; they raise a ValueError.  Needs the ``distributed``
+        extra (``pip install "gpc[distributed]"``).  Clones share the client; a pickled model
+        drops it (``client=None`` after unpickling).
 
     Attributes
     ----------
@@ -180,7 +189,7 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
                  likelihood="probit", batch_size=None, max_iter=100, learning_rate=1.0,
                  damping=0.5, optimize_inducing=True, tied_sites=False, jitter=1e-8,
                  validation_data=None,
-                 progress=True, random_state=None, verbose=False):
+                 progress=True, random_state=None, verbose=False, client=None):
         self.kernel = kernel
         self.n_inducing = n_inducing
         self.inducing_points = inducing_points
@@ -197,6 +206,7 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         self.progress = progress
         self.random_state = random_state
         self.verbose = verbose
+        self.client = client
 
     # -- checks --------------------------------------------------------------------------------
     def _check_X(self, X, fitting):
@@ -242,11 +252,25 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         if self.method == "gfitc" and self.batch_size is not None:
             raise ValueError("method='gfitc' trains in batch only (its evidence is not a sum over the "
                              "data, SEP §3): use batch_size=None")
+        if self.client is not None:
+            self._check_distributable()
         check_positive_float(self.jitter, "jitter", allow_zero=True)
         d = check_positive_float(self.damping, "damping")
         if d > 1:
             raise ValueError(f"damping must be in (0, 1], got {self.damping!r}")
         return get_likelihood(self.likelihood)
+
+    def _check_distributable(self):
+        if self.method == "gfitc":
+            raise ValueError("client= cannot run method='gfitc': GFITC's evidence is not a sum over "
+                             "the data (SEP §3), so it does not split over workers; use "
+                             "method='ep' or client=None")
+        if self.method == "svi":
+            raise ValueError("client= runs method='ep' only; distributed SVI is not implemented: use "
+                             "method='ep' or client=None")
+        if self.batch_size is not None or self.tied_sites:
+            raise ValueError("client= trains batch SEP only (batch_size=None, tied_sites=False); "
+                             "minibatches and tied sites run in process (client=None)")
 
     def _rng(self):
         rs = self.random_state
@@ -331,22 +355,34 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         blocks = block_ranges(n, rows)
         steps_per_epoch = len(blocks) if minibatch else 1
         bar = _Progress(self.progress, epochs * steps_per_epoch * len(self._problems))
+        states = [model.state for model, _ in self._problems]
+        shards = None
         interrupted = False
         try:
-            if isinstance(self._problems[0][0].state, _LBFGSState) and not minibatch:
+            if self.client is not None:
+                from ._distributed import DistributedFit
+                shards = DistributedFit(self.client, X, [yy for _, yy in self._problems], states)
+            if isinstance(states[0], _LBFGSState) and not minibatch:
                 for model, yy in self._problems:
                     model.state.run(model.likelihood, X, yy, epochs,
                                     lambda value: (bar.update(), self._record(value)), rows)
                 epochs = 0
             for _ in range(epochs):
                 objective = 0.0
-                for model, yy in self._problems:
-                    objective += self._epoch(model, X, yy, minibatch, blocks, rows, bar)
+                for k, (model, yy) in enumerate(self._problems):
+                    if shards is None:
+                        objective += self._epoch(model, X, yy, minibatch, blocks, rows, bar)
+                    else:
+                        objective += batch_iteration(model.state, shards.rows(k, model.likelihood,
+                                                                              rows), self.damping)
+                        bar.update()
                 self._record(objective)
         except KeyboardInterrupt:
             interrupted = True
         finally:
             bar.close()
+            if shards is not None:
+                shards.finish(states)      # the sites come home: partial_fit can continue
         if interrupted:
             import warnings
             warnings.warn("fit interrupted: the model keeps its last completed step",
@@ -466,6 +502,22 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         """The class with the largest predictive probability."""
         proba = self.predict_proba(X)
         return self.classes_[np.argmax(proba, axis=1)]
+
+    def __sklearn_clone__(self):
+        """scikit-learn's ``clone``, sharing ``client``: a live connection is not copied (deep-copying a
+        dask Client fails), so clones, e.g. in a grid search, train on the same cluster."""
+        from sklearn.base import clone
+
+        params = self.get_params(deep=False)
+        return type(self)(**{name: value if name == "client" else clone(value, safe=False)
+                             for name, value in params.items()})
+
+    def __getstate__(self):
+        """Pickle without ``client``: a connection cannot be saved; the unpickled model has
+        ``client=None`` and predicts (and continues with ``partial_fit``) in process."""
+        state = dict(super().__getstate__())
+        state["client"] = None
+        return state
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
