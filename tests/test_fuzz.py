@@ -75,7 +75,7 @@ def _examples(n):
                     suppress_health_check=[HealthCheck.too_slow])
 
 
-@_examples(60)
+@_examples(300)   # "a few hundred" in CI (about 5 s)
 @given(problems)
 def test_infer_obeys_the_exception_policy(p):
     _check_one(p)
@@ -127,7 +127,7 @@ def _check_estimator(p):
     OUTCOMES["estimator finite result"] += 1
 
 
-@_examples(30)
+@_examples(100)
 @given(estimator_problems)
 def test_estimator_obeys_the_exception_policy(p):
     _check_estimator(p)
