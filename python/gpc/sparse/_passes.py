@@ -29,8 +29,11 @@ def block_ranges(n, block_rows):
 def site_pass(likelihood, X, y, factor, q, tau, nu, damping, block_rows):
     """One parallel EP pass (SEP §2.2): every site from the same q.
 
-    Returns (tau, nu, dP, dh, skipped): the new sites, the change they make to q's natural
-    parameters (P, h) with the current factor, and how many rows had no proper cavity.
+    Returns (tau, nu, dP, dh, skipped): the new sites, (P - I, h) of the new sites with the
+    current factor (q is rebuilt from them, not updated: after a θ or Z step the old sites' sums,
+    carried over in u-space, no longer equal what the sites give with the new factor, and adding
+    changes to them let that difference accumulate until EP broke down), and how many rows had
+    no proper cavity.
     """
     m = factor.m
     tau, nu = tau.copy(), nu.copy()
@@ -39,7 +42,7 @@ def site_pass(likelihood, X, y, factor, q, tau, nu, damping, block_rows):
     for start, stop in block_ranges(len(y), block_rows):
         A, s = factor.whiten(as_block(X, start, stop))
         up = update_sites(likelihood, y[start:stop], A, s, q, tau[start:stop], nu[start:stop],
-                          damping)
+                          damping, sums="new")
         tau[start:stop], nu[start:stop] = up.tau, up.nu
         dP += up.dP
         dh += up.dh
@@ -122,9 +125,8 @@ def run_ep(likelihood, X, y, factor, tau, nu, damping=0.5, max_iter=200, tol=1e-
                                                block_rows)
         change = max(np.max(np.abs(new_tau - tau)), np.max(np.abs(new_nu - nu)))
         tau, nu = new_tau, new_nu
-        P = P + dP
-        q = NaturalPosterior(0.5 * (P + P.T), h + dh)
-        P, h = q.P, q.h
+        dP.flat[:: factor.m + 1] += 1.0
+        q = NaturalPosterior(0.5 * (dP + dP.T), dh)
         if change < tol:
             return tau, nu, q, it, True
     return tau, nu, q, max_iter, False

@@ -14,9 +14,9 @@ new q (one Cholesky factor) and for moving q to the new θ and Z (:func:`ep.tran
 
 import numpy as np
 
-from ..exceptions import NotPositiveDefiniteError
+from ..exceptions import NotPositiveDefiniteError, NumericalError
 from ._inducing import InducingFactor
-from ._passes import block_parts, evidence_parts, finish_evidence, site_pass
+from ._passes import block_parts, evidence_parts, finish_evidence, natural_sums, site_pass
 from .ep import NaturalPosterior, matched_site, transform_natural, update_sites, whitened_sums
 
 
@@ -114,7 +114,7 @@ class SEPState:
         old = self._params()
         try:
             self._set_params(old + self.optimizer.step(grad))
-        except (NotPositiveDefiniteError, FloatingPointError, ValueError):
+        except (NotPositiveDefiniteError, NumericalError, FloatingPointError, ValueError):
             self.optimizer.lr *= 0.5
             self.reverted += 1
             return False
@@ -155,7 +155,7 @@ class LocalRows:
 def batch_iteration(state, rows, damping):
     """One batch iteration: a parallel site pass over all rows, q updated, one inner step."""
     dP, dh = rows.update_sites(state.factor, state.q, damping)
-    if state.add_sites(dP, dh):
+    if state.add_sites(dP, dh, shrink=0.0):        # q rebuilt from the new sites (site_pass)
         rows.commit()
     else:
         rows.revert()
@@ -183,14 +183,30 @@ def _minibatch_gradient_step(state, likelihood, Xb, yb, A, s, Kbu, tau, nu, n):
     return log_z
 
 
+def rebuild_q(state, X, block_rows):
+    """q from every row's site with the current factor (one O(n m²) pass).
+
+    A minibatch step refreshes only its rows' share of q, so after θ and Z have moved the other
+    rows' shares are the ones made with earlier factors; rebuilding once per epoch bounds that
+    drift to one epoch.  q is kept if the rebuilt one has no factor."""
+    try:
+        state.q = NaturalPosterior(*natural_sums(X, state.factor, state.tau, state.nu, block_rows))
+    except NotPositiveDefiniteError:
+        state.skipped_passes += 1
+
+
 def minibatch_step(state, likelihood, Xb, yb, rows, n, damping):
     """Refine the sites of rows ``rows`` (a slice), update q, then a stochastic step (eq. (6)).
 
-    Returns the minibatch estimate of log Z_q (data terms scaled by n/|M|).
+    Returns the minibatch estimate of log Z_q (data terms scaled by n/|M|).  A minibatch of all
+    n rows rebuilds q from its sites, as a batch pass does (:func:`batch_iteration`); a smaller
+    one swaps its rows' shares, and the epoch's end rebuilds q (:func:`rebuild_q`).
     """
     A, s, Kbu = state.factor.whiten(Xb, keep_cross=True)
-    up = update_sites(likelihood, yb, A, s, state.q, state.tau[rows], state.nu[rows], damping)
-    if state.add_sites(up.dP, up.dh):
+    every_row = len(yb) == state.n
+    up = update_sites(likelihood, yb, A, s, state.q, state.tau[rows], state.nu[rows], damping,
+                      sums="new" if every_row else "change")
+    if state.add_sites(up.dP, up.dh, shrink=0.0 if every_row else 1.0):
         state.tau[rows], state.nu[rows] = up.tau, up.nu
     return _minibatch_gradient_step(state, likelihood, Xb, yb, A, s, Kbu, state.tau[rows],
                                     state.nu[rows], n)

@@ -158,7 +158,7 @@ class SiteUpdate:
     n_skipped: int           # rows whose cavity had no positive precision (left unchanged)
 
 
-def update_sites(likelihood, y, A, s, q, tau, nu, damping):
+def update_sites(likelihood, y, A, s, q, tau, nu, damping, sums="change"):
     """Parallel damped EP update of one block's sites (SEP §2.2).
 
     Parameters
@@ -169,6 +169,10 @@ def update_sites(likelihood, y, A, s, q, tau, nu, damping):
     q : NaturalPosterior
     tau, nu : (b,) the rows' current sites
     damping : float in (0, 1]; new = damping · matched + (1 - damping) · old
+    sums : "change" or "new"
+        What ``dP, dh`` hold: the change the block's update makes to q's natural parameters
+        (a minibatch step adds it to q), or the block's share of (P - I, h) for its new sites with
+        the current factor (a batch pass sums these into q afresh: :func:`_passes.site_pass`).
     """
     mean, var = q.marginals(A)
     cmean, cvar, ok = cavity(mean, var, tau, nu)
@@ -176,7 +180,10 @@ def update_sites(likelihood, y, A, s, q, tau, nu, damping):
     good = ok & np.isfinite(t_new) & np.isfinite(n_new)
     t_new = np.where(good, damping * t_new + (1.0 - damping) * tau, tau)
     n_new = np.where(good, damping * n_new + (1.0 - damping) * nu, nu)
-    dP, dh = whitened_sums(A, t_new - tau, n_new - nu)
+    if sums == "new":
+        dP, dh = whitened_sums(A, t_new, n_new)
+    else:
+        dP, dh = whitened_sums(A, t_new - tau, n_new - nu)
     return SiteUpdate(tau=t_new, nu=n_new, dP=dP, dh=dh, n_skipped=int(np.count_nonzero(~good)))
 
 

@@ -16,7 +16,8 @@ from ..classifier import GaussianProcessClassifier, NotFittedError, _Base, _Clas
 from ..kernels import RBF, ConstantKernel, as_kernel
 from ..likelihoods import get_likelihood
 from ._passes import as_block, block_ranges
-from ._train import SEPState, batch_iteration, batch_step, minibatch_step, tied_minibatch_step
+from ._train import (SEPState, batch_iteration, batch_step, minibatch_step, rebuild_q,
+                     tied_minibatch_step)
 from .baselines import GFITCState, SVIState, _LBFGSState
 from .ep import posterior_predict
 
@@ -409,6 +410,8 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
             start, stop = blocks[k]
             values.append(step(as_block(X, start, stop), start, stop))
             bar.update()
+        if isinstance(state, SEPState) and not state.tied:
+            rebuild_q(state, X, rows)
         return float(np.mean(values))
 
     def _stream(self, X, y):
