@@ -1,0 +1,76 @@
+"""The SEP paper's experiments (``gpc reproduce sep-*``): reduced runs in CI, the full runs ``slow``.
+
+Reduced runs use one data set, two splits and few iterations so each takes seconds; they check
+that the records have the issue's fields and that every method learned something (test NLL well
+below the constant predictor's), not the paper's numbers (the full runs are for that).
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+from helpers import run_cli
+from gpc.experiments import sep_table1
+
+TABLE1_KEYS = {"dataset", "method", "m_fraction", "nll_mean", "nll_sd", "error_mean", "time_mean",
+               "n_splits"}
+
+
+def reproduce(name, tmp_path, capsys, *extra):
+    out = tmp_path / f"{name}.json"
+    code, stdout, err = run_cli(["reproduce", name, "--quiet", "--out", str(out), "--plots",
+                                 str(tmp_path / "figs"), *extra], capsys)
+    assert code == 0, err
+    return json.loads(out.read_text()), stdout
+
+
+def pngs(tmp_path):
+    return sorted(p.name for p in (tmp_path / "figs").glob("*.png") if p.stat().st_size > 2000)
+
+
+# -- sep-table1 -----------------------------------------------------------------------------------
+def test_sep_table1_reduced(tmp_path, capsys):
+    recs, stdout = reproduce("sep-table1", tmp_path, capsys, "--datasets", "crabs", "--splits", "2",
+                             "--iterations", "30", "--m-fractions", "0.15")
+    assert "(0.07±0.07)" in stdout                  # the paper's GFITC cell printed next to ours
+    assert [r["method"] for r in recs] == ["gfitc", "sep", "svi"]
+    by = {r["method"]: r for r in recs}
+    for r in recs:
+        assert TABLE1_KEYS <= set(r) and r["dataset"] == "crabs" and r["m_fraction"] == 0.15
+        assert r["n_splits"] == 2 and r["m"] == 27                   # 15 % of 180 training rows
+        # the constant predictor scores ~0.69 on crabs' balanced classes; half of it means the
+        # method found the class structure (all three reach 0.1-0.35 here after 30 iterations)
+        assert r["nll_mean"] < 0.5 * r["trivial_nll"], r
+        assert 0.0 <= r["error_mean"] < 0.3 and r["time_mean"] > 0
+    # SEP and GFITC share the model and the fixed point (docs/sparse.md); after 30 of SEP's small
+    # Adadelta steps SEP's NLL is still above GFITC's, but within 0.3 of it (measured ~0.2)
+    assert abs(by["sep"]["nll_mean"] - by["gfitc"]["nll_mean"]) < 0.3
+    assert pngs(tmp_path) == ["sep-table1.png"]
+
+
+def test_sep_table1_splits_are_disjoint_and_seeded():
+    train, test = sep_table1.split(200, 0, 3)
+    assert len(test) == 20 and len(np.intersect1d(train, test)) == 0
+    assert len(np.union1d(train, test)) == 200
+    assert np.array_equal(test, sep_table1.split(200, 0, 3)[1])
+    assert not np.array_equal(test, sep_table1.split(200, 0, 4)[1])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--datasets", "glass"], "unknown data set 'glass'"),
+    (["--folds", "5"], "--splits"),
+    (["--methods", "laplace"], "unknown method 'laplace'"),
+    (["--m-fractions", "0.3"], "m fraction 0.3"),
+])
+def test_sep_table1_bad_arguments(argv, message, capsys):
+    code, _, err = run_cli(["reproduce", "sep-table1", "--quiet", *argv], capsys)
+    assert code == 2 and message in err
+
+
+@pytest.mark.slow
+def test_sep_table1_full(tmp_path, capsys):
+    recs, _ = reproduce("sep-table1", tmp_path, capsys, "--jobs", "2")
+    assert len(recs) == 7 * 3 * 3
+    for r in recs:
+        assert r["n_splits"] == 20 and r["nll_mean"] < r["trivial_nll"], r
