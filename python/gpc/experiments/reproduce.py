@@ -28,6 +28,8 @@ EXPERIMENTS = {
                                      "and scikit-learn under η label noise; new-thyroid, wine, glass"),
     "sep-table1": ("sep_table1", "SEP Table 1: test NLL and training time of GFITC, SEP and SVI on seven "
                                  "UCI sets, m = 15/25/50 % of n, 20 random 90/10 splits"),
+    "sep-banana": ("sep_banana", "SEP Figure 2: inducing points and decision boundaries of GFITC, SEP "
+                                 "and SVI on Banana, m = 4 ... 256"),
 }
 
 

@@ -37,3 +37,36 @@ def plot_sep_table1(records, directory, datasets, paper):
     axes[0, 0].set_ylabel("test NLL")
     axes[0, 0].legend(fontsize=7)
     return _save(fig, os.path.join(directory, "sep-table1.png"))
+
+
+def plot_sep_banana(records, X_train, y_train, directory):
+    """SEP Figure 2: one row per method, one column per m; training points (blue −1, red +1), the
+    learnt inducing points (black dots) and the decision boundary P(y = +1) = ½ (black line)."""
+    plt = _pyplot()
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    ms = sorted({r["m"] for r in records})
+    fig, axes = plt.subplots(len(methods), len(ms), figsize=(1.9 * len(ms), 1.9 * len(methods)),
+                             squeeze=False, sharex=True, sharey=True)
+    get = {(r["method"], r["m"]): r for r in records}
+    for i, meth in enumerate(methods):
+        for j, m in enumerate(ms):
+            ax = axes[i, j]
+            ax.scatter(X_train[:, 0], X_train[:, 1], s=2, c=np.where(y_train > 0, "tab:red", "tab:blue"),
+                       alpha=0.5, linewidths=0)
+            r = get.get((meth, m))
+            if r is not None and "failure" not in r:
+                x0, x1, y0, y1 = r["grid_box"]
+                P = np.asarray(r["grid_proba"])
+                gx, gy = np.linspace(x0, x1, P.shape[1]), np.linspace(y0, y1, P.shape[0])
+                ax.contour(gx, gy, P, levels=[0.5], colors="k", linewidths=1.0)
+                Z = np.asarray(r["inducing_points"])
+                ax.scatter(Z[:, 0], Z[:, 1], s=6, c="k")
+                ax.set_xlim(x0, x1)
+                ax.set_ylim(y0, y1)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if i == 0:
+                ax.set_title(f"m = {m}", fontsize=9)
+            if j == 0:
+                ax.set_ylabel(meth.upper(), fontsize=9)
+    return _save(fig, os.path.join(directory, "sep-banana.png"))
