@@ -30,6 +30,8 @@ EXPERIMENTS = {
                                  "UCI sets, m = 15/25/50 % of n, 20 random 90/10 splits"),
     "sep-banana": ("sep_banana", "SEP Figure 2: inducing points and decision boundaries of GFITC, SEP "
                                  "and SVI on Banana, m = 4 ... 256"),
+    "sep-image": ("sep_image", "SEP Figure 3 left: test error and NLL against training time on Image "
+                               "(binary split), m = 4, 50, 200"),
 }
 
 

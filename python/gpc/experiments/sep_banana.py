@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import datasets
 from ._common import count_convergence_warnings, map_tasks
-from .sep_common import make_classifier, predictive_scores, random_rows, timed_fit
+from .sep_common import make_classifier, predictive_scores, random_rows, train
 
 M_VALUES = (4, 8, 16, 32, 64, 128, 256)
 METHOD_ORDER = ("sep", "svi", "gfitc")      # the paper's rows, top to bottom
@@ -45,7 +45,7 @@ def _fit(task):
     clf = make_classifier(method, Z, iterations, seed)
     with count_convergence_warnings():
         try:
-            seconds = timed_fit(clf, Xs, y_tr)
+            clf, seconds, stopped = train(method, clf, Xs, y_tr, iterations)
         except (ValueError, ArithmeticError, np.linalg.LinAlgError) as exc:
             return {"method": method, "m": m, "failure": f"{type(exc).__name__}: {exc}"[:200]}
     pos = list(clf.classes_).index(1)
@@ -56,7 +56,7 @@ def _fit(task):
     return {"method": method, "m": m, "test_error": error, "test_nll": nll, "seconds": seconds,
             "inducing_points": clf.inducing_points_ * sd + mu,
             "initial_inducing_points": Z * sd + mu, "grid_proba": proba, "grid_box": list(box),
-            "reverted": clf.history_[-1]["reverted"] if clf.history_ else 0}
+            "reverted": clf.history_[-1]["reverted"] if clf.history_ else 0, "stopped": stopped}
 
 
 def run(m_values=M_VALUES, methods=METHOD_ORDER, iterations=ITERATIONS, seed=0, jobs=1, progress=True):

@@ -70,3 +70,32 @@ def plot_sep_banana(records, X_train, y_train, directory):
             if j == 0:
                 ax.set_ylabel(meth.upper(), fontsize=9)
     return _save(fig, os.path.join(directory, "sep-banana.png"))
+
+
+def plot_time_curves(records, directory, filename, title, baselines=()):
+    """Test error and NLL against training time (log scale), one line per record: colour by
+    method, line style by m (or by ``r["variant"]``); ``baselines`` are (label, error, nll)
+    horizontal lines (e.g. logistic regression)."""
+    plt = _pyplot()
+    styles = ["-", "--", ":", "-."]
+    kinds = list(dict.fromkeys(r.get("variant", r.get("m")) for r in records))
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    for r in records:
+        if not r.get("seconds"):
+            continue
+        kind = r.get("variant", r.get("m"))
+        label = f"{r['method'].upper()} {kind if 'variant' in r else f'm={kind}'}"
+        t = np.maximum(np.asarray(r["seconds"], dtype=float), 1e-3)
+        for ax, key in zip(axes, ("error", "nll")):
+            ax.plot(t, r[key], styles[kinds.index(kind) % len(styles)],
+                    color=COLORS.get(r["method"], "k"), label=label, linewidth=1.2)
+    for name, error, nll in baselines:
+        for ax, value in zip(axes, (error, nll)):
+            ax.axhline(value, color=COLORS["logistic"], linestyle="-.", linewidth=1.0, label=name)
+    for ax, name in zip(axes, ("test error", "test NLL")):
+        ax.set_xscale("log")
+        ax.set_xlabel("training time [s]")
+        ax.set_ylabel(name)
+    axes[1].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    return _save(fig, os.path.join(directory, filename))

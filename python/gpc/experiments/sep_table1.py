@@ -19,8 +19,7 @@ import numpy as np
 
 from .. import datasets
 from ._common import count_convergence_warnings, map_tasks, standardise
-from .sep_common import (METHODS, make_classifier, predictive_scores, random_rows, timed_fit,
-                         trivial_nll)
+from .sep_common import METHODS, make_classifier, predictive_scores, random_rows, train, trivial_nll
 
 DATASETS = ("australian", "breast", "crabs", "heart", "ionosphere", "pima", "sonar")
 LOADER_ARGS = {"australian": ("australian", {}), "breast": ("breast_cancer", {}),
@@ -84,13 +83,13 @@ def _fit_split(task):
     clf = make_classifier(method, Z, iterations, seed)
     with count_convergence_warnings() as caught:
         try:
-            seconds = timed_fit(clf, X_tr, y_tr)
+            clf, seconds, stopped = train(method, clf, X_tr, y_tr, iterations)
             proba = clf.predict_proba(X_te)[:, list(clf.classes_).index(1)]
         except (ValueError, ArithmeticError, np.linalg.LinAlgError) as exc:
             return {"nll": None, "failure": f"{type(exc).__name__}: {exc}"[:200]}
     error, nll = predictive_scores(proba, y_te)
     return {"nll": nll, "error": error, "seconds": seconds, "trivial_nll": trivial_nll(y_tr, y_te),
-            "n_iter": clf.n_iter_, "reverted": clf.history_[-1]["reverted"] if clf.history_ else 0,
+            "n_iter": clf.n_iter_, "stopped": stopped, "reverted": clf.history_[-1]["reverted"] if clf.history_ else 0,
             "n_warnings": len(caught)}
 
 
@@ -108,7 +107,8 @@ def run(dataset_names=DATASETS, m_fractions=M_FRACTIONS, methods=METHOD_ORDER, n
 
     Records: dataset, method, m_fraction, nll_mean, nll_sd, error_mean, time_mean, n_splits (splits
     that ran), plus m, time_sd, trivial_nll (the constant predictor's NLL on the same splits),
-    paper_nll, paper_sd, within_paper_sd, n_failed and failures.
+    paper_nll, paper_sd, within_paper_sd, n_failed, failures, n_stopped (SEP fits the divergence
+    guard of :func:`.sep_common.fit_with_divergence_guard` stopped early) and mean_iterations.
     """
     for meth in methods:
         if meth not in METHODS:
@@ -144,6 +144,8 @@ def run(dataset_names=DATASETS, m_fractions=M_FRACTIONS, methods=METHOD_ORDER, n
                "time_sd": _sd([r["seconds"] for r in ok]), "n_splits": len(ok),
                "trivial_nll": float(np.mean([r["trivial_nll"] for r in ok])) if ok else None,
                "reverted": int(sum(r["reverted"] for r in ok)),
+               "n_stopped": sum(r["stopped"] is not None for r in ok),
+               "mean_iterations": float(np.mean([r["n_iter"] for r in ok])) if ok else None,
                "n_convergence_warnings": int(sum(r["n_warnings"] for r in ok)),
                "paper_nll": paper_mean, "paper_sd": paper_sd,
                "within_paper_sd": bool(ok) and abs(float(np.mean(nll)) - paper_mean) <= paper_sd,
@@ -161,7 +163,7 @@ def format_table(records):
     methods = [m for m in METHOD_ORDER if any(r["method"] == m for r in records)]
     dsets = [d for d in DATASETS if any(r["dataset"] == d for r in records)]
     cols = [(f, m) for f in fracs for m in methods]
-    head = f"{'':<11}" + "".join(f"{f'{m} {int(100 * f)}%':>22}" for f, m in cols)
+    head = f"{'':<11}" + "".join(f"{f'{m} {int(100 * f)}%':>24}" for f, m in cols)
     lines = ["SEP Table 1: test NLL, ours mean ± sd (paper), ! = outside the paper's ± sd", head,
              "-" * len(head)]
     get = {(r["dataset"], r["m_fraction"], r["method"]): r for r in records}
@@ -170,16 +172,16 @@ def format_table(records):
         for f, m in cols:
             r = get.get((d, f, m))
             if r is None or not r["n_splits"]:
-                row += f"{'failed':>22}"
+                row += f"{'failed':>24}"
                 continue
             flag = " " if r["within_paper_sd"] else "!"
-            row += f"{r['nll_mean']:.2f}±{r['nll_sd']:.2f}{flag}({r['paper_nll']:.2f}±{r['paper_sd']:.2f})".rjust(22)
+            row += f"{r['nll_mean']:.2f}±{r['nll_sd']:.2f}{flag}({r['paper_nll']:.2f}±{r['paper_sd']:.2f})".rjust(24)
         lines.append(row)
     row = f"{'time [s]':<11}"
     for f, m in cols:
         ts = [get[(d, f, m)]["time_mean"] for d in dsets if get.get((d, f, m), {}).get("time_mean")]
         paper = PAPER_TIME[f][METHOD_ORDER.index(m)][0]
-        row += (f"{np.mean(ts):.1f} ({paper})" if ts else "-").rjust(22)
+        row += (f"{np.mean(ts):.1f} ({paper})" if ts else "-").rjust(24)
     lines.append(row)
     if any(r["n_failed"] for r in records):
         lines.append("some splits failed (see 'failures' in the JSON)")
