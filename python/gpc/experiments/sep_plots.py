@@ -74,20 +74,25 @@ def plot_sep_banana(records, X_train, y_train, directory):
 
 def plot_time_curves(records, directory, filename, title, baselines=()):
     """Test error and NLL against training time (log scale), one line per record: colour by
-    method, line style by m (or by ``r["variant"]``); ``baselines`` are (label, error, nll)
+    method, line style by m (or batch / minibatch for records with a ``variant``); ``baselines`` are (label, error, nll)
     horizontal lines (e.g. logistic regression)."""
     plt = _pyplot()
     styles = ["-", "--", ":", "-."]
-    kinds = list(dict.fromkeys(r.get("variant", r.get("m")) for r in records))
+
+    def kind(r):
+        if "variant" in r:
+            return "minibatch" if r.get("batch_size") else "batch"
+        return f"m={r.get('m')}"
+
+    kinds = list(dict.fromkeys(kind(r) for r in records))
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
     for r in records:
         if not r.get("seconds"):
             continue
-        kind = r.get("variant", r.get("m"))
-        label = f"{r['method'].upper()} {kind if 'variant' in r else f'm={kind}'}"
+        label = f"{r['method'].upper()} {kind(r)}"
         t = np.maximum(np.asarray(r["seconds"], dtype=float), 1e-3)
         for ax, key in zip(axes, ("error", "nll")):
-            ax.plot(t, r[key], styles[kinds.index(kind) % len(styles)],
+            ax.plot(t, r[key], styles[kinds.index(kind(r)) % len(styles)],
                     color=COLORS.get(r["method"], "k"), label=label, linewidth=1.2)
     for name, error, nll in baselines:
         for ax, value in zip(axes, (error, nll)):
