@@ -6,13 +6,13 @@ below the constant predictor's), not the paper's numbers (the full runs are for 
 """
 
 import gzip
-import json
 import zipfile
 
 import numpy as np
 import pytest
 
 from helpers import run_cli
+from test_reproduce import pngs, reproduce
 from gpc.experiments import sep_airline, sep_image, sep_mnist, sep_table1
 from gpc.experiments._common import standardise
 from gpc.experiments.sep_common import (broken, fit_with_divergence_guard, make_classifier,
@@ -20,18 +20,6 @@ from gpc.experiments.sep_common import (broken, fit_with_divergence_guard, make_
 
 TABLE1_KEYS = {"dataset", "method", "m_fraction", "nll_mean", "nll_sd", "error_mean", "time_mean",
                "n_splits"}
-
-
-def reproduce(name, tmp_path, capsys, *extra):
-    out = tmp_path / f"{name}.json"
-    code, stdout, err = run_cli(["reproduce", name, "--quiet", "--out", str(out), "--plots",
-                                 str(tmp_path / "figs"), *extra], capsys)
-    assert code == 0, err
-    return json.loads(out.read_text()), stdout
-
-
-def pngs(tmp_path):
-    return sorted(p.name for p in (tmp_path / "figs").glob("*.png") if p.stat().st_size > 2000)
 
 
 # -- sep-table1 -----------------------------------------------------------------------------------
