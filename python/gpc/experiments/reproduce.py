@@ -27,7 +27,7 @@ EXPERIMENTS = {
     "rmgpc-table2": ("rmgpc_table2", "RMGPC Table 2: balanced class rate of RMGPC, SMGPC, one-vs-rest EP "
                                      "and scikit-learn under η label noise; new-thyroid, wine, glass"),
     "sep-table1": ("sep_table1", "SEP Table 1: test NLL and training time of GFITC, SEP and SVI on seven "
-                                 "UCI sets, m = 15/25/50 % of n, 20 random 90/10 splits"),
+                                 "UCI sets, m = 15, 25, 50 percent of n, 20 random 90/10 splits"),
     "sep-banana": ("sep_banana", "SEP Figure 2: inducing points and decision boundaries of GFITC, SEP "
                                  "and SVI on Banana, m = 4 ... 256"),
     "sep-image": ("sep_image", "SEP Figure 3 left: test error and NLL against training time on Image "
