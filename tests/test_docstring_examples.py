@@ -5,7 +5,7 @@ import importlib
 
 import pytest
 
-MODULES = ["gpc.classifier"]
+MODULES = ["gpc.classifier", "gpc.sparse.estimator"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -184,6 +184,21 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
     -----
     A KeyboardInterrupt during ``fit`` stops training and keeps the model of the last completed
     step (a warning is issued); ``partial_fit`` continues from it.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from gpc import SparseGaussianProcessClassifier
+    >>> from gpc.datasets import load_banana
+    >>> X, y = load_banana(return_X_y=True)
+    >>> clf = SparseGaussianProcessClassifier(n_inducing=16, max_iter=20, random_state=0,
+    ...                                       progress=False).fit(X[:500], y[:500])
+    >>> clf.inducing_points_.shape
+    (16, 2)
+    >>> bool(clf.history_[-1]["objective"] > clf.history_[0]["objective"])
+    True
+    >>> bool(clf.score(X[1000:2000], y[1000:2000]) > 0.8)
+    True
     """
 
     def __init__(self, kernel=None, n_inducing=100, inducing_points="kmeans", method="ep",
