@@ -40,10 +40,11 @@ def balanced_class_rate(y_true, y_pred):
     return float(np.mean([np.mean(y_pred[y_true == c] == c) for c in np.unique(y_true)]))
 
 
-def _classifier(model, seed):
+def _classifier(model, seed, max_iter=500, tol=1e-4):
     if model in ("robust", "standard"):
         # eq. (22): one RBF shared by the classes, length scale √γ fitted
-        return MultiClassGPC(model=model, kernel=RBF(1.0), random_state=seed)
+        return MultiClassGPC(model=model, kernel=RBF(1.0), random_state=seed, max_iter=max_iter,
+                             tol=tol)
     if model == "ovr-ep":
         from ..classifier import GaussianProcessClassifier
         return GaussianProcessClassifier(kernel=RBF(1.0), method="ep", multi_class="one_vs_rest")
@@ -52,8 +53,11 @@ def _classifier(model, seed):
     return SkGPC(kernel=SkRBF(1.0), random_state=seed)
 
 
-def one_split(name, eta, split, models, seed):
-    """BCR of every model on one random split with η label noise; returns {model: bcr}."""
+def one_split(name, eta, split, models, seed, max_iter=500, tol=1e-4):
+    """BCR of every model on one random split with η label noise; returns {model: bcr}.
+
+    ``max_iter`` and ``tol`` are the multi-class EP's (MultiClassGPC's) iteration cap and tolerance.
+    """
     data = DATASETS[name](binary=False)
     rng = np.random.default_rng([seed, split])
     n = len(data.y)
@@ -68,7 +72,7 @@ def one_split(name, eta, split, models, seed):
     X_tr, X_te = (data.X[tr] - mu) / sd, (data.X[te] - mu) / sd
     out = {}
     for model in models:
-        clf = _classifier(model, seed).fit(X_tr, y_tr)
+        clf = _classifier(model, seed, max_iter, tol).fit(X_tr, y_tr)
         out[model] = balanced_class_rate(y[te], clf.predict(X_te))
     return out
 
@@ -77,11 +81,18 @@ def add_arguments(parser):
     parser.add_argument("--splits", type=int, default=100, help="random train/test splits (paper: 100)")
     parser.add_argument("--etas", type=float, nargs="+", default=list(ETAS),
                         help="fractions of training labels replaced at random (paper: 0 .05 .1 .2)")
+    parser.add_argument("--max-iter", type=int, default=500,
+                        help="multi-class EP iterations per evidence evaluation (RMGPC, SMGPC)")
+    parser.add_argument("--tol", type=float, default=1e-4,
+                        help="multi-class EP tolerance on the undamped change of a marginal")
 
 
 def main(args):
     if args.splits < 1:
         raise ValueError("--splits must be at least 1")
+    max_iter, tol = getattr(args, "max_iter", 500), getattr(args, "tol", 1e-4)
+    if max_iter < 1 or not tol > 0:
+        raise ValueError("--max-iter must be at least 1 and --tol positive")
     names = args.datasets or list(DATASETS)
     models = args.methods or list(MODELS)
     for m in models:
@@ -94,7 +105,7 @@ def main(args):
     records = []
     for name in names:
         for eta in args.etas:
-            runs = [one_split(name, eta, s, models, args.seed) for s in range(args.splits)]
+            runs = [one_split(name, eta, s, models, args.seed, max_iter, tol) for s in range(args.splits)]
             scores = {m: 100 * np.array([r[m] for r in runs]) for m in models}
             for m in models:
                 p = np.nan
