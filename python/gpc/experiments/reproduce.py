@@ -26,6 +26,9 @@ EXPERIMENTS = {
                                "sampling on digits 3 vs 5 over a (ln ℓ, ln σ_f) grid"),
     "rmgpc-table2": ("rmgpc_table2", "RMGPC Table 2: balanced class rate of RMGPC, SMGPC, one-vs-rest EP "
                                      "and scikit-learn under η label noise; new-thyroid, wine, glass"),
+    "rmgpc-glass-outliers": ("rmgpc_glass_outliers", "RMGPC Figure 1 and Table 3: posterior outlier "
+                                                     "probabilities on glass, and how often the paper's "
+                                                     "seven instances are misclassified"),
 }
 
 

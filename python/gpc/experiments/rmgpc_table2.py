@@ -7,12 +7,15 @@ accuracy.  A Wilcoxon signed-rank test (p < 1 %) marks the methods that differ f
 (the paper's third column) is not implemented; SVMguide2 is not bundled.
 """
 
+from typing import NamedTuple
+
 import numpy as np
 from scipy.stats import wilcoxon
 
 from .. import datasets
 from ..kernels import RBF
 from ..multiclass import MultiClassGPC
+from ._common import standardise
 
 DATASETS = {"new-thyroid": datasets.load_thyroid, "wine": datasets.load_wine,
             "glass": datasets.load_glass}
@@ -53,11 +56,19 @@ def _classifier(model, seed, max_iter=500, tol=1e-4):
     return SkGPC(kernel=SkRBF(1.0), random_state=seed)
 
 
-def one_split(name, eta, split, models, seed, max_iter=500, tol=1e-4):
-    """BCR of every model on one random split with η label noise; returns {model: bcr}.
+class Split(NamedTuple):
+    """One random partition of §4.1's protocol: standardised inputs, noisy training labels (class
+    indices), clean test labels, and the test rows' indices in the data set."""
+    X_train: np.ndarray
+    y_train: np.ndarray
+    X_test: np.ndarray
+    y_test: np.ndarray
+    test: np.ndarray
 
-    ``max_iter`` and ``tol`` are the multi-class EP's (MultiClassGPC's) iteration cap and tolerance.
-    """
+
+def split_data(name, eta, split, seed):
+    """2/3 train, 1/3 test; a fraction η of the training labels replaced by uniformly drawn classes;
+    inputs normalised on the training part (RMGPC §4.1).  Deterministic in (seed, split)."""
     data = DATASETS[name](binary=False)
     rng = np.random.default_rng([seed, split])
     n = len(data.y)
@@ -67,14 +78,23 @@ def one_split(name, eta, split, models, seed, max_iter=500, tol=1e-4):
     y_tr = y[tr].copy()
     noisy = rng.choice(len(tr), size=int(round(eta * len(tr))), replace=False)
     y_tr[noisy] = rng.integers(len(classes), size=len(noisy))
-    mu, sd = data.X[tr].mean(axis=0), data.X[tr].std(axis=0)
-    sd[sd == 0] = 1.0
-    X_tr, X_te = (data.X[tr] - mu) / sd, (data.X[te] - mu) / sd
-    out = {}
-    for model in models:
-        clf = _classifier(model, seed, max_iter, tol).fit(X_tr, y_tr)
-        out[model] = balanced_class_rate(y[te], clf.predict(X_te))
-    return out
+    X_tr, X_te = standardise(data.X[tr], data.X[te])
+    return Split(X_tr, y_tr, X_te, y[te], te)
+
+
+def fit_predict(model, part, seed, max_iter=500, tol=1e-4):
+    """Fit ``model`` on the split's training part and predict its test part.
+
+    ``max_iter`` and ``tol`` are the multi-class EP's (MultiClassGPC's) iteration cap and tolerance.
+    """
+    return _classifier(model, seed, max_iter, tol).fit(part.X_train, part.y_train).predict(part.X_test)
+
+
+def one_split(name, eta, split, models, seed, max_iter=500, tol=1e-4):
+    """BCR of every model on one random split with η label noise; returns {model: bcr}."""
+    part = split_data(name, eta, split, seed)
+    return {model: balanced_class_rate(part.y_test, fit_predict(model, part, seed, max_iter, tol))
+            for model in models}
 
 
 def add_arguments(parser):
