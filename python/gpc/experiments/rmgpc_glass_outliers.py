@@ -28,10 +28,7 @@ def add_arguments(parser):
     parser.add_argument("--splits", type=int, default=100,
                         help="random 2/3-1/3 splits for Table 3's test errors (paper: 100; 0 skips "
                              "Table 3's errors)")
-    parser.add_argument("--max-iter", type=int, default=500,
-                        help="multi-class EP iterations (HTPC: Newton steps)")
-    parser.add_argument("--tol", type=float, default=1e-4,
-                        help="multi-class EP tolerance on the undamped change of a marginal")
+    rmgpc_table2.add_fit_arguments(parser)
 
 
 def fit_all(max_iter=500, tol=1e-4):
@@ -61,13 +58,7 @@ def misclassified_in_test(models, splits, seed, max_iter=500, tol=1e-4):
 def main(args):
     if args.splits < 0:
         raise ValueError("--splits must be 0 or more")
-    max_iter, tol = getattr(args, "max_iter", 500), getattr(args, "tol", 1e-4)
-    if max_iter < 1 or not tol > 0:
-        raise ValueError("--max-iter must be at least 1 and --tol positive")
-    models = args.methods or list(MODELS)
-    for m in models:
-        if m not in MODELS:
-            raise ValueError(f"unknown model {m!r}; available: {', '.join(MODELS)}")
+    models, max_iter, tol = rmgpc_table2.fit_options(args, MODELS)
     if args.datasets and list(args.datasets) != ["glass"]:
         raise ValueError("rmgpc-glass-outliers runs on glass only")
     clf = fit_all(max_iter, tol)

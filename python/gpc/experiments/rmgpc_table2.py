@@ -102,23 +102,34 @@ def add_arguments(parser):
     parser.add_argument("--splits", type=int, default=100, help="random train/test splits (paper: 100)")
     parser.add_argument("--etas", type=float, nargs="+", default=list(ETAS),
                         help="fractions of training labels replaced at random (paper: 0 .05 .1 .2)")
+    add_fit_arguments(parser)
+
+
+def add_fit_arguments(parser):
+    """--max-iter and --tol of MultiClassGPC, shared by the RMGPC experiments."""
     parser.add_argument("--max-iter", type=int, default=500,
-                        help="multi-class EP iterations per evidence evaluation (RMGPC, SMGPC)")
+                        help="multi-class EP iterations per evidence evaluation (HTPC: Newton steps)")
     parser.add_argument("--tol", type=float, default=1e-4,
                         help="multi-class EP tolerance on the undamped change of a marginal")
+
+
+def fit_options(args, available):
+    """(models, max_iter, tol) from the parsed arguments, validated; models default to ``available``."""
+    max_iter, tol = getattr(args, "max_iter", 500), getattr(args, "tol", 1e-4)
+    if max_iter < 1 or not tol > 0:
+        raise ValueError("--max-iter must be at least 1 and --tol positive")
+    models = args.methods or list(available)
+    for m in models:
+        if m not in available:
+            raise ValueError(f"unknown model {m!r}; available: {', '.join(available)}")
+    return models, max_iter, tol
 
 
 def main(args):
     if args.splits < 1:
         raise ValueError("--splits must be at least 1")
-    max_iter, tol = getattr(args, "max_iter", 500), getattr(args, "tol", 1e-4)
-    if max_iter < 1 or not tol > 0:
-        raise ValueError("--max-iter must be at least 1 and --tol positive")
+    models, max_iter, tol = fit_options(args, MODELS)
     names = args.datasets or list(DATASETS)
-    models = args.methods or list(MODELS)
-    for m in models:
-        if m not in MODELS:
-            raise ValueError(f"unknown model {m!r}; available: {', '.join(MODELS)}")
     for d in names:
         if d not in DATASETS:
             raise ValueError(f"unknown data set {d!r}; available: {', '.join(DATASETS)} (SVMguide2 "
