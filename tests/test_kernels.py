@@ -527,3 +527,18 @@ def test_cross_covariance_comes_from_sklearn():
     # scikit-learn's WhiteKernel is zero between two input sets even when they are the same array
     theirs = sk.RBF(0.8) + sk.WhiteKernel(0.5)
     assert_allclose(as_kernel(theirs)(X, X), theirs(X, X), rtol=0, atol=0)
+
+
+def test_sklearn_adapters_take_theta_back():
+    """The translated RationalQuadratic and Exponentiation accept θ as the other kernels do
+    (an optimizer sets θ on whatever kernel it was given)."""
+    from gpc.kernels import RBF, _Power, _RationalQuadratic
+
+    rq = _RationalQuadratic(2.0, 3.0, True, False)        # only α free
+    rq.theta = np.log([4.0])
+    assert (rq.alpha, rq.length_scale) == pytest.approx((4.0, 3.0), rel=1e-15)
+    with pytest.raises(ValueError, match="theta has 2 entries"):
+        rq.theta = np.log([4.0, 5.0])
+    power = _Power(RBF(1.0), 2.0)
+    power.theta = np.log([0.5])
+    assert power.base.length_scale == pytest.approx(0.5, rel=1e-15)

@@ -4,8 +4,7 @@
                 [--jobs N] [--out results.json] [--plot out.png]
     gpc reproduce NAME [--out results.json] [--plots DIR] [--folds K] [--datasets …] [--methods …]
 
-Errors the user can fix (a missing file, an unknown data set, method or column, a method this build
-lacks) end with a one-line message and exit status 2, not a traceback.
+Errors the user can fix (a missing file, an unknown data set, method or column) end with a one-line message and exit status 2, not a traceback.
 """
 
 import argparse
@@ -45,7 +44,6 @@ def build_parser():
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
-    from .experiments._common import MissingMethodError
 
     try:
         if args.command == "compare":
@@ -54,7 +52,7 @@ def main(argv=None):
         elif args.command == "reproduce":
             from .experiments import reproduce
             reproduce.main(args)
-    except (FileNotFoundError, ValueError, MissingMethodError) as exc:
+    except (FileNotFoundError, ValueError) as exc:
         msg = str(exc)
         if isinstance(exc, FileNotFoundError) and exc.filename and exc.filename not in msg:
             msg = f"{msg}: {exc.filename}"

@@ -1,13 +1,15 @@
 """Dense linear algebra the methods share: a jittered Cholesky and solves with its factor.
 
-All factorisations go through LAPACK (scipy.linalg.lapack) on Fortran-ordered views, so no copy is
-made of an n x n matrix that is already C-contiguous and symmetric: its transpose is the same matrix
-in Fortran order.
+The O(n³) calls go through gpc._lapack (scipy's cython_lapack with the GIL released, so that
+threads overlap); O(n²) solves with a vector through scipy.linalg.lapack.  Matrices are C-ordered
+and only their lower triangle is read: LAPACK's column-major view of it is the 'U' triangle of the
+transpose, so no n x n matrix is copied to change its order.
 """
 
 import numpy as np
 from scipy.linalg import lapack
 
+from . import _lapack
 from .exceptions import NotPositiveDefiniteError
 
 #: relative jitters tried, in turn, when a matrix that should be positive definite fails to factor
@@ -23,7 +25,7 @@ def cholesky_lower(A, name="matrix", overwrite=False, rebuild=None):
     zeroed).  With ``overwrite`` the first attempt factors A in place; a failed attempt leaves A
     half factored, so the jittered retries start from ``rebuild()`` (a fresh A), or there are none.
     """
-    A = np.asarray(A, dtype=np.float64)
+    A = np.ascontiguousarray(A, dtype=np.float64)
     n = A.shape[0]
     scale = float(np.trace(A)) / max(n, 1)
     for jitter in JITTERS:
@@ -36,11 +38,9 @@ def cholesky_lower(A, name="matrix", overwrite=False, rebuild=None):
                 A, overwrite = np.asarray(rebuild(), dtype=np.float64), False
             work = A.copy()
             work.flat[:: n + 1] += jitter * scale
-        # work is symmetric: its C order is the transpose's Fortran order, so 'upper' in LAPACK's
-        # column-major view is the lower triangle in ours.
-        c, info = lapack.dpotrf(work.T, lower=False, clean=True, overwrite_a=True)
+        info = _lapack.cholesky_in_place(work)          # lower triangle; upper zeroed
         if info == 0:
-            return c.T, jitter * scale
+            return work, jitter * scale
         if info < 0:  # pragma: no cover - argument error, a bug
             raise RuntimeError(f"dpotrf argument {-info} invalid")
     if overwrite:
@@ -80,15 +80,24 @@ def solve_lower(L, b, trans=False):
 
 def cho_inverse_lower(L):
     """(L Lᵀ)⁻¹ as a full symmetric C-contiguous matrix, from the lower factor (LAPACK dpotri)."""
-    inv, info = lapack.dpotri(L.T, lower=False)
+    out = np.array(L, dtype=np.float64, order="C")
+    info = _lapack.cholesky_inverse_in_place(out)
     if info != 0:  # pragma: no cover
         raise RuntimeError(f"dpotri failed with info={info}")
-    # Fortran 'upper' of inv is our lower triangle; mirror it into the upper one.
-    # dpotri leaves the other triangle as it found it: zero, since L's strict upper triangle is zero.
-    out = inv.T
-    out = out + out.T
-    out.flat[:: out.shape[0] + 1] *= 0.5
-    return out
+    return mirror_lower(out)
+
+
+def mirror_lower(A, block=256):
+    """Copy the strict lower triangle of the square C-ordered A into its upper one, in place.
+
+    Block rows at a time, so the temporaries are ``block`` x n, not n x n."""
+    n = A.shape[0]
+    for i in range(0, n, block):
+        j = min(i + block, n)
+        A[i:j, j:] = A[j:, i:j].T
+        D = A[i:j, i:j]
+        D[...] = np.tril(D) + np.tril(D, -1).T
+    return A
 
 
 def log_det_from_cholesky(L):

@@ -5,7 +5,7 @@ import numbers
 import numpy as np
 
 
-def check_finite_array(a, name, ndim=None, dtype=np.float64):
+def check_finite_array(a, name, ndim=None, dtype=np.float64) -> np.ndarray:
     """Return ``a`` as a contiguous float array, raising ValueError for NaN, inf or a wrong rank."""
     if hasattr(a, "toarray") or hasattr(a, "tocsr"):
         raise TypeError(f"{name} is a sparse matrix; gpc needs dense input (use {name}.toarray())")

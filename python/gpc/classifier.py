@@ -13,8 +13,10 @@ import numbers
 import os
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Optional
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ._validation import check_finite_array, check_positive_int
 from .inference import METHODS, infer
@@ -29,10 +31,10 @@ try:  # pragma: no branch
 except ImportError:  # pragma: no cover - exercised only without scikit-learn
     _CompoundKernel = None
 
-    class DataConversionWarning(UserWarning):
+    class DataConversionWarning(UserWarning):  # type: ignore[no-redef]
         """A column-vector y was reshaped to 1-D."""
 
-    class _Base:
+    class _Base:  # type: ignore[no-redef]
         """get_params / set_params from the constructor's signature, as scikit-learn does."""
 
         @classmethod
@@ -65,11 +67,11 @@ except ImportError:  # pragma: no cover - exercised only without scikit-learn
             args = ", ".join(f"{k}={v!r}" for k, v in self.get_params(deep=False).items())
             return f"{type(self).__name__}({args})"
 
-    class _ClassifierMixin:
+    class _ClassifierMixin:  # type: ignore[no-redef]
         def score(self, X, y, sample_weight=None):
             return float(np.average(self.predict(X) == np.asarray(y), weights=sample_weight))
 
-    class NotFittedError(ValueError, AttributeError):
+    class NotFittedError(ValueError, AttributeError):  # type: ignore[no-redef]
         """The estimator is used before ``fit``."""
 
 
@@ -273,7 +275,7 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
     kernel : gpc or scikit-learn kernel, default 1.0 * RBF(1.0) with fixed hyperparameters
     likelihood : str or Likelihood, default "probit"
         "probit", "logit", "noisy_threshold" or "heaviside" (or an instance, e.g. NoisyThreshold(0.05)).
-    method : str, default "ep" when available, else "laplace"
+    method : str or None, default None (meaning "ep")
         Any name of :func:`gpc.inference.available_methods`.
     schedule : str or None
         "sequential" or "parallel" for EP and PL; None is the method's default.
@@ -313,6 +315,19 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
         ``estimators_`` are the binary problems (as scikit-learn's OneVsRest/OneVsOne classifiers)
     log_marginal_likelihood_value_ : numpy.float64, the mean over the binary problems
     n_iter_, converged_, base_estimators_ (the list of binary problems)
+
+    Examples
+    --------
+    >>> from gpc import GaussianProcessClassifier
+    >>> from gpc.datasets import load_banana
+    >>> from gpc.kernels import ConstantKernel, RBF
+    >>> X, y = load_banana(return_X_y=True)
+    >>> X, y = X[:300], y[:300]
+    >>> clf = GaussianProcessClassifier(ConstantKernel(1.0) * RBF(1.0), method="ep").fit(X, y)
+    >>> clf.predict_proba(X[:2]).shape
+    (2, 2)
+    >>> bool(clf.score(X, y) > 0.85)
+    True
     """
 
     def __init__(self, kernel=None, likelihood="probit", method=None, schedule=None,
@@ -340,7 +355,7 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
         """Whether the kernel takes inputs other than float vectors (strings, graphs)."""
         return self.kernel is not None and not getattr(self.kernel, "requires_vector_input", True)
 
-    def _check_X(self, X, fitting):
+    def _check_X(self, X, fitting) -> np.ndarray:
         if self._structured():
             # scikit-learn's validation without forcing a 2-D float array: the kernel reads X
             try:
@@ -363,7 +378,7 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
                              f"{self.n_features_in_} features as input")
         return X
 
-    def _check_y(self, y, n):
+    def _check_y(self, y, n) -> np.ndarray:
         if y is None:
             raise ValueError("GaussianProcessClassifier requires y to be passed, but the target y is None")
         y = np.asarray(y)
@@ -388,7 +403,7 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
     def _resolve(self):
         method = self.method
         if method is None:
-            method = "ep" if "ep" in METHODS else "laplace"
+            method = "ep"
         if str(method).lower() not in METHODS:
             raise ValueError(f"unknown method {method!r}; available: {', '.join(sorted(METHODS))}")
         if self.multi_class not in ("one_vs_rest", "one_vs_one"):
@@ -420,7 +435,7 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
         return min(n_jobs, n_problems)
 
     # -- fitting ------------------------------------------------------------------------------
-    def fit(self, X, y):
+    def fit(self, X: ArrayLike, y: ArrayLike) -> "GaussianProcessClassifier":
         """Fit the hyperparameters (unless ``optimizer=None``) and the posterior of each binary problem."""
         X = self._check_X(X, fitting=True)
         n = len(X)
@@ -439,6 +454,9 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
             options["random_state"] = self.random_state
         X_train = np.copy(X) if self.copy_X_train else X
 
+        #: (positive class, negative class or None for "the rest"); (rows or None for all, ±1 labels)
+        self._pairs: list[tuple[int, Optional[int]]]
+        problems: list[tuple[Optional[np.ndarray], np.ndarray]]
         if self.n_classes_ == 2:
             self._pairs = [(1, 0)]
             problems = [(None, np.where(y_index == 1, 1.0, -1.0))]
@@ -546,7 +564,7 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
                                  "appropriate arguments before using this estimator.")
 
     # -- prediction -----------------------------------------------------------------------------
-    def predict_latent(self, X):
+    def predict_latent(self, X: ArrayLike) -> Any:
         """Latent predictive mean and variance; arrays (n,) for two classes, (n, n_problems) otherwise."""
         self._check_fitted()
         X = self._check_X(X, fitting=False)
@@ -555,7 +573,7 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
             return out[0]
         return np.column_stack([m for m, _ in out]), np.column_stack([v for _, v in out])
 
-    def latent_mean_and_variance(self, X):
+    def latent_mean_and_variance(self, X: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
         """scikit-learn's name for the latent predictive mean and variance (two classes only).
 
         Returns
@@ -570,7 +588,7 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
                              f"for binary classification, received {self.n_classes_} classes.")
         return self.predict_latent(X)
 
-    def predict_proba(self, X):
+    def predict_proba(self, X: ArrayLike) -> np.ndarray:
         """Class probabilities, columns in the order of ``classes_``.
 
         Binary: P(y = classes_[1]) = ∫ p(+1|f) N(f | μ*, σ*²) df (closed form for probit, quadrature for
@@ -595,12 +613,13 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
         # σ²): no class is preferred, so the row is uniform rather than all zeros
         return np.where(total > 0, P / np.where(total > 0, total, 1.0), 1.0 / self.n_classes_)
 
-    def predict(self, X):
+    def predict(self, X: ArrayLike) -> np.ndarray:
         """The class with the largest predictive probability."""
         proba = self.predict_proba(X)
         return self.classes_[np.argmax(proba, axis=1)]
 
-    def log_marginal_likelihood(self, theta=None, eval_gradient=False, clone_kernel=True):
+    def log_marginal_likelihood(self, theta: Optional[ArrayLike] = None, eval_gradient: bool = False,
+                                clone_kernel: bool = True) -> Any:
         """The method's log evidence at ``theta`` (log hyperparameters), as in scikit-learn.
 
         Returns NumPy float64 values, as scikit-learn does.  With several binary problems, ``theta``

@@ -224,7 +224,7 @@ class Kernel:
     already computed it, and the promise that M is symmetric (see :meth:`gradient_contract`).
     """
 
-    _hyper = ()
+    _hyper: tuple[str, ...] = ()
     requires_vector_input = True
 
     def _constant(self):
@@ -489,7 +489,7 @@ class Kernel:
         a, b = self.get_params(deep=False), other.get_params(deep=False)
         return a.keys() == b.keys() and all(_params_equal(a[k], b[k]) for k in a)
 
-    __hash__ = None
+    __hash__ = None  # type: ignore[assignment]  # equal kernels compare by parameters: unhashable
 
     def __repr__(self):
         args = ", ".join(f"{k}={_fmt(v)}" for k, v in self.get_params(deep=False).items())
@@ -522,7 +522,6 @@ class _Stationary(Kernel):
     """
 
     _hyper = ("length_scale",)
-    _w_is_f = False   # True where W = -f'(r)/r equals f itself (the squared exponential)
 
     def _kind(self):
         raise NotImplementedError
@@ -533,10 +532,6 @@ class _Stationary(Kernel):
             raise ValueError(f"length_scale has {ls.size} entries (ARD) but X has "
                              f"{n_features} features")
         return ls
-
-    @property
-    def anisotropic(self):
-        return np.ndim(self.length_scale) > 0 and np.size(self.length_scale) > 1
 
     def _scaled(self, X, Y):
         ls = self._length_scales(X.shape[1])
@@ -640,8 +635,6 @@ class RBF(_Stationary):
 
     def _kind(self):
         return 0
-
-    _w_is_f = True
 
 
 class Matern(_Stationary):
@@ -1218,6 +1211,10 @@ class _Power(Kernel):
     def theta(self):
         return self.base.theta
 
+    @theta.setter
+    def theta(self, theta):
+        self.base.theta = theta
+
     @property
     def bounds(self):
         return self.base.bounds
@@ -1257,6 +1254,12 @@ class _RationalQuadratic(Kernel):
     def theta(self):
         values = np.log([self.alpha, self.length_scale])
         return values[np.array(self.free)]
+
+    @theta.setter
+    def theta(self, theta):
+        values = np.log([self.alpha, self.length_scale])
+        values[np.array(self.free)] = self._check_theta(theta)
+        self.alpha, self.length_scale = np.exp(values)
 
     @property
     def bounds(self):

@@ -7,6 +7,7 @@ linearisation), MF = Csató et al. (mean field), R&W = Rasmussen & Williams (200
 """
 
 import numbers
+from typing import Optional
 
 import numpy as np
 
@@ -23,7 +24,7 @@ LIK_PROBIT, LIK_LOGIT, LIK_NOISY_THRESHOLD, LIK_HEAVISIDE, LIK_PYTHON = 0, 1, 2,
 #: logit tilted moments are off by 2.6e-12 at order 32 and ~1e-13 (quad's own level) at 48.
 DEFAULT_GH_ORDER = 48
 
-_GH_CACHE = {}
+_GH_CACHE: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
 
 def _gauss_hermite(order):
@@ -71,6 +72,18 @@ def _check_variance(v, name):
     return v
 
 
+def _check_gaussian(y, mean, var, mean_name="mean", var_name="var"):
+    """Checked (labels or None, means, variances > 0) of one length for a Gaussian-input member."""
+    m = _as_vector(mean, mean_name)
+    v = _check_variance(var, var_name)
+    arrays = {mean_name: m, var_name: v}
+    if y is not None:
+        y = _check_labels(y)
+        arrays = {"y": y, **arrays}
+    _check_same_length(**arrays)
+    return y, m, v
+
+
 def _check_status(bad, what):
     if bad >= 0:
         raise FloatingPointError(f"{what}: result not representable at index {bad} "
@@ -110,11 +123,12 @@ class Likelihood:
         Order of the probabilists' Gauss-Hermite rule used where no closed form exists.
     """
 
-    name = None
-    kind = None
+    name: Optional[str] = None
+    kind: Optional[int] = None
     log_concave = True
     differentiable = True
-    _param_names = ("gh_order",)
+    _instead_of_laplace = ""   # the methods to name when Laplace cannot be used (not differentiable)
+    _param_names: tuple[str, ...] = ("gh_order",)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -169,6 +183,12 @@ class Likelihood:
     def _core_args(self):
         return self.compiled_spec()[:4]
 
+    def _compiled(self, core_fn, what, *arrays):
+        """``core_fn(spec..., *arrays)`` of gpc._likelihoods; an error names the first failing index."""
+        *out, bad = core_fn(*self._core_args(), *arrays)
+        _check_status(bad, f"{self.name}.{what}")
+        return tuple(out) if len(out) > 1 else out[0]
+
     def _nodes(self, mean, var):
         """Quadrature points f_k = m + sqrt(v) x_k (rows: data) and the weights w_k."""
         x, w = _gauss_hermite(_check_gh_order(self.gh_order))
@@ -202,9 +222,10 @@ class Likelihood:
         if not self.is_compiled:
             raise ValueError(f"{self.name}: Laplace needs log_prob_derivatives(y, f), which this "
                              "likelihood does not implement; use EP, PL, KL or online")
-        *out, bad = _core.log_prob_derivatives_vec(*self._core_args(), y, f)
-        _check_status(bad, f"{self.name}.log_prob_derivatives")
-        return tuple(out)
+        if not self.differentiable:
+            raise ValueError(f"{self.name}: the gradient of log p(y|f) is zero almost everywhere, so the "
+                             f"Laplace approximation cannot be used (PL §I); use {self._instead_of_laplace}")
+        return self._compiled(_core.log_prob_derivatives_vec, "log_prob_derivatives", y, f)
 
     def tilted_moments(self, y, cav_mean, cav_var):
         """Moments of p(y|f) N(f | cav_mean, cav_var) / Z (EP, ADF; R&W eq. (3.58), MF).
@@ -213,14 +234,9 @@ class Likelihood:
         -------
         log_z, mean, var : ndarray
         """
-        y = _check_labels(y)
-        m = _as_vector(cav_mean, "cav_mean")
-        v = _check_variance(cav_var, "cav_var")
-        _check_same_length(y=y, cav_mean=m, cav_var=v)
+        y, m, v = _check_gaussian(y, cav_mean, cav_var, "cav_mean", "cav_var")
         if self.is_compiled:
-            *out, bad = _core.tilted_moments_vec(*self._core_args(), y, m, v)
-            _check_status(bad, f"{self.name}.tilted_moments")
-            return tuple(out)
+            return self._compiled(_core.tilted_moments_vec, "tilted_moments", y, m, v)
         f, w = self._nodes(m, v)
         terms = np.log(w)[None, :] + self._log_prob_at(y, f)      # in log space: no underflow
         top = terms.max(axis=1, keepdims=True)
@@ -245,13 +261,9 @@ class Likelihood:
             Var[y] = 1 - mu_y**2 (labels in {-1, +1}; the supplement's "1 - alpha^2" is read as
             1 - (2 alpha - 1)^2, see docs/derivations.md).
         """
-        m = _as_vector(mean, "mean")
-        v = _check_variance(var, "var")
-        _check_same_length(mean=m, var=v)
+        _, m, v = _check_gaussian(None, mean, var)
         if self.is_compiled:
-            *out, bad = _core.slr_moments_vec(*self._core_args(), m, v)
-            _check_status(bad, f"{self.name}.slr_moments")
-            return tuple(out)
+            return self._compiled(_core.slr_moments_vec, "slr_moments", m, v)
         f, w = self._nodes(m, v)
         p_plus = np.exp(self._log_prob_at(np.ones_like(m), f))
         P = p_plus @ w
@@ -265,14 +277,9 @@ class Likelihood:
         -------
         e, de_dmean, de_dvar : ndarray
         """
-        y = _check_labels(y)
-        m = _as_vector(mean, "mean")
-        v = _check_variance(var, "var")
-        _check_same_length(y=y, mean=m, var=v)
+        y, m, v = _check_gaussian(y, mean, var)
         if self.is_compiled:
-            *out, bad = _core.expected_log_prob_vec(*self._core_args(), y, m, v)
-            _check_status(bad, f"{self.name}.expected_log_prob")
-            return tuple(out)
+            return self._compiled(_core.expected_log_prob_vec, "expected_log_prob", y, m, v)
         f, w = self._nodes(m, v)
         lp = self._log_prob_at(y, f)
         d = f - m[:, None]
@@ -280,13 +287,9 @@ class Likelihood:
 
     def predictive_probability(self, mean, var):
         """P(y = +1) = int p(+1|f) N(f | mean, var) df (R&W eq. (3.25)); var > 0."""
-        m = _as_vector(mean, "mean")
-        v = _check_variance(var, "var")
-        _check_same_length(mean=m, var=v)
+        _, m, v = _check_gaussian(None, mean, var)
         if self.is_compiled:
-            p, bad = _core.predictive_probability_vec(*self._core_args(), m, v)
-            _check_status(bad, f"{self.name}.predictive_probability")
-            return p
+            return self._compiled(_core.predictive_probability_vec, "predictive_probability", m, v)
         f, w = self._nodes(m, v)
         return np.exp(self._log_prob_at(np.ones_like(m), f)) @ w
 
@@ -343,6 +346,7 @@ class NoisyThreshold(Likelihood):
     kind = LIK_NOISY_THRESHOLD
     log_concave = False
     differentiable = False
+    _instead_of_laplace = "EP, PL or ADF"
     _param_names = ("eps", "gh_order")
 
     def __init__(self, eps=0.01, gh_order=DEFAULT_GH_ORDER):
@@ -355,10 +359,6 @@ class NoisyThreshold(Likelihood):
         if not ok:
             raise ValueError(f"eps must be a number in (0, 0.5), got {eps!r}")
         return float(eps)
-
-    def log_prob_derivatives(self, y, f):
-        raise ValueError(f"{self.name}: the gradient of log p(y|f) is zero almost everywhere, so the "
-                         "Laplace approximation cannot be used (PL §I); use EP, PL or ADF")
 
 
 class Heaviside(Likelihood):
@@ -376,10 +376,7 @@ class Heaviside(Likelihood):
     kind = LIK_HEAVISIDE
     log_concave = False
     differentiable = False
-
-    def log_prob_derivatives(self, y, f):
-        raise ValueError(f"{self.name}: the gradient of log p(y|f) is zero almost everywhere, so the "
-                         "Laplace approximation cannot be used (PL §I); use EP or ADF")
+    _instead_of_laplace = "EP or ADF"   # PL collapses on a step (PL §I)
 
     def expected_log_prob(self, y, mean, var):
         raise ValueError("heaviside: E_q[log p(y|f)] is -inf (log 0 on the wrong side of the "

@@ -12,10 +12,10 @@ through the Cholesky factor L of the well-conditioned B = I + S K S, S = T^½ (R
 """
 
 import numpy as np
-from scipy.linalg import lapack
 
-from . import _dense
-from ._linalg import cho_inverse_lower, cholesky_lower, cho_solve_lower, log_det_from_cholesky, solve_lower
+from . import _dense, _lapack
+from ._linalg import (cho_inverse_lower, cholesky_lower, cho_solve_lower, log_det_from_cholesky,
+                      mirror_lower, solve_lower)
 
 
 #: below this site precision diag Σ takes the exact column: the rounding error of 1 − [B⁻¹]_ii
@@ -94,10 +94,10 @@ class SitePosterior:
     def gradient_matrix(self):
         """M = ½ (α αᵀ − R), R = S B⁻¹ S, with ∂ log Z/∂θ_k = Σ_ij M_ij ∂K_ij/∂θ_k at fixed sites
         (R&W Alg. 5.2; NR eq. (13)): one dpotri and one fused pass (gpc._dense)."""
-        B_inv, info = lapack.dpotri(self.L.T, lower=False)       # lower triangle of B⁻¹ (C view)
+        M = self.L.copy()
+        info = _lapack.cholesky_inverse_in_place(M)               # lower triangle of B⁻¹
         if info != 0:  # pragma: no cover - L is a Cholesky factor
             raise RuntimeError(f"dpotri failed with info={info}")
-        M = np.ascontiguousarray(B_inv.T)
         zero = np.zeros(M.shape[0])
         _dense.gaussian_site_gradient_matrix(M, self.sqrt_tau, self.alpha, zero, zero)
         return M
@@ -110,9 +110,23 @@ class SitePosterior:
     def cov(self):
         """Σ = K − K S B⁻¹ S K as an n x n array (computed on first request, O(n³))."""
         if self._cov is None:
-            V = solve_lower(self.L, self.sqrt_tau[:, None] * self.K)
-            self._cov = self.K - V.T @ V
+            self._cov = self.lower_cov()
+            mirror_lower(self._cov)
         return self._cov
+
+    def lower_cov(self):
+        """A new C-ordered n x n array whose lower triangle is Σ (the upper one holds K).
+
+        Σ = K − Vᵀ V with V = L⁻¹ S K: one triangular solve in place (dtrtrs) and one rank-n update
+        (dsyrk), so two n x n buffers besides K and L are alive at the peak (issue 16's memory
+        budget), against four for the product written out."""
+        if self._cov is not None:
+            return self._cov.copy()
+        Vt = self.K * self.sqrt_tau[None, :]     # rows: the columns S K e_j (K symmetric)
+        _lapack.solve_triangular_rows(self.L, Vt, False)     # rows: the columns of V
+        Sigma = self.K.copy()
+        _lapack.subtract_row_gram_lower(Vt, Sigma)           # Σ_ab = K_ab − v_aᵀ v_b
+        return Sigma
 
     def diag_cov(self):
         """diag Σ, the posterior marginal variances.
@@ -127,10 +141,10 @@ class SitePosterior:
             else:
                 tau = self.site_precision
                 # diag B⁻¹ = column sums of (L⁻¹)²: one triangular inverse (dtrtri, half a dpotri)
-                Linv, info = lapack.dtrtri(self.L.T, lower=False)   # (L⁻¹)ᵀ in Fortran order
+                Linv = self.L.copy()
+                info = _lapack.triangular_inverse_in_place(Linv)    # L⁻¹, C order, lower
                 if info != 0:  # pragma: no cover
                     raise RuntimeError(f"dtrtri failed with info={info}")
-                Linv = Linv.T                                       # L⁻¹, C order, lower
                 diag_B_inv = np.einsum("ij,ij->j", Linv, Linv)
                 d = np.empty(len(tau))
                 ok = tau > TINY_SITE_PRECISION
@@ -207,6 +221,10 @@ class SignedSitePosterior:
 
     def cov(self):
         return self._cov
+
+    def lower_cov(self):
+        """A new C-ordered copy of Σ (both triangles)."""
+        return np.array(self._cov, dtype=np.float64, order="C")
 
     def diag_cov(self):
         return np.diag(self._cov).copy()

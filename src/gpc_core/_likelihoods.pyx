@@ -571,42 +571,19 @@ def log_prob_derivatives_vec(int kind, double eps, const double[::1] gh_nodes,
     return a0, a1, a2, a3, bad
 
 
-def tilted_moments_vec(int kind, double eps, const double[::1] gh_nodes, const double[::1] gh_weights,
-                       const double[::1] y, const double[::1] cav_mean, const double[::1] cav_var):
-    """(log Z, mean, var, first failing index or -1)."""
-    cdef LikelihoodSpec spec
-    make_spec(&spec, kind, eps, gh_nodes, gh_weights, None)
-    cdef Py_ssize_t n = y.shape[0], i, bad = -1
-    _check_len(n, (cav_mean, cav_var))
-    a0 = np.empty(n); a1 = np.empty(n); a2 = np.empty(n)
-    cdef double[::1] o0 = a0, o1 = a1, o2 = a2
-    with nogil:
-        for i in range(n):
-            if tilted_moments(&spec, y[i], cav_mean[i], cav_var[i], &o0[i], &o1[i], &o2[i]) != 0 and bad < 0:
-                bad = i
-    return a0, a1, a2, bad
+ctypedef int (*three_moments_fn)(const LikelihoodSpec*, double, double, double,
+                                 double*, double*, double*) noexcept nogil
 
 
-def slr_moments_vec(int kind, double eps, const double[::1] gh_nodes, const double[::1] gh_weights,
-                    const double[::1] mean, const double[::1] var):
-    """(mu_y, cov_fy, var_y, first failing index or -1)."""
-    cdef LikelihoodSpec spec
-    make_spec(&spec, kind, eps, gh_nodes, gh_weights, None)
-    cdef Py_ssize_t n = mean.shape[0], i, bad = -1
-    _check_len(n, (var,))
-    a0 = np.empty(n); a1 = np.empty(n); a2 = np.empty(n)
-    cdef double[::1] o0 = a0, o1 = a1, o2 = a2
-    with nogil:
-        for i in range(n):
-            if slr_moments(&spec, mean[i], var[i], &o0[i], &o1[i], &o2[i]) != 0 and bad < 0:
-                bad = i
-    return a0, a1, a2, bad
+cdef int _slr_moments_ignoring_y(const LikelihoodSpec* spec, double y, double mean, double var,
+                                 double* o0, double* o1, double* o2) noexcept nogil:
+    return slr_moments(spec, mean, var, o0, o1, o2)
 
 
-def expected_log_prob_vec(int kind, double eps, const double[::1] gh_nodes,
-                          const double[::1] gh_weights, const double[::1] y,
-                          const double[::1] mean, const double[::1] var):
-    """(E log p, d/dmean, d/dvar, first failing index or -1)."""
+cdef tuple _three_moments_vec(three_moments_fn fn, int kind, double eps, const double[::1] gh_nodes,
+                              const double[::1] gh_weights, const double[::1] y,
+                              const double[::1] mean, const double[::1] var):
+    """``fn`` at every (y_i, mean_i, var_i): three output arrays and the first failing index or -1."""
     cdef LikelihoodSpec spec
     make_spec(&spec, kind, eps, gh_nodes, gh_weights, None)
     cdef Py_ssize_t n = y.shape[0], i, bad = -1
@@ -615,9 +592,29 @@ def expected_log_prob_vec(int kind, double eps, const double[::1] gh_nodes,
     cdef double[::1] o0 = a0, o1 = a1, o2 = a2
     with nogil:
         for i in range(n):
-            if expected_log_prob(&spec, y[i], mean[i], var[i], &o0[i], &o1[i], &o2[i]) != 0 and bad < 0:
+            if fn(&spec, y[i], mean[i], var[i], &o0[i], &o1[i], &o2[i]) != 0 and bad < 0:
                 bad = i
     return a0, a1, a2, bad
+
+
+def tilted_moments_vec(int kind, double eps, const double[::1] gh_nodes, const double[::1] gh_weights,
+                       const double[::1] y, const double[::1] cav_mean, const double[::1] cav_var):
+    """(log Z, mean, var, first failing index or -1)."""
+    return _three_moments_vec(tilted_moments, kind, eps, gh_nodes, gh_weights, y, cav_mean, cav_var)
+
+
+def slr_moments_vec(int kind, double eps, const double[::1] gh_nodes, const double[::1] gh_weights,
+                    const double[::1] mean, const double[::1] var):
+    """(mu_y, cov_fy, var_y, first failing index or -1)."""
+    return _three_moments_vec(_slr_moments_ignoring_y, kind, eps, gh_nodes, gh_weights,
+                              np.ones(mean.shape[0]), mean, var)
+
+
+def expected_log_prob_vec(int kind, double eps, const double[::1] gh_nodes,
+                          const double[::1] gh_weights, const double[::1] y,
+                          const double[::1] mean, const double[::1] var):
+    """(E log p, d/dmean, d/dvar, first failing index or -1)."""
+    return _three_moments_vec(expected_log_prob, kind, eps, gh_nodes, gh_weights, y, mean, var)
 
 
 def predictive_probability_vec(int kind, double eps, const double[::1] gh_nodes,

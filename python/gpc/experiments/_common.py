@@ -1,4 +1,4 @@
-"""Helpers shared by the reproductions: method availability, whitening, progress bars, data paths."""
+"""Helpers shared by the reproductions: whitening, progress bars, data paths."""
 
 import contextlib
 import os
@@ -8,35 +8,6 @@ from importlib import resources
 import numpy as np
 
 from ..exceptions import ConvergenceWarning
-from ..inference import METHODS
-
-#: where each inference method comes from (for the message when a build lacks it)
-METHOD_ORIGIN = {
-    "laplace": "issue 2 (Laplace)",
-    "ep": "issue 3 (EP, sequential and parallel)",
-    "pl": "issue 3 (posterior linearisation, sequential and parallel)",
-    "kl": "issue 4 (KL)",
-    "vb": "issue 4 (VB)",
-    "mf-ensemble": "issue 4 (mean field I)",
-    "mf-naive": "issue 4 (mean field II)",
-    "online": "issue 4 (online ADF)",
-}
-
-
-class MissingMethodError(RuntimeError):
-    """An experiment needs an inference method that this build does not have."""
-
-
-def require_methods(experiment, methods):
-    """Raise MissingMethodError naming every method of ``methods`` that is not in this build."""
-    missing = [m for m in dict.fromkeys(methods) if m not in METHODS]
-    if missing:
-        names = ", ".join(f"{m!r} ({METHOD_ORIGIN.get(m, 'unknown')})" for m in missing)
-        raise MissingMethodError(
-            f"{experiment} needs inference method(s) {names}, which this build of gpc does not have "
-            f"(available: {', '.join(sorted(METHODS))}); pass --methods with available ones for a "
-            "partial run")
-
 
 def data_path(filename):
     """Path of a CSV shipped inside the package (works from a wheel and an editable install)."""

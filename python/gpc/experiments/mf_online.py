@@ -22,7 +22,7 @@ import numpy as np
 from .. import datasets
 from ..inference import infer
 from ..kernels import Polynomial
-from ._common import progress as _progress, require_methods, standardise
+from ._common import progress as _progress, standardise
 
 #: data set -> number of training points (the rest is the test set)
 SPLITS = {"sonar": 104, "crabs": 80}
@@ -77,7 +77,6 @@ def trajectory(X_tr, y_tr, X_te, y_te, n_sweeps=3, show=False, desc=None):
 
 
 def run(dataset_names=DATASETS, n_sweeps=3, seed=0, show=True):
-    require_methods("mf-online", ["online"])
     out = {}
     for name in dataset_names:
         if name not in SPLITS:

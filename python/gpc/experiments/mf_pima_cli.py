@@ -8,7 +8,7 @@ and returns JSON records.
 
 import numpy as np
 
-from ._common import require_methods, data_path
+from ._common import data_path
 
 
 def add_arguments(parser):
@@ -30,7 +30,6 @@ def records_from_rows(rows):
 
 
 def run(max_iter=200):
-    require_methods("mf-pima", ["mf-ensemble", "mf-naive"])
     from . import mf_pima
     rows = mf_pima.run(data_path("pima_tr.csv"), data_path("pima_te.csv"), max_iter=max_iter)
     return rows

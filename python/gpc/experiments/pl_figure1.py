@@ -14,7 +14,7 @@ from ..exceptions import NegativeVarianceError
 from ..inference import infer
 from ..inference._sites import run_schedule
 from ..likelihoods import NoisyThreshold
-from ._common import count_convergence_warnings, require_methods
+from ._common import count_convergence_warnings
 
 PRIOR_MEAN = np.array([-0.5, -3.0])
 PRIOR_COV = np.array([[1.0, 0.8], [0.8, 1.0]])
@@ -109,7 +109,6 @@ def _infer(method, schedule, max_iter=None, order=(0, 1), **options):
 
 def run(n_iter=20, progress=False):
     """Returns a dict: exact moments, PL results and path, EP outcomes (with the paper's numbers)."""
-    require_methods("pl-figure1", ["pl", "ep"])
     exact = exact_posterior()
     out = {"exact": exact, "pl": {}, "ep": {}}
     with count_convergence_warnings():

@@ -21,7 +21,7 @@ from .. import datasets
 from ..classifier import GaussianProcessClassifier
 from ..kernels import ConstantKernel, RBF, WhiteKernel
 from ..likelihoods import DEFAULT_GH_ORDER, Logit, NoisyThreshold, Probit
-from ._common import count_convergence_warnings, map_tasks, mean_se, require_methods, whiten
+from ._common import count_convergence_warnings, map_tasks, mean_se, whiten
 from .compare import stratified_folds
 
 DATASETS = ("breast_cancer", "crabs", "glass", "ionosphere", "thyroid", "housing")
@@ -151,7 +151,6 @@ def run(dataset_names=DATASETS, likelihoods=LIKELIHOODS, methods=METHODS, n_fold
     for lik in likelihoods:
         if lik not in LIKELIHOODS:
             raise ValueError(f"unknown likelihood {lik!r} for pl-table1; choose from {', '.join(LIKELIHOODS)}")
-    require_methods("pl-table1", [LABELS[m][0] for m in methods])
     data = {d: load(d) for d in dataset_names}
     table = cells(dataset_names, likelihoods, methods, gh_orders)
     tasks, keys = [], []

@@ -35,9 +35,7 @@ import warnings
 
 import numpy as np
 
-from scipy.linalg import lapack
-
-from .. import _dense, _site_rule, _sweeps
+from .. import _dense, _lapack, _site_rule, _sweeps
 from .._linalg import cho_solve_upper_f
 from ..exceptions import ConvergenceWarning, NegativeVarianceError, NotPositiveDefiniteError
 from ..posterior import TINY_SITE_PRECISION, SitePosterior, site_posterior
@@ -96,6 +94,14 @@ def _moments(K, tau, nu, m0):
     return post, post.mean.copy(), post.diag_cov().copy()
 
 
+def _sweep_state(K, tau, nu, m0):
+    """(μ, Σ) from the sites for the sequential sweep, Σ held in its lower triangle (C order)."""
+    if not np.any(tau) and not np.any(nu):
+        return m0.copy(), K.copy()
+    post = site_posterior(K, tau, nu, m0)
+    return post.mean.copy(), post.lower_cov()
+
+
 class ParallelMarginals:
     """Marginals μ, diag Σ of the site posterior for the parallel schedule, refactored in place.
 
@@ -141,10 +147,9 @@ class ParallelMarginals:
         s = np.sqrt(tau)
         L = self._buffer(dtype, 0)
         _dense.fill_b(K, s, L)
-        potrf, trtri = ((lapack.spotrf, lapack.strtri) if dtype == np.float32
-                        else (lapack.dpotrf, lapack.dtrtri))
+
         # C-order lower triangle = Fortran 'upper' of the transpose
-        _, info = potrf(L.T, lower=False, clean=False, overwrite_a=True)
+        info = _lapack.cholesky_in_place(L)
         if info != 0:
             return False
         b = nu - tau * m0
@@ -153,7 +158,7 @@ class ParallelMarginals:
         self.mu = m0 + K @ self.alpha
         Linv = self._buffer(dtype, 1)
         np.copyto(Linv, L)
-        _, info = trtri(Linv.T, lower=False, overwrite_c=True)
+        info = _lapack.triangular_inverse_in_place(Linv)
         if info != 0:  # pragma: no cover - a Cholesky factor has a positive diagonal
             return False
         diag_B_inv = np.empty(self.n)
@@ -190,7 +195,6 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
     spec = likelihood.compiled_spec()
     code_rule, code_neg = RULES[rule], ON_NEGATIVE[on_negative]
     next_order = visiting_order(n, order, random_state)
-    post, mu, var = _moments(K, tau, nu, m0)
     marginals = ParallelMarginals(K, m0) if schedule == "parallel" else None
     n_fixed = 0
     converged = False
@@ -199,8 +203,12 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
         block = min(DEFAULT_BLOCK if block is None else int(block), n)
         if block < 1:
             raise ValueError("block must be a positive integer")
-        Sigma = K.copy() if post is None else _lower_cov(post)
+        mu, Sigma = _sweep_state(K, tau, nu, m0)   # the sweep keeps Σ itself, not a factor
+        var = np.diag(Sigma).copy()
+        post = None
         work = np.empty((2 * block + 3, n))
+    else:
+        post, mu, var = _moments(K, tau, nu, m0)
     for n_iter in range(1, max_iter + 1):
         tau_old, nu_old, mu_old, var_old = tau.copy(), nu.copy(), mu.copy(), var.copy()
         if schedule == "sequential":
@@ -211,8 +219,9 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
             n_fixed += fixed
             var = np.diag(Sigma).copy()
             if n_iter % RECOMPUTE_EVERY == 0:
-                post, mu, var = _moments(K, tau, nu, m0)
-                Sigma = K.copy() if post is None else _lower_cov(post)
+                Sigma = None            # freed before the refactorisation: peak K, L, V, Σ (issue 16)
+                mu, Sigma = _sweep_state(K, tau, nu, m0)
+                var = np.diag(Sigma).copy()
         else:
             new_tau, new_nu = tau.copy(), nu.copy()
             status, index, value, fixed = _site_rule.parallel_update(
@@ -244,6 +253,7 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
     if from_marginals and not marginals.single:
         post = marginals.posterior()
     elif schedule == "sequential" or post is None or from_marginals:
+        Sigma = post = None             # freed before the final factorisation
         # the final posterior from the sites (not from the updates), also when every site is empty
         # or when the run stopped after a single-precision sweep
         post = site_posterior(K, tau, nu, m0)
@@ -261,11 +271,6 @@ def _site_change(tau, nu, tau_old, nu_old):
     """Largest change of a site parameter, relative to 1 + |value|."""
     return max(np.max(np.abs(tau - tau_old) / (1.0 + np.abs(tau))),
                np.max(np.abs(nu - nu_old) / (1.0 + np.abs(nu))))
-
-
-def _lower_cov(post):
-    """Σ as a C-ordered array whose lower triangle the sweep maintains."""
-    return np.ascontiguousarray(post.cov(), dtype=np.float64).copy()
 
 
 def _raise_for(status, index, value, likelihood):

@@ -20,9 +20,9 @@ import functools
 import warnings
 
 import numpy as np
-from scipy.linalg import blas, lapack
+from scipy.linalg import blas
 
-from .. import _dense
+from .. import _dense, _lapack
 from .._linalg import cho_solve_upper_f, cholesky_lower
 from ..exceptions import ConvergenceWarning
 from ..posterior import SitePosterior
@@ -74,9 +74,9 @@ class _NewtonMatrix:
         self.W = W
         self.sW = np.sqrt(W)
         _dense.fill_b(K, self.sW, buffer)
-        c, info = lapack.spotrf(buffer.T, lower=False, clean=False, overwrite_a=True)
+        info = _lapack.cholesky_in_place(buffer)
         if info == 0:
-            self.c = c
+            self.c = buffer.T                    # the factor as LAPACK's upper triangle
         else:
             _, L = _factor(K, W)
             self.c = L.T
@@ -272,7 +272,7 @@ def _gradient_matrix(posterior, g, d3):
     K, W, sW, a = posterior.K, posterior.site_precision, posterior.sqrt_tau, posterior.alpha
     n = K.shape[0]
     Binv = posterior.take_factor()  # lower triangle: L, then B⁻¹ (LAPACK 'U' on the Fortran view)
-    _, info = lapack.dpotri(Binv.T, lower=False, overwrite_c=True)
+    info = _lapack.cholesky_inverse_in_place(Binv)
     if info != 0:  # pragma: no cover - L is a Cholesky factor
         raise RuntimeError(f"dpotri failed with info={info}")
     diag_Binv = np.diag(Binv).copy()

@@ -1,0 +1,104 @@
+# LAPACK/BLAS on gpc's C-ordered lower-triangular matrices, with the GIL released (issue 16).
+#
+# scipy's Python-level wrappers hold the GIL for the whole call, so threads (one-vs-rest problems
+# under n_jobs, several estimators in one process) could not overlap their O(n^3) work.  These
+# entry points call scipy's cython_lapack / cython_blas inside `nogil`.
+#
+# Layout: an n x n C-ordered array is its transpose in Fortran order, so the lower triangle we hold
+# is LAPACK's 'U' triangle (lda = n).  A factor L (A = L L^T) is therefore LAPACK's U = L^T.
+# Right-hand sides are given as rows: a C-ordered (k, n) array is a Fortran (n, k) matrix of k
+# columns.  Shapes are checked here; nothing past these checks trusts the caller.
+
+from scipy.linalg.cython_blas cimport dsyrk, dtrsm, strsm
+from scipy.linalg.cython_lapack cimport dpotrf, dpotri, dtrtri, spotrf, strtri
+
+ctypedef fused real:
+    float
+    double
+
+
+cdef int _check_square(Py_ssize_t rows, Py_ssize_t cols, str name) except -1:
+    if rows != cols or rows < 1:
+        raise ValueError(f"{name} must be a non-empty square matrix, got {rows} x {cols}")
+    return 0
+
+
+cdef void _zero_upper(real* a, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i, j
+    for i in range(n):
+        for j in range(i + 1, n):
+            a[i * n + j] = 0
+
+
+def cholesky_in_place(real[:, ::1] A):
+    """A (lower triangle) := L with A = L L^T; strict upper triangle zeroed.  Returns LAPACK's info
+    (0 on success, k > 0 when the leading minor of order k is not positive definite)."""
+    _check_square(A.shape[0], A.shape[1], "A")
+    cdef int n = <int> A.shape[0], info = 0
+    cdef char uplo = b'U'
+    with nogil:
+        if real is double:
+            dpotrf(&uplo, &n, &A[0, 0], &n, &info)
+        else:
+            spotrf(&uplo, &n, &A[0, 0], &n, &info)
+        if info == 0:
+            _zero_upper(&A[0, 0], n)
+    return info
+
+
+def triangular_inverse_in_place(real[:, ::1] L):
+    """L (lower triangular, non-unit) := L^-1.  Returns LAPACK's info."""
+    _check_square(L.shape[0], L.shape[1], "L")
+    cdef int n = <int> L.shape[0], info = 0
+    cdef char uplo = b'U', diag = b'N'
+    with nogil:
+        if real is double:
+            dtrtri(&uplo, &diag, &n, &L[0, 0], &n, &info)
+        else:
+            strtri(&uplo, &diag, &n, &L[0, 0], &n, &info)
+    return info
+
+
+def cholesky_inverse_in_place(double[:, ::1] L):
+    """L (a lower Cholesky factor of B) := the lower triangle of B^-1 (dpotri).  Returns info."""
+    _check_square(L.shape[0], L.shape[1], "L")
+    cdef int n = <int> L.shape[0], info = 0
+    cdef char uplo = b'U'
+    with nogil:
+        dpotri(&uplo, &n, &L[0, 0], &n, &info)
+    return info
+
+
+def solve_triangular_rows(const real[:, ::1] L, real[:, ::1] B, bint transpose):
+    """Each row b of B (k x n) := L^-1 b, or L^-T b with ``transpose`` (L lower, n x n)."""
+    _check_square(L.shape[0], L.shape[1], "L")
+    if B.shape[1] != L.shape[0]:
+        raise ValueError(f"right-hand sides have length {B.shape[1]}, the factor is {L.shape[0]} x "
+                         f"{L.shape[0]}")
+    if B.shape[0] == 0:
+        return
+    cdef int n = <int> L.shape[0], k = <int> B.shape[0]
+    # Fortran sees U = L^T: L x = b is U^T x = b ('T'), L^T x = b is U x = b ('N')
+    cdef char side = b'L', uplo = b'U', diag = b'N'
+    cdef char trans = b'N' if transpose else b'T'
+    cdef real one = 1
+    with nogil:
+        if real is double:
+            dtrsm(&side, &uplo, &trans, &diag, &n, &k, &one, <double*> &L[0, 0], &n, &B[0, 0], &n)
+        else:
+            strsm(&side, &uplo, &trans, &diag, &n, &k, &one, <float*> &L[0, 0], &n, &B[0, 0], &n)
+
+
+def subtract_row_gram_lower(const double[:, ::1] B, double[:, ::1] C):
+    """C (k x k, lower triangle) -= B B^T for B (k x n): C_ab -= <row a, row b> (dsyrk)."""
+    _check_square(C.shape[0], C.shape[1], "C")
+    if B.shape[0] != C.shape[0]:
+        raise ValueError(f"B has {B.shape[0]} rows, C is {C.shape[0]} x {C.shape[0]}")
+    if B.shape[1] == 0:
+        return
+    cdef int k = <int> B.shape[0], n = <int> B.shape[1]
+    # Fortran sees W = B^T (n x k, lda n) and C's lower triangle as 'U': C -= W^T W ('T')
+    cdef char uplo = b'U', trans = b'T'
+    cdef double minus_one = -1.0, one = 1.0
+    with nogil:
+        dsyrk(&uplo, &trans, &k, &n, &minus_one, <double*> &B[0, 0], &n, &one, &C[0, 0], &k)

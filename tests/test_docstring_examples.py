@@ -1,0 +1,16 @@
+"""The Examples sections of the estimators' docstrings run and print what they show (doctest)."""
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = ["gpc.classifier"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples_run(name):
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0, f"{name} has no docstring example"
+    assert result.failed == 0
