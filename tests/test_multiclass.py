@@ -87,6 +87,8 @@ def test_bad_parameters_raise():
         MultiClassGPC(b0=-1.0).fit(X, y)
     with pytest.raises(ValueError, match="shared_kernel"):
         MultiClassGPC(model="heavy-tailed", shared_kernel=False).fit(X, y)
+    with pytest.raises(ValueError, match="n_jobs"):
+        MultiClassGPC(n_jobs=0).fit(X, y)
 
 
 def test_type2_ml_raises_the_evidence():

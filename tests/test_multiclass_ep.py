@@ -151,3 +151,19 @@ def test_typed_beta_projection_matches_the_log_moments():
     np.testing.assert_allclose([trigamma_py(x) for x in xs], zeta(2.0, xs), rtol=1e-12)
     with pytest.raises(ValueError, match="a_c > 0"):
         beta_projection_py(-1.0, 1.0, 0.5)
+
+
+def test_threaded_class_blocks_give_the_same_fixed_point():
+    """The l class blocks are independent given the sites, so running them in threads changes only
+    the order in which they finish: the same iterates bit for bit (BLAS pinned to one thread)."""
+    rng = np.random.default_rng(7)
+    X = rng.normal(size=(30, 2))
+    y = np.arange(30) % 4
+    K = RBF(1.0)(X)
+    one = rmgpc_ep([K] * 4, y, 4, max_iter=40, tol=1e-8)
+    two = rmgpc_ep([K] * 4, y, 4, max_iter=40, tol=1e-8, n_threads=2)
+    assert one.n_iter == two.n_iter
+    assert one.log_evidence == two.log_evidence
+    np.testing.assert_array_equal(one.outlier_probability, two.outlier_probability)
+    for c1, c2 in zip(one.classes, two.classes):
+        np.testing.assert_array_equal(c1.mean, c2.mean)

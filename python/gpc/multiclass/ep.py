@@ -25,6 +25,7 @@ Gaussians.
 
 import copy
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -183,7 +184,7 @@ def _likelihood_moments(m_t, v_t, m_o, v_o, log_p_cav, log_c):
 
 
 def rmgpc_ep(Ks, y, n_classes, a0=1.0, b0=9.0, robust=True, max_iter=500, tol=1e-6, damping=0.5,
-             anneal=0.99, anneal_floor=0.05, min_damping=1e-6, init=None):
+             anneal=0.99, anneal_floor=0.05, min_damping=1e-6, init=None, n_threads=1):
     """Run RMGPC's EP (§3) to a fixed point.
 
     Parameters
@@ -212,6 +213,10 @@ def rmgpc_ep(Ks, y, n_classes, a0=1.0, b0=9.0, robust=True, max_iter=500, tol=1e
         Halving below this raises NotPositiveDefiniteError.
     init : MultiClassEPResult, optional
         Warm start from a previous result on the same labels (the optimiser's previous θ).
+    n_threads : int, default 1
+        Threads over the l class blocks (each block's Cholesky, triangular solve and products run in
+        LAPACK/BLAS with the GIL released; the blocks are independent given the sites).  The result
+        does not depend on it.
 
     Returns
     -------
@@ -225,6 +230,26 @@ def rmgpc_ep(Ks, y, n_classes, a0=1.0, b0=9.0, robust=True, max_iter=500, tol=1e
         if key not in factors:
             factors[key] = cholesky_lower(K, name="K")[0]
         Ls.append(factors[key])
+    pool = ThreadPoolExecutor(max_workers=int(n_threads)) if n_threads > 1 and l > 1 else None
+    try:
+        return _run(Ls, y, n, l, a0, b0, robust, max_iter, tol, damping, anneal, anneal_floor,
+                    min_damping, init, pool)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+
+
+def _class_posteriors(Ls, tau, eta, pool):
+    """Every class's posterior; in ``pool``'s threads when given (a failure is raised either way)."""
+    blocks = range(len(Ls))
+    if pool is None:
+        return [_class_posterior(Ls[k], tau[:, k], eta[:, k]) for k in blocks]
+    return list(pool.map(lambda k: _class_posterior(Ls[k], tau[:, k], eta[:, k]), blocks))
+
+
+def _run(Ls, y, n, l, a0, b0, robust, max_iter, tol, damping, anneal, anneal_floor, min_damping,
+         init, pool):
+    """rmgpc_ep's iteration, with the class factors ``Ls`` computed."""
     sites = _Sites(y, l)
     a, b = float(a0), float(b0)
     if init is not None and init.sites is not None and np.array_equal(init.sites.y, y):
@@ -237,11 +262,11 @@ def rmgpc_ep(Ks, y, n_classes, a0=1.0, b0=9.0, robust=True, max_iter=500, tol=1e
     history, converged = [], False
     tau, eta = sites.class_sites()
     try:
-        post = [_class_posterior(Ls[k], tau[:, k], eta[:, k]) for k in range(l)]
+        post = _class_posteriors(Ls, tau, eta, pool)
     except NotPositiveDefiniteError:     # a warm start that does not fit these K: start cold
         sites, a, b = _Sites(y, l), float(a0), float(b0)
         tau, eta = sites.class_sites()
-        post = [_class_posterior(Ls[k], tau[:, k], eta[:, k]) for k in range(l)]
+        post = _class_posteriors(Ls, tau, eta, pool)
     means = np.column_stack([p.mean for p in post])
     varis = np.column_stack([p.var for p in post])
 
@@ -290,7 +315,7 @@ def rmgpc_ep(Ks, y, n_classes, a0=1.0, b0=9.0, robust=True, max_iter=500, tol=1e
                 sites.lam = np.where(ok, e * lam_new + (1 - e) * old[4], old[4])
             tau, eta = sites.class_sites()
             try:
-                post = [_class_posterior(Ls[k], tau[:, k], eta[:, k]) for k in range(l)]
+                post = _class_posteriors(Ls, tau, eta, pool)
                 break
             except NotPositiveDefiniteError:
                 damping *= 0.5
@@ -316,7 +341,7 @@ def rmgpc_ep(Ks, y, n_classes, a0=1.0, b0=9.0, robust=True, max_iter=500, tol=1e
         damping = max(damping * anneal, min(damping, anneal_floor))
     if not converged:
         warnings.warn(f"RMGPC EP did not converge in {max_iter} iterations", ConvergenceWarning,
-                      stacklevel=2)
+                      stacklevel=3)
     log_z = _log_evidence(sites, post, means, varis, a, b, a0, b0, robust, log_c, cavities)
     p_out = expit(z_log_odds()) if robust else np.zeros(n)
     return MultiClassEPResult(classes=post, outlier_probability=p_out, a=a, b=b, log_evidence=log_z,

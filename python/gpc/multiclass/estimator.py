@@ -51,6 +51,9 @@ class MultiClassGPC(_ClassifierMixin, _Base):
     n_restarts_optimizer : int
     max_iter, tol : EP's iteration limit and tolerance.
     random_state : seed for the restarts.
+    n_jobs : int or None
+        Threads over EP's l class blocks (None or 1: none; -1: one per core).  The fit does not
+        depend on it.
 
     Attributes
     ----------
@@ -63,7 +66,7 @@ class MultiClassGPC(_ClassifierMixin, _Base):
 
     def __init__(self, kernel=None, model="robust", a0=1.0, b0=9.0, shared_kernel=True,
                  optimizer="fmin_l_bfgs_b", n_restarts_optimizer=0, max_iter=500, tol=1e-4,
-                 random_state=None):
+                 random_state=None, n_jobs=None):
         self.kernel = kernel
         self.model = model
         self.a0 = a0
@@ -74,6 +77,7 @@ class MultiClassGPC(_ClassifierMixin, _Base):
         self.max_iter = max_iter
         self.tol = tol
         self.random_state = random_state
+        self.n_jobs = n_jobs
 
     # -- validation -----------------------------------------------------------------------------
     def _check_X(self, X, fitting):
@@ -102,6 +106,14 @@ class MultiClassGPC(_ClassifierMixin, _Base):
         check_positive_int(self.max_iter, "max_iter")
         check_positive_float(self.tol, "tol")
         check_positive_int(self.n_restarts_optimizer, "n_restarts_optimizer", minimum=0)
+        if self.n_jobs is not None and self.n_jobs != -1:
+            check_positive_int(self.n_jobs, "n_jobs")
+
+    def _threads(self):
+        import os
+        if self.n_jobs is None:
+            return 1
+        return max(1, os.cpu_count() or 1) if self.n_jobs == -1 else int(self.n_jobs)
 
     # -- the evidence as a function of θ ------------------------------------------------------------
     def _unpack(self, theta):
@@ -145,7 +157,7 @@ class MultiClassGPC(_ClassifierMixin, _Base):
         Ks, cache = self._matrices(kernels, noise, X)
         res = rmgpc_ep(Ks, y, self.n_classes_, a0=self.a0, b0=self.b0,
                        robust=self.model == "robust", max_iter=self.max_iter, tol=self.tol,
-                       init=init)
+                       init=init, n_threads=self._threads())
         if not eval_gradient:
             return res
         Ms = res.gradient_matrices()
