@@ -59,7 +59,7 @@ def cpu_time(fn):
     return time.process_time() - t0, out
 
 
-def compare(name, models, repeats):
+def compare(name, models, repeats, max_iter=500, tol=1e-4):
     from sklearn.gaussian_process import GaussianProcessClassifier as SkGPC
     from sklearn.gaussian_process.kernels import RBF as SkRBF
     X, y = load(name)
@@ -67,18 +67,20 @@ def compare(name, models, repeats):
     for _ in range(repeats):
         times["sklearn"].append(cpu_time(lambda: SkGPC(kernel=SkRBF(1.0)).fit(X, y))[0])
         for m in models:
-            times[m].append(cpu_time(lambda: MultiClassGPC(model=m, kernel=RBF(1.0)).fit(X, y))[0])
+            times[m].append(cpu_time(lambda: MultiClassGPC(model=m, kernel=RBF(1.0), max_iter=max_iter,
+                                                           tol=tol).fit(X, y))[0])
     base = min(times["sklearn"])
-    print(f"\n[{name}: n = {len(y)}, l = {len(np.unique(y))}] fit CPU time, min of {repeats}")
+    print(f"\n[{name}: n = {len(y)}, l = {len(np.unique(y))}] fit CPU time, min of {repeats} "
+          f"(MultiClassGPC max_iter={max_iter}, tol={tol:g})")
     for m, ts in times.items():
         print(f"  {m:<14s} {min(ts):8.2f} s   {min(ts) / base:6.2f} x sklearn")
 
 
-def profile(name):
+def profile(name, max_iter=500, tol=1e-4):
     X, y = load(name)
     prof = cProfile.Profile()
     prof.enable()
-    clf = MultiClassGPC(model="robust", kernel=RBF(1.0)).fit(X, y)
+    clf = MultiClassGPC(model="robust", kernel=RBF(1.0), max_iter=max_iter, tol=tol).fit(X, y)
     prof.disable()
     stats = pstats.Stats(prof).stats
     total = sum(v[2] for v in stats.values())          # internal time of every function
@@ -120,6 +122,8 @@ def main():
     parser.add_argument("--models", nargs="+", default=["robust", "standard", "heavy-tailed"])
     parser.add_argument("--datasets", nargs="+", default=list(DATA))
     parser.add_argument("--block-n", type=int, default=400)
+    parser.add_argument("--max-iter", type=int, default=500, help="MultiClassGPC's max_iter")
+    parser.add_argument("--tol", type=float, default=1e-4, help="MultiClassGPC's tol")
     parser.add_argument("--skip-fits", action="store_true", help="only the threads measurement")
     args = parser.parse_args()
     from threadpoolctl import threadpool_limits
@@ -128,9 +132,9 @@ def main():
         print(f"BLAS threads: {args.threads}")
         if not args.skip_fits:
             for name in args.datasets:
-                compare(name, args.models, args.repeats)
+                compare(name, args.models, args.repeats, args.max_iter, args.tol)
             for name in args.datasets:
-                profile(name)
+                profile(name, args.max_iter, args.tol)
         threads(args.block_n, args.repeats)
 
 
