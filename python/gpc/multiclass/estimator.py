@@ -199,6 +199,8 @@ class MultiClassGPC(_ClassifierMixin, _Base):
                 except (np.linalg.LinAlgError, ArithmeticError, ValueError):
                     return -np.inf, np.zeros_like(t)
                 last["res"] = res
+                if res.log_evidence > last.get("best", (-np.inf,))[0]:
+                    last["best"] = (res.log_evidence, np.array(t, dtype=float), res)
                 return res.log_evidence, grad
             theta, _ = maximise_evidence(objective, theta0, bounds, optimizer=self.optimizer,
                                          n_restarts=self.n_restarts_optimizer,
@@ -208,14 +210,30 @@ class MultiClassGPC(_ClassifierMixin, _Base):
         self.scales_ = None
         if self.model == "heavy-tailed":   # the extra parameters are scales, not noise
             self.scales_, self.noise_ = self.noise_, None
-        self.ep_result_ = self._evidence(theta, X, y_index, eval_gradient=False,
-                                         init=last.get("res"))
+        self.ep_result_ = self._final_state(theta, X, y_index, last)
         self.n_iter_ = self.ep_result_.n_iter
         self.log_marginal_likelihood_value_ = self.ep_result_.log_evidence
         self.outlier_probability_ = (np.zeros(X.shape[0]) if self.model == "heavy-tailed"
                                      else self.ep_result_.outlier_probability.copy())
         self.X_train_ = X
         return self
+
+    def _final_state(self, theta, X, y, last):
+        """The approximation at the chosen θ: the optimiser's own evaluation there when it made one.
+
+        Re-running EP warm-started from the *last* evaluation (another θ) can end elsewhere: in a
+        100-split glass run (rmgpc-glass-outliers) such a re-run stopped the command with a
+        non-positive cavity.  A cold start is the fallback before giving up.
+        """
+        best = last.get("best")
+        if best is not None and np.array_equal(best[1], theta):
+            return best[2]
+        try:
+            return self._evidence(theta, X, y, eval_gradient=False, init=last.get("res"))
+        except (np.linalg.LinAlgError, ArithmeticError, ValueError):
+            if last.get("res") is None:
+                raise
+            return self._evidence(theta, X, y, eval_gradient=False)
 
     # -- prediction -------------------------------------------------------------------------------
     def predict_proba(self, X):
