@@ -85,8 +85,10 @@ def test_bad_parameters_raise():
         MultiClassGPC(model="nope").fit(X, y)
     with pytest.raises(ValueError, match="b0"):
         MultiClassGPC(b0=-1.0).fit(X, y)
-    with pytest.raises(NotImplementedError, match="heavy-tailed"):
-        MultiClassGPC(model="heavy-tailed").fit(X, y)
+    with pytest.raises(ValueError, match="shared_kernel"):
+        MultiClassGPC(model="heavy-tailed", shared_kernel=False).fit(X, y)
+    with pytest.raises(ValueError, match="n_jobs"):
+        MultiClassGPC(n_jobs=0).fit(X, y)
 
 
 def test_type2_ml_raises_the_evidence():
@@ -96,7 +98,31 @@ def test_type2_ml_raises_the_evidence():
     assert fitted.log_marginal_likelihood_value_ > fixed.log_marginal_likelihood_value_ + 1.0
 
 
-def test_check_estimator():
+# HTPC's checks take ~10 s CPU (Laplace on 300-point sets), so they run with the slow tests
+@pytest.mark.parametrize("model", ["robust", pytest.param("heavy-tailed", marks=pytest.mark.slow)])
+def test_check_estimator(model):
     sklearn = pytest.importorskip("sklearn")
     from sklearn.utils.estimator_checks import check_estimator
-    check_estimator(MultiClassGPC(optimizer=None, max_iter=50))
+    check_estimator(MultiClassGPC(model=model, optimizer=None, max_iter=50))
+
+
+def test_final_state_reuses_the_optimum_or_falls_back_to_a_cold_start(monkeypatch):
+    """After type-II ML the estimator keeps the optimiser's own EP result at the chosen θ; at any
+    other θ it re-runs EP warm-started, and when that fails (as it did once on glass) cold."""
+    X, y = _blobs(n_per=6)
+    clf = MultiClassGPC(optimizer=None).fit(X, y)
+    theta = clf.theta_
+    res = clf.ep_result_
+    assert clf._final_state(theta, X, y, {"best": (0.0, theta.copy(), res)}) is res
+    calls = []
+    real = clf._evidence
+
+    def warm_fails(t, X_, y_, eval_gradient=True, init=None):
+        calls.append(init is not None)
+        if init is not None:
+            raise gpc.exceptions.NotPositiveDefiniteError("a cavity variance is not positive")
+        return real(t, X_, y_, eval_gradient, init)
+    monkeypatch.setattr(clf, "_evidence", warm_fails)
+    out = clf._final_state(theta, X, y, {"res": res, "best": (0.0, theta + 1.0, res)})
+    assert calls == [True, False]
+    np.testing.assert_allclose(out.outlier_probability, res.outlier_probability, atol=1e-3)

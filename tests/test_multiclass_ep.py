@@ -131,3 +131,39 @@ def test_outlier_probability_flags_the_mislabelled_point():
     res = rmgpc_ep([RBF(1.0)(X)] * 3, y, 3)
     assert np.argmax(res.outlier_probability) == 2
     assert res.outlier_probability[2] > 0.5 > np.max(np.delete(res.outlier_probability, 2))
+
+
+def test_typed_beta_projection_matches_the_log_moments():
+    """gpc._multiclass's ψ̃ᵢ projection: ψ(a) − ψ(a + b) and ψ(b) − ψ(a + b) of the result equal
+    E log ρ and E log(1 − ρ) of the mixture w₁ Beta(a_c + 1, b_c) + (1 − w₁) Beta(a_c, b_c + 1),
+    computed here by scipy's digamma; Newton stops at a 1e-12 relative step, so 1e-9 is loose."""
+    from scipy.special import zeta
+    from gpc._multiclass import beta_projection_py, trigamma_py
+    for a_c, b_c, w1 in [(1.0, 9.0, 0.05), (2.5, 40.0, 0.9), (0.3, 0.7, 0.5), (30.0, 200.0, 0.0)]:
+        a, b = beta_projection_py(a_c, b_c, w1)
+        s = a_c + b_c
+        e_log_rho = digamma(a_c) + w1 / a_c - digamma(s + 1)
+        e_log_1m = digamma(b_c) + (1 - w1) / b_c - digamma(s + 1)
+        assert digamma(a) - digamma(a + b) == pytest.approx(e_log_rho, abs=1e-9)
+        assert digamma(b) - digamma(a + b) == pytest.approx(e_log_1m, abs=1e-9)
+    # its trigamma against scipy's ζ(2, x): the asymptotic series' truncation is below 3e-14
+    xs = np.geomspace(1e-4, 1e7, 200)
+    np.testing.assert_allclose([trigamma_py(x) for x in xs], zeta(2.0, xs), rtol=1e-12)
+    with pytest.raises(ValueError, match="a_c > 0"):
+        beta_projection_py(-1.0, 1.0, 0.5)
+
+
+def test_threaded_class_blocks_give_the_same_fixed_point():
+    """The l class blocks are independent given the sites, so running them in threads changes only
+    the order in which they finish: the same iterates bit for bit (BLAS pinned to one thread)."""
+    rng = np.random.default_rng(7)
+    X = rng.normal(size=(30, 2))
+    y = np.arange(30) % 4
+    K = RBF(1.0)(X)
+    one = rmgpc_ep([K] * 4, y, 4, max_iter=40, tol=1e-8)
+    two = rmgpc_ep([K] * 4, y, 4, max_iter=40, tol=1e-8, n_threads=2)
+    assert one.n_iter == two.n_iter
+    assert one.log_evidence == two.log_evidence
+    np.testing.assert_array_equal(one.outlier_probability, two.outlier_probability)
+    for c1, c2 in zip(one.classes, two.classes):
+        np.testing.assert_array_equal(c1.mean, c2.mean)

@@ -9,7 +9,8 @@ from gpc.experiments import rmgpc_table2
 
 
 def _args(**kw):
-    base = dict(splits=1, etas=[0.2], datasets=["new-thyroid"], methods=["robust", "standard"], seed=0)
+    base = dict(splits=1, etas=[0.2], datasets=["new-thyroid"], methods=["robust", "standard"], seed=0,
+                max_iter=500, tol=1e-4)
     base.update(kw)
     return argparse.Namespace(**base)
 
@@ -20,14 +21,25 @@ def test_balanced_class_rate():
     assert rmgpc_table2.balanced_class_rate(y, np.zeros(4, int)) == 0.5
 
 
-def test_reduced_run_records():
-    recs = rmgpc_table2.main(_args())
+def test_reduced_run_robust_beats_standard_under_label_noise():
+    """The CI run: new-thyroid, η = 20 %, 2 splits, EP capped at 50 iterations with tol 1e-3 (about
+    5 s CPU; the default 500/1e-4 gives the same BCRs on these splits but 4× the time).
+
+    RMGPC's claim (Table 2, §4.1) is that it beats SMGPC under label noise.  On these two paired
+    splits the full-precision run gives RMGPC +3.0 and +8.3 BCR points over SMGPC; the test demands
+    a mean margin of 3 points, so it fails if the outlier indicators stop helping (RMGPC falling
+    back to SMGPC's behaviour gives a margin near 0)."""
+    recs = rmgpc_table2.main(_args(splits=2, max_iter=50, tol=1e-3))
     assert [(r["dataset"], r["eta"], r["model"]) for r in recs] == [
         ("new-thyroid", 0.2, "robust"), ("new-thyroid", 0.2, "standard")]
+    by = {r["model"]: r for r in recs}
     for r in recs:
-        assert r["n_splits"] == 1
-        # the paper reports 85.9-89.5 % at η = 20 %; one split of 72 test points can be ±15 % off
+        assert r["n_splits"] == 2 and r["bcr_sd"] >= 0
+        # the paper reports 85.9-89.5 % at η = 20 %; two splits of 72 test points can be ±15 % off
         assert 70.0 < r["bcr_mean"] <= 100.0
+    assert by["robust"]["bcr_mean"] >= by["standard"]["bcr_mean"] + 3.0
+    # two paired splits that differ in the same direction: the signed-rank test's smallest p, 0.5
+    assert by["standard"]["wilcoxon_p_vs_robust"] == pytest.approx(0.5)
 
 
 def test_unknown_names_raise():
@@ -35,6 +47,8 @@ def test_unknown_names_raise():
         rmgpc_table2.main(_args(datasets=["svmguide2"]))
     with pytest.raises(ValueError, match="unknown model"):
         rmgpc_table2.main(_args(methods=["htpc"]))
+    with pytest.raises(ValueError, match="--max-iter"):
+        rmgpc_table2.main(_args(max_iter=0))
 
 
 @pytest.mark.slow
@@ -43,3 +57,41 @@ def test_full_table2_rmgpc_beats_smgpc_at_20_percent():
     by = {(r["dataset"], r["model"]): r["bcr_mean"] for r in recs}
     for name in rmgpc_table2.DATASETS:
         assert by[(name, "robust")] >= by[(name, "standard")]
+
+
+def test_glass_outliers_figure1_and_paper_instances(tmp_path):
+    """`gpc reproduce rmgpc-glass-outliers` without Table 3's splits (about 5 s CPU, EP capped at 50
+    iterations with tol 1e-3; the default 500/1e-4 gives the same probabilities to 0.005 at 10× the
+    time).  The issue's bar: at least 5 of the paper's 7 instances with P(z = 1) > 0.5 (the paper
+    has all 7 between 0.51 and 1.00); and RMGPC flags few instances overall (the paper's Fig. 1:
+    most probabilities near 0), so the seven must be among the 10 most probable outliers."""
+    from gpc.experiments import rmgpc_glass_outliers as go
+    args = argparse.Namespace(splits=0, max_iter=50, tol=1e-3, methods=None, datasets=None, seed=0,
+                              plots=str(tmp_path))
+    recs = go.main(args)
+    head, rows = recs[0], recs[1:]
+    assert len(head["outlier_probability"]) == 214
+    assert [r["instance"] for r in rows] == sorted(go.PAPER_PROBABILITY)
+    assert sum(r["outlier_probability"] > 0.5 for r in rows) >= 5
+    assert all(r["rank"] <= 10 for r in rows)
+    assert np.mean(np.asarray(head["outlier_probability"]) < 0.1) > 0.8
+    assert 0.0 < head["rho_mean"] < 0.2      # the Beta(1, 9) prior's mean is 0.1
+    assert all(r["times_in_test"] == 0 and r["test_error_robust"] is None for r in rows)
+    assert (tmp_path / "rmgpc_glass_outliers.png").stat().st_size > 1000
+
+
+def test_glass_outliers_table3_counts_use_the_table2_partition(monkeypatch):
+    """Table 3's bookkeeping: an instance counts for a split exactly when rmgpc-table2's partition
+    puts it in the test part, and a wrong prediction there counts as an error (a stand-in model
+    that predicts class 0 everywhere: wrong exactly for instances not of class index 0)."""
+    from gpc.experiments import rmgpc_glass_outliers as go
+    monkeypatch.setattr(rmgpc_table2, "fit_predict",
+                        lambda model, part, *a: np.zeros(len(part.y_test), dtype=int))
+    counts = go.misclassified_in_test(["robust"], splits=4, seed=0)["robust"]
+    y = np.unique(rmgpc_table2.DATASETS["glass"](binary=False).y, return_inverse=True)[1]
+    for i, (wrong, seen) in counts.items():
+        parts = [rmgpc_table2.split_data("glass", 0.0, s, 0) for s in range(4)]
+        expected_seen = sum(i - 1 in p.test for p in parts)
+        assert seen == expected_seen
+        assert wrong == (seen if y[i - 1] != 0 else 0)
+    assert sum(seen for _, seen in counts.values()) > 0     # splits 2 and 3 hold some of the seven

