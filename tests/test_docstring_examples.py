@@ -5,7 +5,7 @@ import importlib
 
 import pytest
 
-MODULES = ["gpc.classifier", "gpc.sparse.estimator"]
+MODULES = ["gpc.classifier", "gpc.sparse.estimator", "gpc.multiclass.estimator"]
 
 
 @pytest.mark.parametrize("name", MODULES)

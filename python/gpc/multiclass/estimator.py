@@ -62,6 +62,27 @@ class MultiClassGPC(_ClassifierMixin, _Base):
     outlier_probability_ (eq. (21), one per training row in fit order; zeros for "standard" and
     "heavy-tailed"), ep_result_ (the converged EP state, with its damping record; for HTPC the
     Laplace approximation), scales_ (HTPC's b_k; None otherwise).
+
+    Examples
+    --------
+    Ten labels of new-thyroid changed to another class are the ten most probable outliers:
+
+    >>> import numpy as np
+    >>> from gpc import MultiClassGPC
+    >>> from gpc.datasets import load_thyroid
+    >>> from gpc.kernels import RBF
+    >>> data = load_thyroid(binary=False)
+    >>> X = (data.X - data.X.mean(axis=0)) / data.X.std(axis=0)
+    >>> y = data.y.copy()
+    >>> rng = np.random.default_rng(0)
+    >>> flipped = rng.choice(len(y), size=10, replace=False)
+    >>> for i in flipped:
+    ...     y[i] = rng.choice(np.setdiff1d(np.unique(y), [y[i]]))
+    >>> clf = MultiClassGPC(kernel=RBF(2.0), optimizer=None, max_iter=40, tol=1e-3)
+    >>> clf = clf.fit(X, y)
+    >>> top = np.argsort(clf.outlier_probability_)[::-1][:10]
+    >>> sorted(top.tolist()) == sorted(flipped.tolist())
+    True
     """
 
     def __init__(self, kernel=None, model="robust", a0=1.0, b0=9.0, shared_kernel=True,
