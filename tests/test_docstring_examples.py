@@ -23,7 +23,7 @@ def test_every_compiled_module_has_a_type_stub():
 
     root = pathlib.Path(__file__).resolve().parents[1]
     names = re.findall(r"'(_\w+)'", re.search(r"foreach name : \[(.*?)\]",
-                                              (root / "meson.build").read_text()).group(1))
+                                              (root / "meson.build").read_text(), re.S).group(1))
     assert names, "no compiled modules found in meson.build"
     missing = [n for n in names if not (root / "python" / "gpc" / f"{n}.pyi").exists()]
     assert not missing, f"no type stub for {missing}"
