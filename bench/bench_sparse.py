@@ -22,6 +22,7 @@ import tracemalloc
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from gpc import _lapack, _sparse
 from gpc.kernels import RBF, ConstantKernel
 from gpc.likelihoods import get_likelihood
 from gpc.sparse._passes import as_block
@@ -46,10 +47,10 @@ def new_state(X, n=N, tied=False):
     return SEPState(kernel, X[:: max(1, n // M)][:M].copy(), n, 1e-8, True, 1.0, tied=tied)
 
 
-def sep_steps(state, X, y, steps=STEPS):
+def sep_steps(state, X, y, steps=STEPS, first=0):
     lik = get_likelihood("probit")
-    for k in range(steps):
-        start = k * B
+    for k in range(first, first + steps):
+        start = (k * B) % (len(y) - B + 1)
         Xb, yb = as_block(X, start, start + B), y[start:start + B]
         if state.tied:
             tied_minibatch_step(state, lik, Xb, yb, 0.5)
@@ -57,12 +58,90 @@ def sep_steps(state, X, y, steps=STEPS):
             minibatch_step(state, lik, Xb, yb, slice(start, start + B), len(y), 0.5)
 
 
-def blas_floor(state, X, steps=STEPS):
-    kernel, Z = state.kernel, state.Z
-    W = np.random.default_rng(1).standard_normal((M, M))
-    for k in range(steps):
-        Kbm = kernel(np.ascontiguousarray(X[k * B:(k + 1) * B]), Z)
-        Kbm @ W
+class Floor:
+    """What any method must do per minibatch: the kernel block K_bm (the same routine the step
+    uses) and one b x m x m product (scipy's dgemm, the step's BLAS): an epoch is n/b of these."""
+
+    def __init__(self):
+        self.W = np.random.default_rng(1).standard_normal((B, M))
+        self.out = np.empty((M, M))
+
+    def steps(self, state, X, steps=STEPS, first=0):
+        factor = state.factor
+        for k in range(first, first + steps):
+            start = (k * B) % (len(X) - B + 1)
+            Kbm = factor.cross(as_block(X, start, start + B))
+            _sparse.transpose_times(Kbm, self.W, self.out)
+
+
+class StepBLAS:
+    """The BLAS and LAPACK calls of one minibatch step, with its shapes, and nothing else.
+
+    The sequence of :func:`gpc.sparse._train.minibatch_step` (docs/sparse.md, "One minibatch
+    step"): A = K L⁻ᵀ; the cavity marginals R⁻¹a; P + Aᵀ diag(Δτ) A (two dsyrk, rows split by
+    sign); the new P's factor, its inverse and the mean (dpotrf, a recursive triangular inverse,
+    two dgemv); the marginals and A Σ at the new q (two dtrmm); Aᵀ G (dgemm); G L⁻¹ (dtrmm); the
+    K_uu part L⁻ᵀ Φ L⁻¹ (two dtrmm); K_uu's factor and inverse; M = L⁻¹L' and Mᵀ(P - I)M (three
+    dtrmm); the moved q's factor, inverse and mean; and the small b x d x m products of the kernel
+    blocks and their contractions.  Timing it alone gives the step's BLAS time; the rest of a
+    step is the site algebra, the likelihood, the kernel's exp and Python."""
+
+    def __init__(self):
+        rng = np.random.default_rng(2)
+        self.K = np.ascontiguousarray(rng.random((B, M)))
+        self.A, self.Bm, self.work = (np.empty((B, M)) for _ in range(3))
+        S = rng.standard_normal((M, M))
+        self.P0 = S @ S.T / M + np.eye(M)
+        self.L = np.linalg.cholesky(self.P0)
+        self.Li = np.linalg.inv(self.L)
+        self.P, self.R, self.S, self.T = (np.empty((M, M)) for _ in range(4))
+        self.w = rng.standard_normal(B)
+        self.h, self.v, self.mb = np.zeros(M), np.empty(M), np.empty(B)
+        self.Xs, self.Zs = rng.standard_normal((B, D)), rng.standard_normal((M, D))
+
+    def steps(self, steps=STEPS):
+        for _ in range(steps):
+            self.one()
+
+    def _factor(self, R):
+        _lapack.cholesky_in_place(R)
+        _sparse.lower_inverse_in_place(R)
+        _sparse.rows_dot(R, self.h, self.v)
+        _sparse.add_transpose_dot(R, self.v, self.h)
+
+    def one(self):
+        A, Bm, P, R, S, T, Li = self.A, self.Bm, self.P, self.R, self.S, self.T, self.Li
+        self.Xs @ self.Zs.T                                  # K_bu's Gram part
+        np.copyto(A, self.K)
+        _sparse.rows_times_lower(Li, A, True)                # whitening
+        np.copyto(Bm, A)
+        _sparse.rows_times_lower(Li, Bm, True)               # cavity marginals (R⁻¹ a)
+        _sparse.rows_dot(A, self.h, self.mb)
+        np.copyto(P, self.P0)
+        _sparse.add_weighted_gram(P, A, self.w, self.work)   # site sums
+        _sparse.add_transpose_dot(A, self.w, self.h)
+        np.copyto(R, self.P0)
+        self._factor(R)                                      # the new q
+        np.copyto(Bm, A)
+        _sparse.rows_times_lower(Li, Bm, True)               # marginals at the new q
+        _sparse.rows_dot(A, self.h, self.mb)
+        _sparse.rows_times_lower(Li, Bm, False)              # A Σ
+        _sparse.transpose_times(A, Bm, S)                    # Aᵀ G
+        _sparse.rows_times_lower(Li, Bm, False)              # G L⁻¹
+        Bm @ self.Zs, Bm.T @ self.Xs                         # its contraction's products
+        _sparse.congruence(Li, S)                            # L⁻ᵀ Φ L⁻¹
+        S @ self.Zs, S.T @ self.Zs                           # its contraction's products
+        self.Zs @ self.Zs.T                                  # K_uu's Gram part
+        np.copyto(T, self.P0)
+        _lapack.cholesky_in_place(T)                         # K_uu's factor
+        _sparse.lower_inverse_in_place(T)                    # and its inverse
+        np.copyto(T, self.L)
+        _sparse.lower_times(Li, T)                           # M = L⁻¹ L'
+        np.copyto(S, P)
+        _sparse.congruence(T, S)                             # Mᵀ (P - I) M
+        _sparse.rows_dot(T, self.h, self.v)                  # Mᵀ h
+        np.copyto(R, self.P0)
+        self._factor(R)                                      # the moved q
 
 
 def bench_sparse_sep_steps(benchmark, record):
@@ -75,42 +154,67 @@ def bench_sparse_sep_steps(benchmark, record):
 def bench_sparse_blas_floor(benchmark, record):
     X, _ = make_data()
     state = new_state(X)
+    floor = Floor()
     benchmark.group = "sparse"
-    record("blas floor (K_bm + b m^2 product)", lambda: blas_floor(state, X), rounds=3)
+    record("blas floor (K_bm + b m^2 product)", lambda: floor.steps(state, X), rounds=3)
 
 
-def main(repeats=3):
-    """Times SEP and the floor alternately ``repeats`` times (the minimum of each is reported, so
-    a burst of load on a shared machine hits both sides alike), then measures peak memory in a
-    separate run: tracemalloc slows every allocation, so it must not be on while timing."""
+def measure(X, y, tied=False, repeats=5, steps=STEPS):
+    """Seconds per step of SEP, of the floor and of the step's BLAS calls alone, alternating in
+    chunks of ``steps`` steps ``repeats`` times: (min of each, median of the per-round ratios
+    step/floor and step/BLAS).  The state keeps training across rounds (a fresh state's first
+    steps, with q near the prior, are not typical)."""
+    state = new_state(X, tied=tied)
+    floor, blas = Floor(), StepBLAS()
+    sep_steps(state, X, y, 5)                                 # warm up
+    floor.steps(state, X, 5)
+    blas.steps(5)
+    times = {"sep": [], "floor": [], "blas": [], "sep_cpu": [], "floor_cpu": []}
+    for r in range(repeats):
+        first = 5 + r * steps
+        c, t = time.process_time(), time.perf_counter()
+        sep_steps(state, X, y, steps, first)
+        times["sep"].append(time.perf_counter() - t)
+        times["sep_cpu"].append(time.process_time() - c)
+        c, t = time.process_time(), time.perf_counter()
+        floor.steps(state, X, steps, first)
+        times["floor"].append(time.perf_counter() - t)
+        times["floor_cpu"].append(time.process_time() - c)
+        t = time.perf_counter()
+        blas.steps(steps)
+        times["blas"].append(time.perf_counter() - t)
+    per = {k: min(v) / steps for k, v in times.items()}
+    ratios = {"floor": float(np.median(np.array(times["sep"]) / np.array(times["floor"]))),
+              "blas": float(np.median(np.array(times["sep"]) / np.array(times["blas"]))),
+              "floor_cpu": float(np.median(np.array(times["sep_cpu"])
+                                           / np.array(times["floor_cpu"])))}
+    return per, ratios
+
+
+def main(repeats=5):
+    """Times SEP, the floor and the step's BLAS alone alternately ``repeats`` times, then measures
+    peak memory in a separate run: tracemalloc slows every allocation, so it must not be on while
+    timing."""
     X, y = make_data()
-    epoch = N / B / STEPS
-    print(f"n={N} d={D} m={M} b={B} BLAS threads={THREADS} steps timed={STEPS} "
-          f"(min of {repeats} alternating runs)")
+    epoch = N / B
+    print(f"n={N} d={D} m={M} b={B} BLAS threads={THREADS} steps timed={STEPS} x {repeats} "
+          f"alternating rounds; load average {os.getloadavg()[0]:.1f}")
     with threadpool_limits(THREADS):
         for tied in (False, True):
-            state = new_state(X, tied=tied)
-            sep_steps(state, X, y, 5)                    # warm up
-            sep, floor = [], []
-            for _ in range(repeats):
-                state = new_state(X, tied=tied)
-                t = time.perf_counter()
-                sep_steps(state, X, y)
-                sep.append(time.perf_counter() - t)
-                t = time.perf_counter()
-                blas_floor(state, X)
-                floor.append(time.perf_counter() - t)
-            sep, floor = min(sep), min(floor)
+            per, ratios = measure(X, y, tied, repeats)
             tracemalloc.start()
             state = new_state(X, tied=tied)
             sep_steps(state, X, y)
             _, peak = tracemalloc.get_traced_memory()
             tracemalloc.stop()
             name = "tied sites" if tied else "per-row sites"
-            print(f"[{name}] sep: {sep / STEPS * 1e3:.2f} ms/step, epoch (extrapolated) "
-                  f"{sep * epoch:.1f} s; floor: {floor / STEPS * 1e3:.2f} ms/step, epoch "
-                  f"{floor * epoch:.1f} s; ratio {sep / floor:.2f}; peak memory beyond the data "
-                  f"(tracemalloc) {peak / 2**20:.1f} MiB (data {X.nbytes / 2**20:.0f} MiB)")
+            print(f"[{name}] step {per['sep'] * 1e3:.2f} ms (epoch {per['sep'] * epoch:.0f} s), "
+                  f"floor {per['floor'] * 1e3:.2f} ms, the step's BLAS alone "
+                  f"{per['blas'] * 1e3:.2f} ms; (a) step / floor {ratios['floor']:.2f} "
+                  f"(CPU time {ratios['floor_cpu']:.2f}), (b) step / its BLAS "
+                  f"{ratios['blas']:.2f}; peak memory beyond the data (tracemalloc) "
+                  f"{peak / 2**20:.1f} MiB (data {X.nbytes / 2**20:.0f} MiB)")
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 
 def peer(n=20_000, n_test=5_000, epochs=3):

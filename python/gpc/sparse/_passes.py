@@ -69,7 +69,7 @@ def block_parts(likelihood, Xb, y, A, s, factor, q, tau, nu, gradient=True, Kbu=
     ev = block_evidence(likelihood, y, A, s, q, tau, nu, gradient=gradient)
     if not gradient:
         return ev.log_z, None, None, None, ev.n_bad
-    g_theta, g_Z = factor.block_gradient(Xb, ev.G_A, ev.g_s, Kbu)
+    g_theta, g_Z = factor.block_gradient(Xb, ev.G_A, ev.g_s, Kbu, overwrite=True)
     return ev.log_z, g_theta, g_Z, ev.AtG, ev.n_bad
 
 

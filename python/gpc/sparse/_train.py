@@ -17,7 +17,8 @@ import numpy as np
 from ..exceptions import NotPositiveDefiniteError, NumericalError
 from ._inducing import InducingFactor
 from ._passes import block_parts, evidence_parts, finish_evidence, natural_sums, site_pass
-from .ep import NaturalPosterior, matched_site, transform_natural, update_sites, whitened_sums
+from .. import _sparse
+from .ep import NaturalPosterior, refine_sites, transform_natural, update_sites, whitened_sums
 
 
 class Adadelta:
@@ -58,6 +59,13 @@ class SEPState:
         self.log_z = np.nan
         self.reverted = 0          # parameter steps undone (rate halved)
         self.skipped_passes = 0    # site updates dropped because q lost its factor
+        self._work = None
+
+    def workspace(self, shape):
+        """A scratch (b x m) array, kept between steps (the scaled rows of a site update)."""
+        if self._work is None or self._work.shape != shape:
+            self._work = np.empty(shape)
+        return self._work
 
     @property
     def learns(self):
@@ -79,7 +87,7 @@ class SEPState:
             kernel = self.kernel.clone_with_theta(theta)
         Z = p[k:].reshape(self.Z.shape) if self.optimize_inducing else self.Z
         factor = InducingFactor(kernel, Z, self.jitter)
-        q = NaturalPosterior(*transform_natural(self.q.P, self.q.h, self.factor.L, factor.L))
+        q = NaturalPosterior(*transform_natural(self.q.P, self.q.h, self.factor.Li, factor.L))
         if not (np.all(np.isfinite(q.mean)) and np.isfinite(q.logdet)):
             raise NotPositiveDefiniteError("q is not finite")
         self.kernel, self.Z, self.factor, self.q = kernel, np.array(Z), factor, q
@@ -198,16 +206,34 @@ def rebuild_q(state, X, block_rows):
 def minibatch_step(state, likelihood, Xb, yb, rows, n, damping):
     """Refine the sites of rows ``rows`` (a slice), update q, then a stochastic step (eq. (6)).
 
+    SEP §2.3, "Training using minibatches", in its order: the minibatch's sites are refined
+    against q (their cavities), q is updated, the gradient (6) is taken at the updated q, and
+    after the step of θ and Z q is reconstructed for the new factor.  The kernel block K_bu is
+    computed once and serves the whitening and the gradient.
+
     Returns the minibatch estimate of log Z_q (data terms scaled by n/|M|).  A minibatch of all
     n rows rebuilds q from its sites, as a batch pass does (:func:`batch_iteration`); a smaller
     one swaps its rows' shares, and the epoch's end rebuilds q (:func:`rebuild_q`).
     """
     A, s, Kbu = state.factor.whiten(Xb, keep_cross=True)
-    every_row = len(yb) == state.n
-    up = update_sites(likelihood, yb, A, s, state.q, state.tau[rows], state.nu[rows], damping,
-                      sums="new" if every_row else "change")
-    if state.add_sites(up.dP, up.dh, shrink=0.0 if every_row else 1.0):
-        state.tau[rows], state.nu[rows] = up.tau, up.nu
+    tau, nu = state.tau[rows], state.nu[rows]
+    if len(yb) == state.n:
+        up = update_sites(likelihood, yb, A, s, state.q, tau, nu, damping, sums="new")
+        if state.add_sites(up.dP, up.dh, shrink=0.0):
+            state.tau[rows], state.nu[rows] = up.tau, up.nu
+    else:
+        t_new, n_new, _ = refine_sites(likelihood, yb, A, s, state.q, tau, nu, damping)
+        # q's natural parameters with the rows' shares swapped: P + Aᵀ diag(Δτ) A, h + Aᵀ Δν
+        P = state.q.P.copy()
+        _sparse.add_weighted_gram(P, A, t_new - tau, state.workspace(A.shape))
+        _sparse.mirror_lower(P)
+        h = state.q.h.copy()
+        _sparse.add_transpose_dot(A, n_new - nu, h)
+        try:
+            state.q = NaturalPosterior(P, h)
+            state.tau[rows], state.nu[rows] = t_new, n_new
+        except NotPositiveDefiniteError:     # negative sites made q improper: keep the old sites
+            state.skipped_passes += 1
     return _minibatch_gradient_step(state, likelihood, Xb, yb, A, s, Kbu, state.tau[rows],
                                     state.nu[rows], n)
 
@@ -226,10 +252,11 @@ def tied_minibatch_step(state, likelihood, Xb, yb, damping):
     keep = 1.0 - 1.0 / n
     P_cav = keep * state.q.P
     P_cav.flat[:: m + 1] += 1.0 - keep
-    cmean, cvar = NaturalPosterior(P_cav, keep * state.q.h).marginals(A)
-    _, tau, nu, _ = matched_site(likelihood, yb, cmean, cvar, s)
-    good = np.isfinite(tau) & np.isfinite(nu)
-    tau, nu = np.where(good, tau, 0.0), np.where(good, nu, 0.0)
+    # the rows' sites matched to that cavity: a refinement from zero sites, undamped (rows
+    # whose likelihood integral fails keep the zero site)
+    zero = np.zeros(len(yb))
+    tau, nu, _ = refine_sites(likelihood, yb, A, s, NaturalPosterior(P_cav, keep * state.q.h),
+                              zero, zero, 1.0)
     dP, dh = whitened_sums(A, tau, nu)
     state.add_sites(damping * dP, damping * dh, shrink=1.0 - damping * len(yb) / n)
     return _minibatch_gradient_step(state, likelihood, Xb, yb, A, s, Kbu, tau, nu, n)
