@@ -10,7 +10,7 @@
 
 from libc.math cimport isfinite, log1p, sqrt
 from scipy.linalg.cython_blas cimport dgemm, dgemv, dsyrk, dtrmm
-from scipy.linalg.cython_lapack cimport dtrti2
+from scipy.linalg.cython_lapack cimport dlauum, dtrti2
 
 from gpc._likelihoods cimport LikelihoodSpec, make_spec, tilted_moments
 
@@ -84,6 +84,28 @@ def rows_times_lower(const double[:, ::1] L, double[:, ::1] B, bint transpose):
     cdef double one = 1.0
     with nogil:
         dtrmm(&side, &uplo, &trans, &diag, &m, &k, &one, <double*> &L[0, 0], &m, &B[0, 0], &m)
+
+
+def lower_gram(const double[:, ::1] L, double[:, ::1] out):
+    """out (m x m, both triangles) := L^T L for lower-triangular L (dlauum, m^3/6 multiply-adds):
+    Σ = R^-T R^-1 from R^-1.  Returns LAPACK's info."""
+    _check_square(L.shape[0], L.shape[1], "L")
+    _check_square(out.shape[0], out.shape[1], "out")
+    if out.shape[0] != L.shape[0]:
+        raise ValueError(f"out is {out.shape[0]} x {out.shape[0]}, L {L.shape[0]} x {L.shape[0]}")
+    cdef int m = <int> L.shape[0], info = 0
+    cdef Py_ssize_t i, j
+    cdef char uplo = b'U'
+    with nogil:
+        for i in range(m):
+            for j in range(i + 1):
+                out[i, j] = L[i, j]
+        # Fortran sees U = L^T in 'U' and returns U U^T = L^T L there, our lower triangle
+        dlauum(&uplo, &m, &out[0, 0], &m, &info)
+        for i in range(m):
+            for j in range(i):
+                out[j, i] = out[i, j]
+    return info
 
 
 def lower_times(const double[:, ::1] L, double[:, ::1] B):
@@ -292,7 +314,8 @@ cdef class SiteRule:
     def refine(self, const double[::1] y, const double[::1] mean, const double[::1] var,
                const double[::1] s, const double[::1] tau, const double[::1] nu, double damping,
                double[::1] tau_out, double[::1] nu_out):
-        """Damped EP refinement of each row's site against its cavity (SEP §2.2).
+        """Damped EP refinement of each row's site against its cavity (SEP §2.2), the site lying
+        along the row's current a_i; (mean, var) are the marginals of a_i^T w under q.
 
         With d1, d2 the derivatives of log Z_i in the cavity mean c (cavity variance v), the
         matched site is τ = -d2 / (1 + d2 v), ν = (d1 - c d2) / (1 + d2 v) (R&W eq. (3.58)-(3.59)
@@ -300,18 +323,39 @@ cdef class SiteRule:
         cavity has no positive precision, whose likelihood integral fails or whose site is not
         finite keeps its site.  Returns the number of such rows.
         """
+        return self.refine_moved(y, mean, var, mean, var, var, s, tau, nu, damping, tau_out,
+                                 nu_out)
+
+    def refine_moved(self, const double[::1] y, const double[::1] mean, const double[::1] var,
+                     const double[::1] mean_old, const double[::1] var_old,
+                     const double[::1] cross, const double[::1] s, const double[::1] tau,
+                     const double[::1] nu, double damping, double[::1] tau_out,
+                     double[::1] nu_out):
+        """:meth:`refine` for sites that q holds along an earlier direction a'_i (the row's site
+        fixed in u-space while θ and Z moved): the cavity q / exp(-½ τ (a'^T w)² + ν a'^T w)
+        seen along the current a_i, by Sherman-Morrison,
+
+            v = σ² + τ ξ² / (1 - τ σ'²),   c = μ + ξ (τ μ' - ν) / (1 - τ σ'²),
+
+        from the marginals (μ, σ²) of a^T w, (μ', σ'²) of a'^T w and ξ = a^T Σ a'.  With a' = a
+        this is the usual cavity.  The refined site lies along a_i.
+        """
         cdef Py_ssize_t b = y.shape[0], i
-        _check_rows(b, (mean.shape[0], var.shape[0], s.shape[0], tau.shape[0], nu.shape[0],
-                        tau_out.shape[0], nu_out.shape[0]))
+        _check_rows(b, (mean.shape[0], var.shape[0], mean_old.shape[0], var_old.shape[0],
+                        cross.shape[0], s.shape[0], tau.shape[0], nu.shape[0], tau_out.shape[0],
+                        nu_out.shape[0]))
         if not (0.0 < damping <= 1.0):
             raise ValueError(f"damping must be in (0, 1], got {damping}")
-        cdef double cmean, cvar, log_z, d1, d2, denom, t, v
+        cdef double cmean, cvar, log_z, d1, d2, denom, t, v, keep
         cdef int skipped = 0
         with nogil:
             for i in range(b):
                 t = tau[i]
                 v = nu[i]
-                if (_cavity(mean[i], var[i], tau[i], nu[i], &cmean, &cvar)
+                keep = 1.0 - tau[i] * var_old[i]
+                cvar = var[i] + tau[i] * cross[i] * cross[i] / keep
+                cmean = mean[i] + cross[i] * (tau[i] * mean_old[i] - nu[i]) / keep
+                if (keep > 0.0 and cvar > 0.0 and isfinite(cvar) and isfinite(cmean)
                         and _matched(&self.spec, y[i], cmean, cvar, s[i], &log_z, &d1, &d2) == 0):
                     denom = 1.0 + d2 * cvar
                     t = -d2 / denom
@@ -331,34 +375,55 @@ cdef class SiteRule:
 
     def evidence(self, const double[::1] y, const double[::1] mean, const double[::1] var,
                  const double[::1] s, const double[::1] tau, const double[::1] nu,
-                 double[::1] g_s, double[::1] beta):
-        """Σ log Z̃_i of SEP eq. (3) over the rows, and per row g_s = ∂ log Z_i/∂s_i = ½(d1² + d2)
-        and β = ν - τ μ (the gradient's row weights, eq. (4)); (total, rows left out).
+                 double[::1] g_s, double[::1] d1, double[::1] e):
+        """Σ log Z̃_i of SEP eq. (3) over the rows and the row weights of its gradient, eq. (4);
+        returns (total, rows left out).
 
         log Z̃_i = log Z_i + ½ log(1 + τ v) + ½ c²/v - ½ μ²/σ² for the cavity N(c, v) and the
-        marginal N(μ, σ²) of a_i^T w.  A row without a proper cavity, or whose likelihood integral
-        fails, is left out of the sum and gets g_s = 0.
+        marginal N(μ, σ²) of a_i^T w.  Per row: d1 = ∂ log Z_i/∂c, g_s = ∂ log Z_i/∂s_i =
+        ½(d1² + d2) and e = (d1 (τ μ - ν) + 2 g_s) v/σ², the weight of Σ_w a_i in the row's
+        gradient (:func:`gpc.sparse.ep.block_evidence`).  A row without a proper cavity, or whose
+        likelihood integral fails, is left out: its terms and weights are 0.
         """
         cdef Py_ssize_t b = y.shape[0], i
         _check_rows(b, (mean.shape[0], var.shape[0], s.shape[0], tau.shape[0], nu.shape[0],
-                        g_s.shape[0], beta.shape[0]))
-        cdef double cmean, cvar, log_z, d1, d2, total = 0.0
+                        g_s.shape[0], d1.shape[0], e.shape[0]))
+        cdef double cmean, cvar, log_z, a1, a2, gs, total = 0.0
         cdef int bad = 0
         with nogil:
             for i in range(b):
-                beta[i] = nu[i] - tau[i] * mean[i]
                 if (_cavity(mean[i], var[i], tau[i], nu[i], &cmean, &cvar)
-                        and _matched(&self.spec, y[i], cmean, cvar, s[i], &log_z, &d1, &d2) == 0):
+                        and _matched(&self.spec, y[i], cmean, cvar, s[i], &log_z, &a1, &a2) == 0):
                     total += (log_z + 0.5 * log1p(tau[i] * cvar) + 0.5 * cmean * cmean / cvar
                               - 0.5 * mean[i] * mean[i] / var[i])
-                    g_s[i] = 0.5 * (d1 * d1 + d2)
+                    gs = 0.5 * (a1 * a1 + a2)
+                    g_s[i] = gs
+                    d1[i] = a1
+                    e[i] = (a1 * (tau[i] * mean[i] - nu[i]) + 2.0 * gs) * cvar / var[i]
                 else:
                     g_s[i] = 0.0
+                    d1[i] = 0.0
+                    e[i] = 0.0
                     bad += 1
         return total, bad
 
 
 # -- elementwise passes over a block ------------------------------------------------------------
+
+def row_dots(const double[:, ::1] A, const double[:, ::1] B, double[::1] out):
+    """out_i := a_i^T b_i for the rows of A and B (k x m)."""
+    if out.shape[0] != A.shape[0] or B.shape[0] != A.shape[0] or B.shape[1] != A.shape[1]:
+        raise ValueError(f"A is {A.shape[0]} x {A.shape[1]}, B {B.shape[0]} x {B.shape[1]}, out "
+                         f"{out.shape[0]}")
+    cdef Py_ssize_t k = A.shape[0], m = A.shape[1], i, j
+    cdef double acc
+    with nogil:
+        for i in range(k):
+            acc = 0.0
+            for j in range(m):
+                acc = acc + A[i, j] * B[i, j]
+            out[i] = acc
+
 
 def row_sq_norms(const double[:, ::1] A, double[::1] out):
     """out_i := |a_i|² for the rows of A (k x m)."""
@@ -374,26 +439,32 @@ def row_sq_norms(const double[:, ::1] A, double[::1] out):
             out[i] = acc
 
 
-def evidence_rows_gradient(double[:, ::1] G, const double[:, ::1] A, const double[::1] beta,
-                           const double[::1] mu, const double[::1] tau, const double[::1] g_s):
-    """G (k x m, holding A Σ_w on entry) := β μ^T - diag(τ) A Σ_w - 2 diag(g_s) A.
+def evidence_rows_gradient(double[:, ::1] G, double[:, ::1] Y, const double[:, ::1] A,
+                           const double[::1] d1, const double[::1] mu, const double[::1] e,
+                           const double[::1] g_s):
+    """The rows' derivatives of SEP eq. (4), from A Σ_w (held in G on entry), one pass:
 
-    ∂ log Z_q/∂A of SEP eq. (4) at a fixed point (R&W eq. (5.27) in whitened coordinates, see
-    :func:`gpc.sparse.ep.block_evidence`), one pass.
+    G := d1 μ^T + diag(e) A Σ_w - 2 diag(g_s) A   (∂ log Z_i/∂a_i with the cavity held), and
+    Y := G + diag(g_s) A                           (whose Y^T A is the rows' K_uu part).
+
+    See :func:`gpc.sparse.ep.block_evidence`.
     """
     cdef Py_ssize_t k = G.shape[0], m = G.shape[1], i, j
-    if A.shape[0] != k or A.shape[1] != m:
-        raise ValueError(f"A is {A.shape[0]} x {A.shape[1]}, G is {k} x {m}")
-    if beta.shape[0] != k or tau.shape[0] != k or g_s.shape[0] != k or mu.shape[0] != m:
-        raise ValueError("beta, tau, g_s need one entry per row and mu one per column")
-    cdef double bi, ti, gi
+    if A.shape[0] != k or A.shape[1] != m or Y.shape[0] != k or Y.shape[1] != m:
+        raise ValueError(f"G, Y and A must have the same shape, got {k} x {m}, {Y.shape[0]} x "
+                         f"{Y.shape[1]}, {A.shape[0]} x {A.shape[1]}")
+    if d1.shape[0] != k or e.shape[0] != k or g_s.shape[0] != k or mu.shape[0] != m:
+        raise ValueError("d1, e, g_s need one entry per row and mu one per column")
+    cdef double di, ei, gi, v
     with nogil:
         for i in range(k):
-            bi = beta[i]
-            ti = tau[i]
-            gi = 2.0 * g_s[i]
+            di = d1[i]
+            ei = e[i]
+            gi = g_s[i]
             for j in range(m):
-                G[i, j] = bi * mu[j] - ti * G[i, j] - gi * A[i, j]
+                v = di * mu[j] + ei * G[i, j] - 2.0 * gi * A[i, j]
+                G[i, j] = v
+                Y[i, j] = v + gi * A[i, j]
 
 
 def hadamard_sums(double[:, ::1] G, const double[:, ::1] K, double[::1] rows, double[::1] cols):

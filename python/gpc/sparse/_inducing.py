@@ -211,12 +211,19 @@ class InducingFactor:
 
         A = K_fu L⁻ᵀ gives ∂F/∂L = -L⁻ᵀ (AᵀG_A)ᵀ, and the Cholesky factor's reverse rule
         (Murray 2016) ∂F/∂K_uu = sym(L⁻ᵀ Φ(Lᵀ ∂F/∂L) L⁻¹), Φ = lower triangle with its diagonal
-        halved.  When F depends on A only through A Aᵀ (EP), AᵀG_A is symmetric and this is
+        halved.  When F depends on A only through A Aᵀ, AᵀG_A is symmetric and this is
         -L⁻ᵀ AᵀG_A L⁻¹ / 2; SVI's whitened mean makes it non-symmetric.
         """
-        # sym(L⁻ᵀ Φ L⁻¹) = L⁻ᵀ sym(Φ) L⁻¹: one congruence with L⁻¹ (two dtrmm)
-        G_uu = np.empty_like(self.L)
-        _sparse.symmetric_from_upper(np.ascontiguousarray(AtG, dtype=np.float64), G_uu, -0.5)
+        # sym(L⁻ᵀ Φ L⁻¹) = L⁻ᵀ sym(Φ) L⁻¹
+        G = np.empty_like(self.L)
+        _sparse.symmetric_from_upper(np.ascontiguousarray(AtG, dtype=np.float64), G, -0.5)
+        return self.uu_gradient_whitened(G, overwrite=True)
+
+    def uu_gradient_whitened(self, G, overwrite=False):
+        """Kernel and Z gradient of ∂F/∂K_uu = L⁻ᵀ G L⁻¹ for a symmetric w-space G (m x m): one
+        congruence with the explicit L⁻¹ (two dtrmm) and the kernel's contraction.  With
+        ``overwrite`` G (C-contiguous) is the scratch."""
+        G_uu = G if overwrite else np.array(G, dtype=np.float64, order="C")
         _sparse.congruence(self.Li, G_uu)
         if self.fast is not None:
             # G_uu is symmetric, so both arguments' Z derivatives are equal: twice the second's

@@ -8,7 +8,7 @@ distributed fit sends back (:mod:`gpc.sparse._distributed`).
 
 import numpy as np
 
-from .ep import NaturalPosterior, block_evidence, update_sites, whitened_sums
+from .ep import NaturalPosterior, block_evidence, prior_term, update_sites, whitened_sums
 
 
 def as_block(X, start, stop):
@@ -92,17 +92,20 @@ def evidence_parts(likelihood, X, y, factor, q, tau, nu, block_rows, gradient=Tr
 
 
 def finish_evidence(factor, q, parts, scale=1.0):
-    """From the summed block parts add the K_uu part: (log_z, g_theta, g_Z, n_bad).
+    """From the summed block parts add the prior's: (log_z, g_theta, g_Z, n_bad).
 
-    ``scale`` multiplies the data terms (n/|M| for a minibatch, SEP eq. (6)).  The prior part of
-    the gradient is carried by the same per-row terms (see ``block_evidence``), so it is scaled
-    with them; the full-data value is recovered when the minibatch is all the data.
+    ``scale`` multiplies the data terms (n/|M| for a minibatch M, SEP eq. (6)); the prior term of
+    eq. (4) comes from q alone and is not scaled, so a minibatch of all rows gives the batch
+    value.
     """
     log_z, g_theta, g_Z, AtG, n_bad = parts
     log_z = q.log_normaliser_ratio() + scale * log_z
     if g_theta is None:
         return log_z, None, None, n_bad
-    gt, gz = factor.uu_gradient(scale * AtG)
+    G = prior_term(q)
+    G += (0.5 * scale) * AtG
+    G += (0.5 * scale) * AtG.T
+    gt, gz = factor.uu_gradient_whitened(G, overwrite=True)
     return log_z, scale * g_theta + gt, scale * g_Z + gz, n_bad
 
 

@@ -2,22 +2,21 @@
 
 Each step updates sites first, then q, and then moves the free log hyperparameters and Z along
 the gradient of log Z_q (eq. (4); for a minibatch M its stochastic form eq. (6), data terms scaled
-by n/|M|) with Adadelta.  A step that leaves q without a factor or a non-finite value is reverted,
-and the learning rate is halved; the trainer records it.  With batch_size = n a minibatch step is
-the batch step (same sites, same q, same gradient): tested.
+by the rows q holds over |M|) with Adadelta.  A step that leaves q without a factor or a
+non-finite value is reverted, and the learning rate is halved; the trainer records it.  With
+batch_size = n a minibatch step is the batch step (same sites, same q, same gradient): tested.
 
-Cost of a minibatch step of b rows (m inducing points): the kernel block K_bm, five b x m x m
-triangular solves or products (whitening, the cavity marginals, the site sums, the marginals and
-A Σ_w at the new q), one b x m x m product for the K_uu part of the gradient, and O(m³) for the
-new q (one Cholesky factor) and for moving q to the new θ and Z (:func:`ep.transform_natural`).
+A minibatch step of b rows (m inducing points) costs the kernel block K_bm and fourteen b x m x m
+or m x m x m BLAS-3 products and factorisations (docs/sparse.md, "One minibatch step").
 """
 
 import numpy as np
 
+from .. import _sparse
+from .._sparse import SiteRule
 from ..exceptions import NotPositiveDefiniteError, NumericalError
 from ._inducing import InducingFactor
-from ._passes import block_parts, evidence_parts, finish_evidence, natural_sums, site_pass
-from .. import _sparse
+from ._passes import as_block, block_parts, block_ranges, evidence_parts, finish_evidence, site_pass
 from .ep import NaturalPosterior, refine_sites, transform_natural, update_sites, whitened_sums
 
 
@@ -40,9 +39,13 @@ class SEPState:
     """Everything a fit carries between steps: θ, Z, the sites, q, the optimiser.
 
     ``tau``/``nu`` hold two scalars per training row; q holds their sums as its natural
-    parameters (P, h) in the current whitened coordinates (:class:`ep.NaturalPosterior`).  With
-    ``tied`` there are no per-row sites: (P - I, h) are n times one shared average site
-    (stochastic EP, Li, Hernández-Lobato & Turner 2015), so the state is O(m²) whatever n is.
+    parameters (P, h) in the current whitened coordinates (:class:`ep.NaturalPosterior`).  A
+    site is fixed in u-space (SEP §2.3, q is "reconstructed" after a θ or Z step), along
+    v_i = K_uu⁻¹k_i at its last refinement; minibatch training keeps these directions, ``V``
+    (n x m, float32, SEP §2.3: "m + 1 parameters per approximate factor"), so that a refined
+    site is swapped out of q along the direction it was added with.  With ``tied`` there are no
+    per-row sites: (P - I, h) are n times one shared average site (stochastic EP, Li,
+    Hernández-Lobato & Turner 2015), so the state is O(m²) whatever n is.
     """
 
     def __init__(self, kernel, Z, n, jitter, optimize_inducing, lr, tied=False):
@@ -50,6 +53,8 @@ class SEPState:
         self.optimize_inducing = optimize_inducing
         self.tied, self.n = tied, n
         self.tau, self.nu = (None, None) if tied else (np.zeros(n), np.zeros(n))
+        self.V = None               # the sites' u-space directions (minibatch training)
+        self.n_sited = 0            # rows whose site q holds
         m = self.Z.shape[0]
         self.factor = InducingFactor(kernel, self.Z, jitter)
         self.q = NaturalPosterior(np.eye(m), np.zeros(m))
@@ -59,13 +64,39 @@ class SEPState:
         self.log_z = np.nan
         self.reverted = 0          # parameter steps undone (rate halved)
         self.skipped_passes = 0    # site updates dropped because q lost its factor
-        self._work = None
+        self._work = {}
 
-    def workspace(self, shape):
-        """A scratch (b x m) array, kept between steps (the scaled rows of a site update)."""
-        if self._work is None or self._work.shape != shape:
-            self._work = np.empty(shape)
-        return self._work
+    def workspace(self, name, shape):
+        """A scratch array kept between steps under ``name``."""
+        buf = self._work.get(name)
+        if buf is None or buf.shape != shape:
+            buf = self._work[name] = np.empty(shape)
+        return buf
+
+    def start_minibatches(self, X, block_rows):
+        """Get ready for minibatch steps on the rows of X: the sites' directions V, and q rebuilt
+        from the sites with the current factor when they are not zero (one pass over X, when a
+        batch fit or a distributed one left sites but no directions)."""
+        if self.tied or self.V is not None:
+            return
+        self.V = np.zeros((self.n, self.factor.m), dtype=np.float32)
+        sited = (self.tau != 0.0) | (self.nu != 0.0)
+        self.n_sited = int(np.count_nonzero(sited))
+        if not self.n_sited:
+            return
+        m = self.factor.m
+        P, h = np.eye(m), np.zeros(m)
+        for start, stop in block_ranges(self.n, block_rows):
+            A, _ = self.factor.whiten(as_block(X, start, stop))
+            dP, dh = whitened_sums(A, self.tau[start:stop], self.nu[start:stop])
+            P += dP
+            h += dh
+            _sparse.rows_times_lower(self.factor.Li, A, False)        # v_i = L⁻ᵀ a_i
+            self.V[start:stop] = A
+        try:
+            self.q = NaturalPosterior(P, h)
+        except NotPositiveDefiniteError:
+            self.skipped_passes += 1
 
     @property
     def learns(self):
@@ -105,6 +136,8 @@ class SEPState:
         P += dP
         try:
             self.q = NaturalPosterior(0.5 * (P + P.T), shrink * self.q.h + dh)
+            if shrink == 0.0:                # a rebuild with the current factor: no directions
+                self.V = None
         except NotPositiveDefiniteError:     # negative sites made q improper: keep the old sites
             self.skipped_passes += 1
             return False
@@ -180,62 +213,109 @@ def batch_step(state, likelihood, X, y, damping, block_rows):
     return batch_iteration(state, LocalRows(state, likelihood, X, y, block_rows), damping)
 
 
-def _minibatch_gradient_step(state, likelihood, Xb, yb, A, s, Kbu, tau, nu, n):
-    """The stochastic step (eq. (6)) of a minibatch at the current q; returns the estimate."""
+def _minibatch_gradient_step(state, likelihood, Xb, yb, A, s, Kbu, tau, nu, n, n_held=None):
+    """The stochastic step (eq. (6)) of a minibatch at the current q; returns the estimate of
+    log Z_q over all n rows.  The gradient's data terms are scaled by ``n_held`` / |M|, the rows
+    whose sites q holds (default n)."""
+    b = len(yb)
     parts = block_parts(likelihood, Xb, yb, A, s, state.factor, state.q, tau, nu, state.learns,
                         Kbu)
-    log_z, g_theta, g_Z, _ = finish_evidence(state.factor, state.q, parts, scale=n / len(yb))
+    _, g_theta, g_Z, _ = finish_evidence(state.factor, state.q, parts,
+                                         scale=(n if n_held is None else n_held) / b)
+    log_z = state.q.log_normaliser_ratio() + n / b * parts[0]
     state.log_z = log_z
     if state.learns:
         state.gradient_step(g_theta, g_Z)
     return log_z
 
 
-def rebuild_q(state, X, block_rows):
-    """q from every row's site with the current factor (one O(n m²) pass).
-
-    A minibatch step refreshes only its rows' share of q, so after θ and Z have moved the other
-    rows' shares are the ones made with earlier factors; rebuilding once per epoch bounds that
-    drift to one epoch.  q is kept if the rebuilt one has no factor."""
-    try:
-        state.q = NaturalPosterior(*natural_sums(X, state.factor, state.tau, state.nu, block_rows))
-    except NotPositiveDefiniteError:
-        state.skipped_passes += 1
-
-
 def minibatch_step(state, likelihood, Xb, yb, rows, n, damping):
     """Refine the sites of rows ``rows`` (a slice), update q, then a stochastic step (eq. (6)).
 
     SEP §2.3, "Training using minibatches", in its order: the minibatch's sites are refined
-    against q (their cavities), q is updated, the gradient (6) is taken at the updated q, and
-    after the step of θ and Z q is reconstructed for the new factor.  The kernel block K_bu is
-    computed once and serves the whitening and the gradient.
+    against their cavities, q is updated, the gradient (6) is taken at the updated q, and after
+    the step of θ and Z q is reconstructed for the new factor.  The kernel block K_bu is computed
+    once and serves the whitening and the gradient.
 
-    Returns the minibatch estimate of log Z_q (data terms scaled by n/|M|).  A minibatch of all
-    n rows rebuilds q from its sites, as a batch pass does (:func:`batch_iteration`); a smaller
-    one swaps its rows' shares, and the epoch's end rebuilds q (:func:`rebuild_q`).
+    A site held by q lies along its direction at its last refinement, a'_i = Lᵀv_i with the
+    current factor L (v_i from ``state.V``); the cavity removes it along a'_i
+    (:meth:`gpc._sparse.SiteRule.refine_moved`), and q swaps it for the refined site along the
+    current a_i: P + Σ τ_new a aᵀ - Σ τ_old a'a'ᵀ.  q therefore stays the sum of its sites.
+
+    The gradient's data terms are scaled by (rows q holds) / |M|: during the first pass q holds
+    only the rows seen so far, and the prior term of eq. (4), computed from q, is that of those
+    rows (scaled by n / |M| from the first step, the data terms outweighed the prior term and the
+    amplitude grew without bound).  Returns the minibatch estimate of log Z_q over all n rows
+    (data terms scaled by n / |M|).  A minibatch of all n rows rebuilds q from its sites, as a
+    batch pass does (:func:`batch_iteration`).
     """
+    b, m = len(yb), state.factor.m
     A, s, Kbu = state.factor.whiten(Xb, keep_cross=True)
     tau, nu = state.tau[rows], state.nu[rows]
-    if len(yb) == state.n:
+    if b == state.n:
         up = update_sites(likelihood, yb, A, s, state.q, tau, nu, damping, sums="new")
         if state.add_sites(up.dP, up.dh, shrink=0.0):
             state.tau[rows], state.nu[rows] = up.tau, up.nu
+            state.n_sited = b
     else:
-        t_new, n_new, _ = refine_sites(likelihood, yb, A, s, state.q, tau, nu, damping)
-        # q's natural parameters with the rows' shares swapped: P + Aᵀ diag(Δτ) A, h + Aᵀ Δν
-        P = state.q.P.copy()
-        _sparse.add_weighted_gram(P, A, t_new - tau, state.workspace(A.shape))
-        _sparse.mirror_lower(P)
-        h = state.q.h.copy()
-        _sparse.add_transpose_dot(A, n_new - nu, h)
-        try:
-            state.q = NaturalPosterior(P, h)
-            state.tau[rows], state.nu[rows] = t_new, n_new
-        except NotPositiveDefiniteError:     # negative sites made q improper: keep the old sites
-            state.skipped_passes += 1
+        if state.V is None:
+            if np.any(state.tau) or np.any(state.nu):
+                raise RuntimeError("minibatch steps on sites without their directions: call "
+                                   "SEPState.start_minibatches first")
+            state.V = np.zeros((state.n, m), dtype=np.float32)
+        _refine_minibatch(state, likelihood, yb, rows, A, s, tau, nu, damping)
     return _minibatch_gradient_step(state, likelihood, Xb, yb, A, s, Kbu, state.tau[rows],
-                                    state.nu[rows], n)
+                                    state.nu[rows], n, max(state.n_sited, b))
+
+
+def _refine_minibatch(state, likelihood, yb, rows, A, s, tau, nu, damping):
+    """The site update of :func:`minibatch_step` for b < n rows: refine, swap into q, keep V."""
+    b, m = A.shape
+    q = state.q
+    fresh = (tau == 0.0) & (nu == 0.0)
+    n_fresh = int(np.count_nonzero(fresh))
+    W = state.workspace("rows", (2 * b, m))        # [A; A'], the new and the old directions
+    W[:b] = A
+    B = state.workspace("solved", (b, m))
+    mean, var = q.marginals(A, out=B)
+    t_new, n_new = np.empty(b), np.empty(b)
+    rule = SiteRule(likelihood)
+    if n_fresh == b:                               # no old site: the cavity is q itself
+        rule.refine(_f64(yb), mean, var, s, tau, nu, float(damping), t_new, n_new)
+        weights, rows_used = t_new, W[:b]
+        dh = n_new
+    else:
+        A_old = W[b:]
+        np.copyto(A_old, state.V[rows])
+        _sparse.rows_times_lower(state.factor.L, A_old, False)        # a'_i = Lᵀ v_i
+        B_old = state.workspace("solved_old", (b, m))
+        mean_old, var_old = q.marginals(A_old, out=B_old)
+        cross = np.empty(b)
+        _sparse.row_dots(B, B_old, cross)                              # a_iᵀ Σ a'_i
+        rule.refine_moved(_f64(yb), mean, var, mean_old, var_old, cross, s, tau, nu,
+                          float(damping), t_new, n_new)
+        weights, rows_used = np.concatenate([t_new, -tau]), W
+        dh = np.concatenate([n_new, -nu])
+    # q with the rows' sites swapped: P + Σ τ_new a aᵀ - Σ τ_old a'a'ᵀ, h + Σ ν_new a - Σ ν_old a'
+    P = q.P.copy()
+    _sparse.add_weighted_gram(P, rows_used, weights, state.workspace("scaled", rows_used.shape))
+    _sparse.mirror_lower(P)
+    h = q.h.copy()
+    _sparse.add_transpose_dot(rows_used, dh, h)
+    try:
+        state.q = NaturalPosterior(P, h)
+    except NotPositiveDefiniteError:         # negative sites made q improper: keep the old sites
+        state.skipped_passes += 1
+        return
+    state.tau[rows], state.nu[rows] = t_new, n_new
+    state.n_sited = min(state.n, state.n_sited + n_fresh)
+    V = W[:b]                                                          # A is no longer needed
+    _sparse.rows_times_lower(state.factor.Li, V, False)                # v_i = L⁻ᵀ a_i
+    state.V[rows] = V
+
+
+def _f64(v):
+    return np.ascontiguousarray(v, dtype=np.float64)
 
 
 def tied_minibatch_step(state, likelihood, Xb, yb, damping):

@@ -110,9 +110,9 @@ class NaturalPosterior:
 
     @property
     def cov(self):
-        """Σ_w = P⁻¹ = R⁻ᵀ R⁻¹ (formed on demand; training never needs it)."""
-        C = np.zeros_like(self.Ri)
-        _sparse.transpose_times(self.Ri, self.Ri, C)
+        """Σ_w = P⁻¹ = R⁻ᵀ R⁻¹ (formed on demand, a new array: the prior term of the gradient)."""
+        C = np.empty_like(self.Ri)
+        _sparse.lower_gram(self.Ri, C)
         return C
 
     def log_normaliser_ratio(self):
@@ -232,50 +232,68 @@ def update_sites(likelihood, y, A, s, q, tau, nu, damping, sums="change"):
 
 @dataclass
 class BlockEvidence:
-    """A block's parts of log Z_q (SEP eq. (3)) and of its gradient."""
+    """A block's parts of log Z_q (SEP eq. (3)) and of the data terms of its gradient (eq. (4))."""
 
     log_z: float          # Σ_b log Z̃_i
-    G_A: np.ndarray       # ∂F/∂A_b (b x m), for InducingFactor.block_gradient
-    g_s: np.ndarray       # ∂F/∂s_b
-    AtG: np.ndarray       # A_bᵀ G_A (m x m), summed over blocks for InducingFactor.uu_gradient
+    G_A: np.ndarray       # ∂/∂A_b of Σ_b log Z_i, the cavity held (b x m): its K_bu part
+    g_s: np.ndarray       # ∂/∂s_b of the same
+    AtG: np.ndarray       # its w-space K_uu part (m x m, before symmetrising)
     n_bad: int            # rows with a non-positive cavity (their terms are left out)
 
 
 def block_evidence(likelihood, y, A, s, q, tau, nu, gradient=True):
-    """Σ_b log Z̃_i of SEP eq. (3) and the block's gradient parts.
+    """Σ_b log Z̃_i of SEP eq. (3) and the block's data terms of the gradient, eq. (4).
 
     log Z̃_i = log Z_i + g(θ^{\\i}) - g(θ) = log Z_i + ½ log(1 + τ_i v_c) + ½ c²/v_c - ½ μ²/σ²
     for the cavity N(c, v_c) and the marginal N(μ, σ²) of a_iᵀw.
 
-    Gradient.  With Q = A Aᵀ (the Nyström matrix K_fu K_uu⁻¹ K_uf) and sites held fixed, log Z_q is
-    exact EP's evidence for the prior N(0, Q) and the likelihoods φ_i, whose noise s_i enters
-    through Z_i only.  At an EP fixed point the cavity terms are stationary, so (R&W eq. (5.27))
+    Gradient.  SEP eq. (4): with the sites held in u-space, the derivative of log Z_q in a
+    hyperparameter is the prior term (η - η_prior)ᵀ ∂θ_prior/∂ξ (:func:`prior_term`, from q
+    alone) plus Σ_i ∂ log Z_i/∂ξ with each cavity q^{\\i}(u) held.  log Z_i = log ∫ p(y_i|f)
+    N(f | v_iᵀm_c, v_iᵀV_c v_i + s_i) df depends on ξ through v_i = K_uu⁻¹k_i and the FITC
+    variance s_i = k_ii - k_iᵀK_uu⁻¹k_i.  With d1 = ∂ log Z_i/∂c, g_s = ∂ log Z_i/∂s_i and
+    γ_i = d1 μ_c + 2 g_s Σ_c a_i, the cavity's whitened mean and covariance,
 
-        dF = tr(M_Q dQ) + Σ_i g_s,i ds_i,   M_Q = ½ (β βᵀ - (Q + T⁻¹)⁻¹),   β = ν - T μ,
+        ∂ log Z_i/∂k_i = L⁻ᵀ(γ_i - 2 g_s a_i),
+        ∂ log Z_i/∂K_uu = L⁻ᵀ(g_s a_i a_iᵀ - γ_i a_iᵀ)L⁻¹,   ∂ log Z_i/∂k_ii = g_s.
 
-    and by Woodbury (Q + T⁻¹)⁻¹ A = T A Σ_w and Aᵀβ = μ_w.  With s_i = k_ii - |a_i|²,
+    The cavity is q less the row's site, Σ_c a_i = Σ_w a_i v_c/σ² and μ_c = μ_w + Σ_w a_i (τμ_i -
+    ν_i) v_c/σ², so γ_i = d1 μ_w + e_i Σ_w a_i with e_i from :meth:`gpc._sparse.SiteRule.evidence`.
+    The block needs A Σ_w (two triangular products with R⁻¹) and one m x b x m product.
+    Returns G_A with rows γ_i - 2 g_s a_i (the K_bu part, for InducingFactor.block_gradient)
+    and AtG = Σ_b (g_s a_i - γ_i) a_iᵀ (the K_uu part in w-space).
 
-        G_A = ∂F/∂A = β μ_wᵀ - T A Σ_w - 2 diag(g_s) A,
-
-    O(b m²) per block (A Σ_w by two triangular solves with P's factor).  This is SEP eq. (4) at a
-    fixed point; during training it is used before convergence, as SEP §2.3 does with eq. (4)
-    ("inner" updates).
+    Unlike the fixed-point form of R&W eq. (5.27), which weights each row by its own site
+    (β_i = ν_i - τ_i μ_i), the rows' terms here do not depend on their own sites, only on their
+    cavities: a minibatch whose sites were refined just before the gradient (SEP §2.3) is then a
+    fair sample of all rows, whose sites are older (tested: tests/test_sparse_ep.py).
     """
     if gradient:
         mean, var, G_A = q.moments(A)
     else:
         mean, var = q.marginals(A)
     b = len(y)
-    g_s, beta = np.empty(b), np.empty(b)
-    tau, nu = _vector(tau), _vector(nu)
-    total, n_bad = SiteRule(likelihood).evidence(_vector(y), mean, var, _vector(s), tau, nu, g_s,
-                                                 beta)
+    g_s, d1, e = np.empty(b), np.empty(b), np.empty(b)
+    total, n_bad = SiteRule(likelihood).evidence(_vector(y), mean, var, _vector(s), _vector(tau),
+                                                 _vector(nu), g_s, d1, e)
     if not gradient:
         return BlockEvidence(total, None, None, None, n_bad)
-    _sparse.evidence_rows_gradient(G_A, A, beta, q.mean, tau, g_s)   # G_A, from A Σ_w in place
+    Y = np.empty_like(G_A)
+    _sparse.evidence_rows_gradient(G_A, Y, A, d1, q.mean, e, g_s)
     AtG = np.empty((A.shape[1], A.shape[1]))
-    _sparse.transpose_times(A, G_A, AtG)
+    _sparse.transpose_times(Y, A, AtG)                       # Σ_b (γ_i - g_s a_i) a_iᵀ
+    AtG *= -1.0
     return BlockEvidence(total, G_A, g_s, AtG, n_bad)
+
+
+def prior_term(q):
+    """The prior term of SEP eq. (4), (η - η_prior)ᵀ ∂θ_prior/∂ξ, as a w-space K_uu derivative:
+    ∂/∂K_uu = L⁻ᵀ G L⁻¹ with G = ½(Σ_w + μ_w μ_wᵀ - I), the u-space ½ K⁻¹(E_q[uuᵀ] - K)K⁻¹."""
+    G = q.cov
+    G += np.outer(q.mean, q.mean)
+    G.flat[:: len(G) + 1] -= 1.0
+    G *= 0.5
+    return G
 
 
 def posterior_predict(A, s, q):

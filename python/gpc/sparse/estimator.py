@@ -16,8 +16,7 @@ from ..classifier import GaussianProcessClassifier, NotFittedError, _Base, _Clas
 from ..kernels import RBF, ConstantKernel, as_kernel
 from ..likelihoods import get_likelihood
 from ._passes import as_block, block_ranges
-from ._train import (SEPState, batch_iteration, batch_step, minibatch_step, rebuild_q,
-                     tied_minibatch_step)
+from ._train import SEPState, batch_iteration, batch_step, minibatch_step, tied_minibatch_step
 from .baselines import GFITCState, SVIState, _LBFGSState
 from .ep import posterior_predict
 
@@ -137,8 +136,13 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
     learning_rate : float, default 1.0
         Adadelta's step multiplier (ρ = 0.9, ε = 1e-5).  A step that fails is undone and this is
         halved (counted in ``history_``).
-    damping : float in (0, 1], default 0.5
-        New site = damping · matched + (1 - damping) · old.
+    damping : float in (0, 1] or None, default None
+        New site = damping · matched + (1 - damping) · old.  None: 1 for minibatches with per-row
+        sites, 0.5 otherwise.  A batch pass moves every site at once from the same q, which
+        damping steadies; a minibatch refines each row once per epoch against a q that its
+        b - 1 companions barely move, and the gradient (eq. (4)) taken right after assumes the
+        refined sites' moments match (damped, the amplitude grew without bound).  The tied site
+        is a running average, which damping smooths.
     optimize_inducing : bool, default True
         Move Z along the gradient too.  With every kernel bound "fixed" and this False, ``fit``
         runs the site updates alone.
@@ -203,7 +207,7 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
 
     def __init__(self, kernel=None, n_inducing=100, inducing_points="kmeans", method="ep",
                  likelihood="probit", batch_size=None, max_iter=100, learning_rate=1.0,
-                 damping=0.5, optimize_inducing=True, tied_sites=False, jitter=1e-8,
+                 damping=None, optimize_inducing=True, tied_sites=False, jitter=1e-8,
                  validation_data=None,
                  progress=True, random_state=None, verbose=False, client=None):
         self.kernel = kernel
@@ -271,10 +275,16 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         if self.client is not None:
             self._check_distributable()
         check_positive_float(self.jitter, "jitter", allow_zero=True)
-        d = check_positive_float(self.damping, "damping")
-        if d > 1:
-            raise ValueError(f"damping must be in (0, 1], got {self.damping!r}")
+        if self.damping is not None:
+            d = check_positive_float(self.damping, "damping")
+            if d > 1:
+                raise ValueError(f"damping must be in (0, 1], got {self.damping!r}")
         return get_likelihood(self.likelihood)
+
+    def _damping(self, per_row_minibatch):
+        if self.damping is not None:
+            return self.damping
+        return 1.0 if per_row_minibatch else 0.5
 
     def _check_distributable(self):
         if self.method == "gfitc":
@@ -329,7 +339,8 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
 
     def _new_state(self, kernel, Z, n):
         if self.method == "gfitc":
-            return GFITCState(kernel, Z, n, self.jitter, self.optimize_inducing, self.damping)
+            return GFITCState(kernel, Z, n, self.jitter, self.optimize_inducing,
+                              self._damping(False))
         if self.method == "svi":
             return SVIState(kernel, Z, n, self.jitter, self.optimize_inducing)
         return SEPState(kernel, Z, n, self.jitter, self.optimize_inducing, self.learning_rate,
@@ -390,7 +401,8 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
                         objective += self._epoch(model, X, yy, minibatch, blocks, rows, bar)
                     else:
                         objective += batch_iteration(model.state, shards.rows(k, model.likelihood,
-                                                                              rows), self.damping)
+                                                                              rows),
+                                                     self._damping(False))
                         bar.update()
                 self._record(objective)
         except KeyboardInterrupt:
@@ -408,25 +420,25 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         state, n, lik = model.state, len(y), model.likelihood
         if getattr(state, "tied", False):
             def step(Xb, start, stop):
-                return tied_minibatch_step(state, lik, Xb, y[start:stop], self.damping)
+                return tied_minibatch_step(state, lik, Xb, y[start:stop], self._damping(False))
         elif not minibatch:
-            value = batch_step(state, lik, X, y, self.damping, rows)
+            value = batch_step(state, lik, X, y, self._damping(False), rows)
             bar.update()
             return value
         elif isinstance(state, SVIState):
             def step(Xb, start, stop):
                 return state.minibatch_step(lik, Xb, y[start:stop], n, self.learning_rate)
         else:
+            state.start_minibatches(X, 4096)
+
             def step(Xb, start, stop):
                 return minibatch_step(state, lik, Xb, y[start:stop], slice(start, stop), n,
-                                      self.damping)
+                                      self._damping(True))
         values = []
         for k in self._rng_.permutation(len(blocks)):
             start, stop = blocks[k]
             values.append(step(as_block(X, start, stop), start, stop))
             bar.update()
-        if isinstance(state, SEPState) and not state.tied:
-            rebuild_q(state, X, rows)
         return float(np.mean(values))
 
     def _stream(self, X, y):
@@ -438,7 +450,7 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
             yy = np.where(y == positive, 1.0, -1.0)
             rows = self.batch_size or 4096
             values = [tied_minibatch_step(model.state, model.likelihood, as_block(X, a, b),
-                                          yy[a:b], self.damping)
+                                          yy[a:b], self._damping(False))
                       for a, b in block_ranges(X.shape[0], rows)]
             objective += float(np.mean(values))
         self._record(objective)
