@@ -51,12 +51,15 @@ def _converged(lik, X, y, kernel, Z, init=None):
     return factor, q, tau, nu
 
 
-@pytest.mark.parametrize("likelihood, white", [("probit", True), ("logit", True), ("probit", False)])
-def test_evidence_gradient_matches_finite_differences(likelihood, white):
-    # The gradient is eq. (4) at an EP fixed point; the finite differences re-converge EP (warm
-    # started) at θ ± h, so they see the total derivative of the converged log Z_q.  With the
-    # white-noise term the kernel's general contractions run; without it, the squared
-    # exponential's b x m path (_inducing._SquaredExponential).
+@pytest.mark.parametrize("likelihood, white, held", [
+    ("probit", True, "sites"), ("logit", True, "sites"), ("probit", False, "sites"),
+    ("probit", True, "cavity"), ("logit", False, "cavity")])
+def test_evidence_gradient_matches_finite_differences(likelihood, white, held):
+    # The gradient is eq. (4) at an EP fixed point, in either of its forms (sites following
+    # their rows, batch; or fixed in u-space with the cavities held, minibatches); the finite
+    # differences re-converge EP (warm started) at θ ± h, so they see the total derivative of
+    # the converged log Z_q.  With the white-noise term the kernel's general contractions run;
+    # without it, the squared exponential's b x m path (_inducing._SquaredExponential).
     X, y = _standardised("crabs")
     rng = np.random.default_rng(0)
     Z = X[rng.choice(len(y), 12, replace=False)] + 0.1 * rng.standard_normal((12, X.shape[1]))
@@ -65,7 +68,7 @@ def test_evidence_gradient_matches_finite_differences(likelihood, white):
         kernel = kernel + WhiteKernel(0.1)
     lik = get_likelihood(likelihood)
     factor, q, tau, nu = _converged(lik, X, y, kernel, Z)
-    log_z, g_theta, g_Z, n_bad = evidence(lik, X, y, factor, q, tau, nu, block_rows=64)
+    log_z, g_theta, g_Z, n_bad = evidence(lik, X, y, factor, q, tau, nu, block_rows=64, held=held)
     assert n_bad == 0
 
     def value(theta, Zp):

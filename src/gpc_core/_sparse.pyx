@@ -439,7 +439,27 @@ def row_sq_norms(const double[:, ::1] A, double[::1] out):
             out[i] = acc
 
 
-def evidence_rows_gradient(double[:, ::1] G, double[:, ::1] Y, const double[:, ::1] A,
+def site_rows_gradient(double[:, ::1] G, const double[:, ::1] A, const double[::1] beta,
+                       const double[::1] mu, const double[::1] tau, const double[::1] g_s):
+    """G (k x m, holding A Σ_w on entry) := β μ^T - diag(τ) A Σ_w - 2 diag(g_s) A, one pass:
+    ∂ log Z_q/∂A for sites that follow their rows (R&W eq. (5.27) in whitened coordinates, see
+    :func:`gpc.sparse.ep.block_evidence`)."""
+    cdef Py_ssize_t k = G.shape[0], m = G.shape[1], i, j
+    if A.shape[0] != k or A.shape[1] != m:
+        raise ValueError(f"A is {A.shape[0]} x {A.shape[1]}, G is {k} x {m}")
+    if beta.shape[0] != k or tau.shape[0] != k or g_s.shape[0] != k or mu.shape[0] != m:
+        raise ValueError("beta, tau, g_s need one entry per row and mu one per column")
+    cdef double bi, ti, gi
+    with nogil:
+        for i in range(k):
+            bi = beta[i]
+            ti = tau[i]
+            gi = 2.0 * g_s[i]
+            for j in range(m):
+                G[i, j] = bi * mu[j] - ti * G[i, j] - gi * A[i, j]
+
+
+def cavity_rows_gradient(double[:, ::1] G, double[:, ::1] Y, const double[:, ::1] A,
                            const double[::1] d1, const double[::1] mu, const double[::1] e,
                            const double[::1] g_s):
     """The rows' derivatives of SEP eq. (4), from A Σ_w (held in G on entry), one pass:

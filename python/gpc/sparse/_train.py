@@ -213,15 +213,15 @@ def batch_step(state, likelihood, X, y, damping, block_rows):
     return batch_iteration(state, LocalRows(state, likelihood, X, y, block_rows), damping)
 
 
-def _minibatch_gradient_step(state, likelihood, Xb, yb, A, s, Kbu, tau, nu, n, n_held=None):
+def _minibatch_gradient_step(state, likelihood, Xb, yb, A, s, Kbu, tau, nu, n, n_held, held):
     """The stochastic step (eq. (6)) of a minibatch at the current q; returns the estimate of
     log Z_q over all n rows.  The gradient's data terms are scaled by ``n_held`` / |M|, the rows
-    whose sites q holds (default n)."""
+    whose sites q holds; ``held`` as in :func:`ep.block_evidence`."""
     b = len(yb)
     parts = block_parts(likelihood, Xb, yb, A, s, state.factor, state.q, tau, nu, state.learns,
-                        Kbu)
+                        Kbu, held)
     _, g_theta, g_Z, _ = finish_evidence(state.factor, state.q, parts,
-                                         scale=(n if n_held is None else n_held) / b)
+                                         scale=n_held / b, held=held)
     log_z = state.q.log_normaliser_ratio() + n / b * parts[0]
     state.log_z = log_z
     if state.learns:
@@ -264,8 +264,10 @@ def minibatch_step(state, likelihood, Xb, yb, rows, n, damping):
                                    "SEPState.start_minibatches first")
             state.V = np.zeros((state.n, m), dtype=np.float32)
         _refine_minibatch(state, likelihood, yb, rows, A, s, tau, nu, damping)
+    # all rows: a batch pass, whose rebuilt q has the sites follow their rows
     return _minibatch_gradient_step(state, likelihood, Xb, yb, A, s, Kbu, state.tau[rows],
-                                    state.nu[rows], n, max(state.n_sited, b))
+                                    state.nu[rows], n, max(state.n_sited, b),
+                                    "sites" if b == state.n else "cavity")
 
 
 def _refine_minibatch(state, likelihood, yb, rows, A, s, tau, nu, damping):
@@ -339,4 +341,4 @@ def tied_minibatch_step(state, likelihood, Xb, yb, damping):
                               zero, zero, 1.0)
     dP, dh = whitened_sums(A, tau, nu)
     state.add_sites(damping * dP, damping * dh, shrink=1.0 - damping * len(yb) / n)
-    return _minibatch_gradient_step(state, likelihood, Xb, yb, A, s, Kbu, tau, nu, n)
+    return _minibatch_gradient_step(state, likelihood, Xb, yb, A, s, Kbu, tau, nu, n, n, "cavity")
