@@ -121,6 +121,11 @@ def test_squared_exponential_fast_path_equals_the_kernel_contractions(kernel):
     np.testing.assert_allclose(fresh.theta, theta, rtol=1e-14)
     np.testing.assert_allclose(fresh(X, Z), kernel.clone_with_theta(theta)(X, Z), rtol=1e-14)
     assert not np.array_equal(kernel(X, Z), fresh(X, Z))   # the original is left as it was
+    # the fast path carried to the new kernel is the one made for it from scratch
+    moved, made = fast.at(fresh), _SquaredExponential.of(fresh)
+    assert (moved.c, moved.c_free, moved.ls_free, moved.amplitude_first) == (
+        made.c, made.c_free, made.ls_free, made.amplitude_first)
+    np.testing.assert_array_equal(moved.ls, made.ls)
 
 
 def test_other_kernels_take_the_general_path():

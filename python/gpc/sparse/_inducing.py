@@ -57,6 +57,19 @@ class _SquaredExponential:
                 return cls(b, a, False)
         return None
 
+    def at(self, kernel):
+        """This fast path for ``kernel``, a :meth:`with_theta` of the kernel it was made for:
+        the same form and free parameters, the new values (no re-inspection of the kernel)."""
+        new = copy.copy(self)
+        if type(kernel) is RBF:
+            rbf = kernel
+        else:
+            amplitude, rbf = ((kernel.k1, kernel.k2) if self.amplitude_first
+                              else (kernel.k2, kernel.k1))
+            new.c = float(amplitude.constant_value)
+        new.ls = np.atleast_1d(np.asarray(rbf.length_scale, dtype=np.float64))
+        return new
+
     def with_theta(self, kernel, theta):
         """``kernel.clone_with_theta(theta)`` for this kernel's form, by shallow copies.
 
@@ -126,12 +139,13 @@ class InducingFactor:
     Z : ndarray (m, d)
     jitter : float
         Added to the diagonal of K_uu as ``jitter * mean(diag K_uu)``; 0 is allowed (the Z = X check).
+    fast : the squared exponential's fast path for ``kernel`` when known (:meth:`_SquaredExponential.at`)
     """
 
-    def __init__(self, kernel, Z, jitter=1e-8):
+    def __init__(self, kernel, Z, jitter=1e-8, fast=None):
         self.kernel = kernel
         self.Z = np.ascontiguousarray(Z, dtype=np.float64)
-        self.fast = _SquaredExponential.of(kernel)
+        self.fast = _SquaredExponential.of(kernel) if fast is None else fast
         if self.fast is not None:
             self.Kuu = self.fast.cross(self.Z, self.Z)
             _sparse.mirror_lower(self.Kuu)                    # exactly symmetric,

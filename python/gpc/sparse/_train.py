@@ -110,17 +110,17 @@ class SEPState:
         k = len(self._theta)
         bounds = self._bounds
         theta = np.clip(p[:k], bounds[:, 0], bounds[:, 1]) if k else p[:k]
+        fast = self.factor.fast
         if not k:
             kernel = self.kernel
-        elif self.factor.fast is not None:
-            kernel = self.factor.fast.with_theta(self.kernel, theta)
+        elif fast is not None:
+            kernel = fast.with_theta(self.kernel, theta)
+            fast = fast.at(kernel)
         else:
             kernel = self.kernel.clone_with_theta(theta)
         Z = p[k:].reshape(self.Z.shape) if self.optimize_inducing else self.Z
-        factor = InducingFactor(kernel, Z, self.jitter)
+        factor = InducingFactor(kernel, Z, self.jitter, fast)
         q = NaturalPosterior(*transform_natural(self.q.P, self.q.h, self.factor.Li, factor.L))
-        if not (np.all(np.isfinite(q.mean)) and np.isfinite(q.logdet)):
-            raise NotPositiveDefiniteError("q is not finite")
         self.kernel, self.Z, self.factor, self.q = kernel, np.array(Z), factor, q
         self._theta = theta
 
