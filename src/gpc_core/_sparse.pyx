@@ -411,7 +411,7 @@ cdef class SiteRule:
 # -- elementwise passes over a block ------------------------------------------------------------
 
 def row_dots(const double[:, ::1] A, const double[:, ::1] B, double[::1] out):
-    """out_i := a_i^T b_i for the rows of A and B (k x m)."""
+    """out_i := a_i^T b_i for the rows of A and B (k x m); with B = A, |a_i|²."""
     if out.shape[0] != A.shape[0] or B.shape[0] != A.shape[0] or B.shape[1] != A.shape[1]:
         raise ValueError(f"A is {A.shape[0]} x {A.shape[1]}, B {B.shape[0]} x {B.shape[1]}, out "
                          f"{out.shape[0]}")
@@ -422,20 +422,6 @@ def row_dots(const double[:, ::1] A, const double[:, ::1] B, double[::1] out):
             acc = 0.0
             for j in range(m):
                 acc = acc + A[i, j] * B[i, j]
-            out[i] = acc
-
-
-def row_sq_norms(const double[:, ::1] A, double[::1] out):
-    """out_i := |a_i|² for the rows of A (k x m)."""
-    if out.shape[0] != A.shape[0]:
-        raise ValueError(f"out has {out.shape[0]} entries, A has {A.shape[0]} rows")
-    cdef Py_ssize_t k = A.shape[0], m = A.shape[1], i, j
-    cdef double acc
-    with nogil:
-        for i in range(k):
-            acc = 0.0
-            for j in range(m):
-                acc = acc + A[i, j] * A[i, j]
             out[i] = acc
 
 

@@ -139,7 +139,8 @@ class InducingFactor:
     Z : ndarray (m, d)
     jitter : float
         Added to the diagonal of K_uu as ``jitter * mean(diag K_uu)``; 0 is allowed (the Z = X check).
-    fast : the squared exponential's fast path for ``kernel`` when known (:meth:`_SquaredExponential.at`)
+    fast : the squared exponential's fast path for ``kernel`` when known
+        (:meth:`_SquaredExponential.at`)
     """
 
     def __init__(self, kernel, Z, jitter=1e-8, fast=None):

@@ -5,7 +5,8 @@ Model (SEP eq. (1)): q(u) ∝ p(u | Z) Π_i φ̃_i(u) with rank-one sites, SEP e
     φ̃_i(u) ∝ exp(-½ τ_i (v_iᵀu)² + ν_i v_iᵀu),    v_i = K_uu⁻¹ k_i,
 
 approximating φ_i(u) = ∫ p(y_i | f) N(f | v_iᵀu, s_i) df (Φ(y_i v_iᵀu / √(1 + s_i)) for probit).
-SEP's (ν̃_i, μ̃_i) are our (τ_i, ν_i).  Per datum only the two scalars are kept.
+SEP's (ν̃_i, μ̃_i) are our (τ_i, ν_i).  Per datum the two scalars are kept (and, for minibatch
+training, the site's direction v_i: gpc.sparse._train).
 
 Everything is computed whitened: u = L w with K_uu = L Lᵀ, so p(w) = N(0, I), v_iᵀu = a_iᵀw with
 a_i = L⁻¹ k_i, and q(w) ∝ exp(-½ wᵀPw + hᵀw) with the natural parameters
@@ -13,10 +14,12 @@ a_i = L⁻¹ k_i, and q(w) ∝ exp(-½ wᵀPw + hᵀw) with the natural paramete
     P = I + Σ_i τ_i a_i a_iᵀ,    h = Σ_i ν_i a_i
 
 (the u-space sums S2 = Σ τ_i v_i v_iᵀ = L⁻ᵀ(P - I)L⁻¹ and S1 = L⁻ᵀh that q needs, seen through
-the current factor).  q is held by the Cholesky factor of P ⪰ I alone (never K_uu⁻¹, never P⁻¹):
-refining a block of sites adds Aᵀ diag(Δτ) A and Aᵀ Δν to (P, h), an O(b m²) product, and a step
-of θ or Z from L to L' keeps the sites (SEP §2.3: q is "reconstructed") by
-:func:`transform_natural`, P' = I + Mᵀ(P - I)M with M = L⁻¹L', O(m³).
+the current factor).  q is held by the inverse of the Cholesky factor of P ⪰ I alone (never
+K_uu⁻¹, never P⁻¹): refining a block of sites adds Aᵀ diag(Δτ) A and Aᵀ Δν to (P, h), an
+O(b m²) product, and a step of θ or Z from L to L' keeps the sites (SEP §2.3: q is
+"reconstructed") by :func:`transform_natural`, P' = I + Mᵀ(P - I)M with M = L⁻¹L', O(m³).
+The BLAS-3 products run through gpc._sparse (scipy's cython_blas), the per-row algebra through
+its SiteRule.
 
 The functions below are pure: a block of rows, the posterior q, the factor of K_uu and the rows'
 sites in; new sites, their sums, and the block's log Z and gradient parts out (sums taken in row
@@ -95,7 +98,7 @@ class NaturalPosterior:
         B = self.solve_rows(A, out)
         mean, var = np.empty(len(B)), np.empty(len(B))
         _sparse.rows_dot(A, self.mean, mean)
-        _sparse.row_sq_norms(B, var)
+        _sparse.row_dots(B, B, var)
         return mean, var
 
     def moments(self, A, out=None):
@@ -104,7 +107,7 @@ class NaturalPosterior:
         B = self.solve_rows(A, out)
         mean, var = np.empty(len(B)), np.empty(len(B))
         _sparse.rows_dot(A, self.mean, mean)
-        _sparse.row_sq_norms(B, var)
+        _sparse.row_dots(B, B, var)
         _sparse.rows_times_lower(self.Ri, B, False)              # rows R⁻ᵀ R⁻¹ a_i = Σ_w a_i
         return mean, var, B
 
@@ -151,18 +154,11 @@ def transform_natural(P, h, Li_old, L_new):
     return S, M.T @ h
 
 
-def cavity(mean, var, tau, nu):
-    """Cavity of x_i = a_iᵀw: q / φ̃_i; returns (mean, var, ok) with ok where its precision is > 0."""
-    prec = 1.0 / var - tau
-    ok = prec > 0
-    safe = np.where(ok, prec, 1.0)
-    cvar = 1.0 / safe
-    cmean = cvar * (mean / var - nu)
-    return cmean, cvar, ok
-
-
 def matched_site(likelihood, y, cmean, cvar, s):
     """Moment matching for φ_i (SEP eq. (1)): the f-integral widens the cavity by s_i.
+
+    The reference of the compiled rule (:class:`gpc._sparse.SiteRule`, which trains; tested
+    against this).
 
     With Z_i = ∫ p(y|f) N(f | c, v + s) df, d1 = ∂ log Z_i/∂c and d2 = ∂² log Z_i/∂c², the new
     site is τ = -d2 / (1 + d2 v), ν = (d1 - c d2) / (1 + d2 v) (R&W eq. (3.58)-(3.59) in
@@ -188,15 +184,15 @@ class SiteUpdate:
     n_skipped: int           # rows whose cavity had no positive precision (left unchanged)
 
 
-def refine_sites(likelihood, y, A, s, q, tau, nu, damping, out=None):
+def refine_sites(likelihood, y, A, s, q, tau, nu, damping):
     """Damped EP refinement of a block's sites against q (SEP §2.2): (τ_new, ν_new, n_skipped).
 
     The cavity of each row (q less its site) is moment-matched with φ_i (:func:`matched_site`'s
     algebra, compiled in :class:`gpc._sparse.SiteRule`).  Rows whose cavity has no positive
     precision, whose likelihood integral fails or whose matched site is not finite keep their
-    sites (counted in ``n_skipped``).  ``out`` may give two (b,) arrays for the new sites."""
+    sites (counted in ``n_skipped``)."""
     mean, var = q.marginals(A)
-    t_new, n_new = (np.empty(len(y)), np.empty(len(y))) if out is None else out
+    t_new, n_new = np.empty(len(y)), np.empty(len(y))
     skipped = SiteRule(likelihood).refine(_vector(y), mean, var, _vector(s), _vector(tau),
                                           _vector(nu), float(damping), t_new, n_new)
     return t_new, n_new, skipped
