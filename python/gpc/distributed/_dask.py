@@ -82,29 +82,29 @@ class ShardActor:
         self.previous = None
         self.address = get_worker().address
 
-    def run(self, payload, revert):
-        """One step: ``payload`` pickles (step, q, θ) once for every shard.  ``revert`` first gives the
-        sites back their value before the last step.  Returns (partial, rows, address, changed)."""
+    def run(self, payload, shard_arg, revert):
+        """One step: ``payload`` pickles (step, q, θ) once for every shard; ``shard_arg`` is this shard's
+        own argument or None (`DaskEngine.step`).  ``revert`` first gives the sites back their value
+        before the last step.  Returns (partial, rows, address, changed)."""
         from distributed.protocol.pickle import loads
 
         if revert:
             self.sites, self.previous = self.previous, None
-        step, q_state, theta = loads(payload)
-        new_sites, partial = step(*self.rows, q_state, theta, self.sites)
+        new_sites, partial = _apply(loads(payload), shard_arg, self.rows, self.sites)
         changed = new_sites is not self.sites
         self.previous, self.sites = self.sites, new_sites
         return partial, int(self.rows[0].shape[0]), self.address, changed
 
-    def restore(self, sites, payloads):
-        """After a lost worker: start from ``sites`` (None: the first sites) and replay the logged steps."""
+    def restore(self, sites, log):
+        """After a lost worker: start from ``sites`` (None: the first sites) and replay the logged steps,
+        ``log`` a list of (payload, this shard's argument)."""
         from distributed.protocol.pickle import loads
 
         if sites is not None:
             self.sites = sites
-        for payload in payloads:
-            step, q_state, theta = loads(payload)
+        for payload, shard_arg in log:
             self.previous = self.sites
-            self.sites, _ = step(*self.rows, q_state, theta, self.sites)
+            self.sites, _ = _apply(loads(payload), shard_arg, self.rows, self.sites)
         return self.address
 
     def get_sites(self, which, revert):
@@ -112,6 +112,11 @@ class ShardActor:
         if revert:
             self.sites, self.previous = self.previous, None
         return self.previous if which == "previous" else self.sites
+
+
+def _apply(call, shard_arg, rows, sites):
+    step, q_state, theta = call
+    return step(*rows, q_state, theta if shard_arg is None else (theta, shard_arg), sites)
 
 
 def _nbytes(obj, depth=3):
@@ -239,8 +244,11 @@ class DaskEngine:
         return self._actors[k]
 
     # -- one iteration --------------------------------------------------------------------------------
-    def step(self, step, q_state, theta):
-        """One step of every shard on the workers; the partials added in shard order."""
+    def step(self, step, q_state, theta, shard_args=None):
+        """One step of every shard on the workers; the partials added in shard order.
+
+        ``shard_args``, when given, holds one small object per shard: shard k's step then gets
+        ``theta = (theta, shard_args[k])`` (e.g. its rows of a minibatch)."""
         from distributed.protocol.pickle import dumps
 
         if self._actors is None:
@@ -250,8 +258,12 @@ class DaskEngine:
         self._check_futures(what)
         payload = dumps((step, q_state, theta))     # q and θ serialised once per round
         revert, self._revert_pending = self._revert_pending, False
-        calls = [self._call(k, "run", what, payload, revert) for k in range(len(self._actors))]
-        reports = [self._finish(k, call, what, "run", payload, revert) for k, call in enumerate(calls)]
+        args = shard_args if shard_args is not None else [None] * len(self._actors)
+        if len(args) != len(self._actors):
+            raise ValueError(f"shard_args has {len(args)} entries for {len(self._actors)} shards")
+        calls = [self._call(k, "run", what, payload, args[k], revert) for k in range(len(self._actors))]
+        reports = [self._finish(k, call, what, "run", payload, args[k], revert)
+                   for k, call in enumerate(calls)]
         self._check_futures(what)
         self.n_steps += 1
         partials = [report[0] for report in reports]
@@ -261,7 +273,7 @@ class DaskEngine:
         changed = any(report[3] for report in reports)
         self._last_logged = changed
         if changed:
-            self._log.append(payload)
+            self._log.append((payload, shard_args))
             self._log_bytes += len(payload)
             if self._log_bytes > max(self.replay_budget, self._sites_bytes()):
                 self._take_checkpoint(what)
@@ -294,7 +306,7 @@ class DaskEngine:
             self._check_client()
             self._check_futures(what)
             self._recover(k, what, call)
-            args = (args[0], False)     # the rebuilt shard's sites already follow the log: no revert
+            args = args[:-1] + (False,)     # the rebuilt shard's sites already follow the log: no revert
             call = self._call(k, method, what, *args)
         raise DistributedError(f"{what}: shard {k} was lost three times in a row ({call})")
 
@@ -313,7 +325,8 @@ class DaskEngine:
         self._start_actor(k)
         actor = self._actor(k, f"{what}: rebuilding shard {k}")
         sites = None if self._checkpoint is None else self._checkpoint[k]
-        address = self._result(actor.restore(sites, self._log), f"{what}: replaying shard {k}")
+        log = [(payload, None if args is None else args[k]) for payload, args in self._log]
+        address = self._result(actor.restore(sites, log), f"{what}: replaying shard {k}")
         self._addresses[k] = address
         self.recoveries += 1
         logger.warning("%s: the worker %s of shard %d (%d rows) was lost (%s: %s); the shard was rebuilt on "
@@ -330,7 +343,7 @@ class DaskEngine:
         sites = self._gather_sites("previous", f"{what}: checkpoint")
         self._checkpoint = sites
         self._log = self._log[-1:]
-        self._log_bytes = len(self._log[0])
+        self._log_bytes = len(self._log[0][0])
 
     def _gather_sites(self, which, what):
         revert, self._revert_pending = self._revert_pending, False
@@ -345,7 +358,7 @@ class DaskEngine:
         self._can_revert = False
         self._revert_pending = True
         if self._last_logged:      # after a checkpoint, that holds the sites before the reverted step
-            self._log_bytes -= len(self._log.pop())
+            self._log_bytes -= len(self._log.pop()[0])
         self._last_logged = False
 
     def sites(self):

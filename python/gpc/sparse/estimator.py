@@ -16,7 +16,7 @@ from ..classifier import GaussianProcessClassifier, NotFittedError, _Base, _Clas
 from ..kernels import RBF, ConstantKernel, as_kernel
 from ..likelihoods import get_likelihood
 from ._passes import as_block, block_ranges
-from ._train import (SEPState, batch_iteration, batch_step, minibatch_step, rebuild_q,
+from ._train import (SEPState, batch_step, iteration, minibatch_step, rebuild_q,
                      tied_minibatch_step)
 from .baselines import GFITCState, SVIState, _LBFGSState
 from .ep import posterior_predict
@@ -280,13 +280,9 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         if self.method == "gfitc":
             raise ValueError("client= cannot run method='gfitc': GFITC's evidence is not a sum over "
                              "the data (SEP §3), so it does not split over workers; use "
-                             "method='ep' or client=None")
-        if self.method == "svi":
-            raise ValueError("client= runs method='ep' only; distributed SVI is not implemented: use "
-                             "method='ep' or client=None")
-        if self.batch_size is not None or self.tied_sites:
-            raise ValueError("client= trains batch SEP only (batch_size=None, tied_sites=False); "
-                             "minibatches and tied sites run in process (client=None)")
+                             "method='ep' or 'svi', or client=None")
+        if self.tied_sites:
+            raise ValueError("client= does not run tied_sites=True: TIED")
 
     def _rng(self):
         rs = self.random_state
@@ -379,8 +375,9 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
                 from ._distributed import DistributedFit
                 shards = DistributedFit(self.client, X, [yy for _, yy in self._problems], states)
             if isinstance(states[0], _LBFGSState) and not minibatch:
-                for model, yy in self._problems:
-                    model.state.run(model.likelihood, X, yy, epochs,
+                for k, (model, yy) in enumerate(self._problems):
+                    data = X if shards is None else shards.rows(k, model.likelihood, rows)
+                    model.state.run(model.likelihood, data, yy, epochs,
                                     lambda value: (bar.update(), self._record(value)), rows)
                 epochs = 0
             for _ in range(epochs):
@@ -389,9 +386,7 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
                     if shards is None:
                         objective += self._epoch(model, X, yy, minibatch, blocks, rows, bar)
                     else:
-                        objective += batch_iteration(model.state, shards.rows(k, model.likelihood,
-                                                                              rows), self.damping)
-                        bar.update()
+                        objective += self._shard_epoch(shards, k, model, minibatch, rows, bar)
                 self._record(objective)
         except KeyboardInterrupt:
             interrupted = True
@@ -403,6 +398,28 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
             import warnings
             warnings.warn("fit interrupted: the model keeps its last completed step",
                           RuntimeWarning, stacklevel=3)
+
+    def _shard_epoch(self, shards, k, model, minibatch, rows, bar):
+        """One epoch of problem k on the engine's shards (``client=``): the in-process epoch's steps,
+        each worker taking its share of every minibatch (``_distributed.minibatch_plan``)."""
+        state, lik = model.state, model.likelihood
+        if not minibatch:
+            value = iteration(state, shards.rows(k, lik, rows), self.damping)
+            bar.update()
+            return value
+        plan = shards.plan(self.batch_size)
+        values = []
+        for j in self._rng_.permutation(len(plan)):
+            batch = shards.rows(k, lik, rows, plan[j])
+            if isinstance(state, SVIState):
+                values.append(state.minibatch_step(lik, batch, shards.batch_labels(k, plan[j]),
+                                                   shards.engine.n_rows, self.learning_rate))
+            else:
+                values.append(iteration(state, batch, self.damping))
+            bar.update()
+        if isinstance(state, SEPState):
+            shards.rebuild_q(state, k, rows)
+        return float(np.mean(values))
 
     def _epoch(self, model, X, y, minibatch, blocks, rows, bar):
         state, n, lik = model.state, len(y), model.likelihood
