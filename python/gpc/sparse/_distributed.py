@@ -11,6 +11,9 @@ functions as the in-process fit (:mod:`gpc.sparse._passes`, :mod:`gpc.sparse.ep`
   parts of log Z_q (eq. (3)) and of its gradient (eq. (4)) at the new q.  A minibatch step scales the
   data terms by n/|M| (eq. (6)); at the end of a minibatch epoch :func:`sums_task` rebuilds q from
   every site with the current factor, as the in-process epoch does.
+* Tied sites (one shared average site, beyond the SEP paper): :func:`tied_task` matches the
+  shard's rows of the minibatch against the tied cavity and returns their sums; the evidence round is
+  SEP's.  The shards keep those rows' matched sites between the two rounds.
 * SVI: :func:`svi_task` returns the shard's parts of the bound (8) and of its gradient, for batch
   L-BFGS-B (all rows) or a minibatch Adadelta step (its share of the minibatch, scaled by n/|M|).
 
@@ -32,6 +35,7 @@ import numpy as np
 
 from ..exceptions import NotPositiveDefiniteError
 from ._passes import as_block, block_parts, block_ranges, evidence_parts, site_pass
+from ._train import tied_block_sites
 from .baselines import svi_parts
 from .ep import NaturalPosterior, update_sites, whitened_sums
 
@@ -97,6 +101,22 @@ def evidence_task(X, Y, T0, N0, q, theta, sites):
     if not gradient:                      # no None leaves: the engine adds every leaf
         parts = (parts[0], parts[4])
     return sites, parts
+
+
+def tied_task(X, Y, T0, N0, q, theta, sites):
+    """Round 1 of a tied-site step on one shard: its rows of the minibatch matched against the tied
+    cavity ``q`` (:func:`gpc.sparse._train.tied_block_sites`) and their sums.  The matched sites are
+    written into the shard's site column, where round 2 (:func:`evidence_task`) reads them."""
+    (column, likelihood, factor), (start, stop) = theta
+    if start == stop:
+        return sites, (np.zeros((factor.m, factor.m)), np.zeros(factor.m))
+    A, s = factor.whiten(as_block(X, start, stop))
+    matched = tied_block_sites(likelihood, Y[start:stop, column], A, s, q)
+    columns = list(_columns(T0, N0, sites))
+    tau, nu = (c.copy() for c in columns[column])
+    tau[start:stop], nu[start:stop] = matched
+    columns[column] = (tau, nu)
+    return columns, whitened_sums(A, *matched)
 
 
 def sums_task(X, Y, T0, N0, q, theta, sites):
@@ -170,6 +190,11 @@ class ShardedRows:
         q, factor = _light(q, factor)
         return self.engine.step(site_task, q, (self.column, self.likelihood, factor, damping,
                                                self.block_rows, sums), self.batch)
+
+    def match_sites(self, factor, cavity):
+        """Tied sites: each row of the minibatch matched against the cavity, their sums."""
+        cavity, factor = _light(cavity, factor)
+        return self.engine.step(tied_task, cavity, (self.column, self.likelihood, factor), self.batch)
 
     def commit(self):
         """The new sites are already the shards' current ones."""

@@ -17,7 +17,7 @@ from ..kernels import RBF, ConstantKernel, as_kernel
 from ..likelihoods import get_likelihood
 from ._passes import as_block, block_ranges
 from ._train import (SEPState, batch_step, iteration, minibatch_step, rebuild_q,
-                     tied_minibatch_step)
+                     tied_iteration, tied_minibatch_step)
 from .baselines import GFITCState, SVIState, _LBFGSState
 from .ep import posterior_predict
 
@@ -281,9 +281,6 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
             raise ValueError("client= cannot run method='gfitc': GFITC's evidence is not a sum over "
                              "the data (SEP §3), so it does not split over workers; use "
                              "method='ep' or 'svi', or client=None")
-        if self.tied_sites:
-            raise ValueError("client= does not run tied_sites=True: TIED")
-
     def _rng(self):
         rs = self.random_state
         if isinstance(rs, np.random.Generator):
@@ -403,21 +400,23 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         """One epoch of problem k on the engine's shards (``client=``): the in-process epoch's steps,
         each worker taking its share of every minibatch (``_distributed.minibatch_plan``)."""
         state, lik = model.state, model.likelihood
-        if not minibatch:
+        if not minibatch and not getattr(state, "tied", False):
             value = iteration(state, shards.rows(k, lik, rows), self.damping)
             bar.update()
             return value
-        plan = shards.plan(self.batch_size)
+        plan = shards.plan(rows)
         values = []
         for j in self._rng_.permutation(len(plan)):
             batch = shards.rows(k, lik, rows, plan[j])
             if isinstance(state, SVIState):
                 values.append(state.minibatch_step(lik, batch, shards.batch_labels(k, plan[j]),
                                                    shards.engine.n_rows, self.learning_rate))
+            elif state.tied:
+                values.append(tied_iteration(state, batch, self.damping))
             else:
                 values.append(iteration(state, batch, self.damping))
             bar.update()
-        if isinstance(state, SEPState):
+        if isinstance(state, SEPState) and not state.tied:
             shards.rebuild_q(state, k, rows)
         return float(np.mean(values))
 
@@ -449,15 +448,27 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
     def _stream(self, X, y):
         """Tied sites: one step per block of the given rows, which need not be the fit's rows."""
         y = np.asarray(y)
+        rows = self.batch_size or 4096
+        targets = [np.where(y == (self.classes_[1] if len(self._problems) == 1 else c), 1.0, -1.0)
+                   for c in self.classes_[:len(self._problems)]]
+        shards = None
+        if self.client is not None:
+            from ._distributed import DistributedFit
+            shards = DistributedFit(self.client, X, targets, [m.state for m, _ in self._problems])
         objective = 0.0
-        for k, (model, _) in enumerate(self._problems):
-            positive = self.classes_[1] if len(self._problems) == 1 else self.classes_[k]
-            yy = np.where(y == positive, 1.0, -1.0)
-            rows = self.batch_size or 4096
-            values = [tied_minibatch_step(model.state, model.likelihood, as_block(X, a, b),
-                                          yy[a:b], self.damping)
-                      for a, b in block_ranges(X.shape[0], rows)]
-            objective += float(np.mean(values))
+        try:
+            for k, ((model, _), yy) in enumerate(zip(self._problems, targets)):
+                if shards is None:
+                    values = [tied_minibatch_step(model.state, model.likelihood, as_block(X, a, b),
+                                                  yy[a:b], self.damping)
+                              for a, b in block_ranges(X.shape[0], rows)]
+                else:           # the blocks in order, each worker taking its share
+                    values = [tied_iteration(model.state, shards.rows(k, model.likelihood, rows, batch),
+                                             self.damping) for batch in shards.plan(rows)]
+                objective += float(np.mean(values))
+        finally:
+            if shards is not None:
+                shards.finish([])
         self._record(objective)
 
     def _record(self, objective):
