@@ -199,10 +199,11 @@ class DaskEngine:
         self._check_client()
         n_rows = check_arrays(arrays)
         dask_input = [a for a in arrays if isinstance(a, da.Array)]
+        workers = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
         if dask_input:
             row_chunks = dask_input[0].chunks[0]
         else:
-            n_shards = self.n_shards or max(len(self.client.scheduler_info(n_workers=-1)["workers"]), 1)
+            n_shards = self.n_shards or max(len(workers), 1)
             bounds = shard_bounds(n_rows, n_shards)
             row_chunks = tuple(int(s) for s in np.diff(bounds))
         pieces = []
@@ -221,8 +222,8 @@ class DaskEngine:
         self._futures = [None] * len(row_chunks)
         self._actors = [None] * len(row_chunks)
         self._addresses = [None] * len(row_chunks)
-        for k in range(len(row_chunks)):
-            self._start_actor(k)
+        for k in range(len(row_chunks)):    # shard k on worker k (round robin), its chunk moved there once
+            self._start_actor(k, workers[k % len(workers)] if workers else None)
         for k in range(len(row_chunks)):
             self._actor(k, "loading the shards")
         self._log, self._checkpoint, self._log_bytes = [], None, 0
@@ -232,9 +233,10 @@ class DaskEngine:
         self.rows_counted = 0
         return self
 
-    def _start_actor(self, k):
+    def _start_actor(self, k, worker=None):
         self._futures[k] = self.client.submit(ShardActor, self._init_sites, *self._rows[k], actor=True,
-                                              pure=False)
+                                              pure=False, workers=None if worker is None else [worker],
+                                              allow_other_workers=worker is not None)
         self._actors[k] = None
 
     def _actor(self, k, what):
