@@ -179,6 +179,19 @@ def client(cluster):
         yield client
 
 
+@pytest.fixture
+def victims():
+    """A client on a fresh cluster of 2 workers for a test that kills one.  The killed worker's nanny
+    restarts it, but on a loaded machine such a restart has been seen to fail (the new worker closed
+    seconds after it registered), so no test waits for it: the fit goes on with the survivor."""
+    with dask.config.set(COMM_TIMEOUTS), \
+            distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                     dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cluster, \
+            distributed.Client(cluster, timeout=PATIENCE) as client:
+        client.wait_for_workers(2, timeout=PATIENCE)
+        yield client
+
+
 @pytest.mark.parametrize("engine_kind", ["in-process", "dask"])
 def test_revert_gives_back_the_sites_before_the_last_step(client, engine_kind):
     """After a rejected step the shards carry on from their earlier sites: step, step, revert, step equals
@@ -250,10 +263,11 @@ def crash_once_step(marker, *args):
 
 
 @pytest.mark.parametrize("when", ["between steps", "during a step"])
-def test_killed_worker_is_not_a_failure(client, caplog, tmp_path, when):
-    """A worker process dies after step 2 of 6, or inside its task of step 3: its shard reruns elsewhere
-    from the source rows and the chain of earlier steps, every row is counted at every step, and the fit
-    equals an undisturbed one (a reset of the sites would be off by ~4e-2 here)."""
+def test_killed_worker_is_not_a_failure(victims, caplog, tmp_path, when):
+    """A worker process dies after step 2 of 6, or inside its call of step 3: its shard is rebuilt on a live
+    worker from its rows and the replay log, every row is counted at every step, and the fit equals an
+    undisturbed one (a reset of the sites would be off by ~4e-2 here)."""
+    client = victims
     X, y = toy(seed=1)
     engine = DaskEngine(client, n_shards=2, timeout=PATIENCE)
     marker = tmp_path / "killed"
@@ -281,7 +295,6 @@ def test_killed_worker_is_not_a_failure(client, caplog, tmp_path, when):
     assert killed[0] not in client.scheduler_info(n_workers=-1)["workers"]
     assert any("was lost" in r.getMessage() and killed[0] in r.getMessage() for r in caplog.records)
     assert_same_fit(disturbed, fit(InProcessEngine(2), X, y, n_iter=6), atol=1e-10)
-    client.wait_for_workers(2, timeout=PATIENCE)   # the nanny restarts the worker for the next tests
 
 
 async def _reset_connection(client):
@@ -477,15 +490,15 @@ def _killing_engine(client, kill_before_step, killed, **options):
     (dict(tied_sites=True, batch_size=100), None),
     (dict(method="svi", batch_size=100), None),      # no sites: the shard is rebuilt from its rows alone
 ], ids=["SEP minibatch, checkpoints", "SEP minibatch", "SEP tied sites", "SVI minibatch"])
-def test_sparse_fit_survives_a_killed_worker(client, caplog, params, budget):
+def test_sparse_fit_survives_a_killed_worker(victims, caplog, params, budget):
     """A worker killed in the middle of a minibatch fit (before its 11th round of shard calls):
     the shard is rebuilt on a live worker with its sites recovered, every row is counted at every step (the
     engine checks), the log says what happened, and the fit equals an undisturbed one to 1e-10."""
     from gpc import SparseGaussianProcessClassifier
 
+    client = victims
     X, y = _sparse_problem(2)
     kw = dict(n_inducing=8, max_iter=3, random_state=0, progress=False, **params)
-    client.wait_for_workers(2, timeout=PATIENCE)
     killed = []
     options = {} if budget is None else dict(replay_budget=budget)
     engine = _killing_engine(client, 10, killed, **options)
@@ -496,18 +509,17 @@ def test_sparse_fit_survives_a_killed_worker(client, caplog, params, budget):
     assert engine.recoveries == 1
     assert_same_state(SparseGaussianProcessClassifier(client=InProcessEngine(2), **kw).fit(X, y), disturbed,
                       atol=1e-10)
-    client.wait_for_workers(2, timeout=PATIENCE)   # the nanny restarts the worker for the next tests
 
 
-def test_revert_after_a_checkpoint_then_a_lost_worker(client, caplog):
+def test_revert_after_a_checkpoint_then_a_lost_worker(victims, caplog):
     """Checkpoints after every step (replay budget 1 byte), a step rejected, then a worker killed: the
     rebuilt shard starts from the checkpoint (the sites before the rejected step) and the fit equals the
     in-process one (1e-10)."""
+    client = victims
     X, y = toy(n=300)
     theta = (1.0, X[:M_INDUCING])
     runs = []
     for engine in (InProcessEngine(2), DaskEngine(client, n_shards=2, timeout=PATIENCE, replay_budget=1)):
-        client.wait_for_workers(2, timeout=PATIENCE)
         engine.load((X, y), zero_sites)
         q = q_from(engine.step(ep_step, (np.zeros(M_INDUCING), np.eye(M_INDUCING)), theta))
         q = q_from(engine.step(ep_step, q, theta))
@@ -521,7 +533,6 @@ def test_revert_after_a_checkpoint_then_a_lost_worker(client, caplog):
         runs.append((q_from(total), total, engine.sites()))
     assert engine.recoveries == 1
     assert_same_fit(runs[0], runs[1], atol=1e-10)
-    client.wait_for_workers(2, timeout=PATIENCE)
 
 
 def test_gfitc_does_not_distribute_and_says_why(client):
@@ -581,17 +592,22 @@ def test_sparse_classifier_without_dask_names_the_extra(monkeypatch):
         SparseGaussianProcessClassifier(client=object(), n_inducing=5, max_iter=1, progress=False).fit(X, y)
 
 
-def test_command_line_fits_on_a_running_scheduler(cluster, capsys):
-    """``gpc sep-distributed --scheduler ADDRESS``: one fit in process and one on the cluster, the same model
-    (log Z and test error printed alike to the digits shown)."""
+@pytest.mark.parametrize("extra", [[], ["--batch-size", "40"]], ids=["batch", "minibatch"])
+def test_command_line_fits_on_a_running_scheduler(cluster, capsys, extra):
+    """``gpc sep-distributed --scheduler ADDRESS``: one fit in process and one on the cluster.  In batch, the
+    same model (log Z and test error printed alike to the digits shown); minibatches differ between the
+    two (each worker takes its share of every minibatch), so there both rows are only checked to exist."""
     from gpc.__main__ import main
 
     main(["sep-distributed", "--scheduler", cluster.scheduler_address, "--data", "crabs", "--n-inducing",
-          "5", "--max-iter", "3"])
+          "5", "--max-iter", "3", *extra])
     lines = capsys.readouterr().out.splitlines()
     rows = {line.split()[0]: line.split()[-3:] for line in lines if line.startswith(("in process", "scheduler"))}
     assert set(rows) == {"in", "scheduler"}
-    assert rows["in"][0] == rows["scheduler"][0] and rows["in"][2] == rows["scheduler"][2]  # error, log Z
+    if not extra:
+        assert rows["in"][0] == rows["scheduler"][0] and rows["in"][2] == rows["scheduler"][2]  # error, log Z
+    else:
+        assert "minibatches of 40" in lines[0] and 0 <= float(rows["scheduler"][0]) <= 1
 
 
 def test_command_line_rejects_bad_counts(capsys):

@@ -158,15 +158,17 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         Seeds the inducing-point initialisation and the minibatch order.
     verbose : bool, default False
         Print one line per epoch.
-    client : dask.distributed.Client or None, default None
+    client : dask.distributed.Client, a gpc.distributed engine, or None, default None
         Train on a Dask cluster (SEP §2.3, Fig. 1 right; see the distributed guide): the rows
         and their sites are split into one shard per worker (a Dask array keeps its row chunks)
-        and stay there; each iteration sends q and θ out and gets O(m²) sums back.  The fit
-        equals the in-process one up to the order of the sums.  Batch ``method="ep"`` only:
-        GFITC's evidence is not a sum over the data (SEP §3), and SVI, minibatches and tied
-        sites are not distributed yet; they raise a ValueError.  Needs the ``distributed``
-        extra (``pip install "gpc[distributed]"``).  Clones share the client; a pickled model
-        drops it (``client=None`` after unpickling).
+        and stay there; each step sends q and θ out and gets O(m²) sums back.  Batch and
+        minibatch SEP, tied sites and SVI (batch and minibatch) all run there; each worker
+        takes its share of every minibatch.  ``method="gfitc"`` raises a ValueError: GFITC's
+        evidence is not a sum over the data (SEP §3).  A batch fit equals the in-process one up
+        to the order of the sums; ``client=gpc.distributed.InProcessEngine(n_shards=K)`` runs
+        the same shards in this process, which reproduces a minibatch fit on K workers.  A Dask
+        client needs the ``distributed`` extra (``pip install "gpc[distributed]"``).  Clones
+        share the client; a pickled model drops it (``client=None`` after unpickling).
 
     Attributes
     ----------
