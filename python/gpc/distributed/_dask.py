@@ -25,8 +25,8 @@ it, then retries the call.  The sites are therefore **recovered exactly, not res
 equals an undisturbed one to rounding.  Each recovery is logged (``logging.getLogger("gpc.distributed")``,
 WARNING): the lost worker, the shard, where it was rebuilt and how many steps were replayed.
 
-The log holds references to the q and θ objects the master made anyway.  When its size passes
-``replay_budget`` bytes (and the sites' size), the engine takes a checkpoint: every shard's sites come to
+The log holds each logged step's pickled (step, q, θ), the bytes that were sent anyway.  When its size
+passes ``replay_budget`` bytes (and the sites' size), the engine takes a checkpoint: every shard's sites come to
 the master once (O(n)) and the log restarts from them, so recovery memory stays bounded for long
 minibatch fits.
 
