@@ -266,11 +266,15 @@ class DistributedFit:
         """Bring the sites home into ``states`` (O(n), once, so that the model can be continued
         in process or on another cluster) and release the shards."""
         try:
-            shards = self.engine.sites()
-            if all(s is not None for s in shards):
-                for k, state in enumerate(states):
-                    if getattr(state, "tau", None) is not None:
-                        state.tau = np.concatenate([s[k][0] for s in shards])
-                        state.nu = np.concatenate([s[k][1] for s in shards])
+            with_sites = [k for k, state in enumerate(states) if getattr(state, "tau", None) is not None]
+            shards = self.engine.sites() if with_sites else []     # SVI and tied sites have none
+            bounds = self.engine.bounds
+            for k in with_sites:
+                state = states[k]
+                # a shard that never changed its sites (None) still has the ones it was given
+                parts = [(state.tau[lo:hi], state.nu[lo:hi]) if s is None else s[k]
+                         for s, lo, hi in zip(shards, bounds[:-1], bounds[1:])]
+                state.tau = np.concatenate([tau for tau, _ in parts])
+                state.nu = np.concatenate([nu for _, nu in parts])
         finally:
             self.engine.close()

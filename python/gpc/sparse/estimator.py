@@ -470,7 +470,7 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
                 objective += float(np.mean(values))
         finally:
             if shards is not None:
-                shards.finish([])
+                shards.finish([])       # tied sites: nothing per row to bring home
         self._record(objective)
 
     def _record(self, objective):
