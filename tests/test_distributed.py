@@ -150,6 +150,9 @@ def test_mismatched_rows_are_rejected():
         InProcessEngine(2).load((np.zeros((5, 2)), np.zeros(4)), zero_sites)
     with pytest.raises(RuntimeError, match="load"):
         InProcessEngine(2).step(ep_step, None, None)
+    engine = InProcessEngine(2).load((np.zeros((4, 2)), np.zeros(4)), zero_sites)
+    with pytest.raises(ValueError, match="shard_args has 1 entries for 2 shards"):
+        engine.step(ep_step, None, None, shard_args=[(0, 1)])
 
 
 def test_client_without_dask_names_the_extra(monkeypatch):
