@@ -6,11 +6,11 @@ Where things live
   ``da.from_array(x, chunks=(sizes, -1))`` with one chunk per worker (the scheduler then holds the source
   array inside the graph); a Dask input keeps its row chunks (its columns are gathered into one chunk).
   The rows are sent to a worker once and never again per step.
-* One *actor* per shard (:class:`ShardActor`, created on the worker that holds the chunk) keeps a
-  reference to the rows and the shard's sites.  A step is one call per shard, straight to the actor:
-  ``step``, q and θ go out pickled once per round (O(m²)), the partial, the row count and the worker's
-  address come back (O(m²)).  The sites never leave the worker.  A call bypasses the scheduler's task
-  machinery, so a round costs one round trip (a pure task per shard cost three hops more per round:
+* One *actor* per shard (:class:`ShardActor`, shard k on worker k in turn) keeps a reference to the
+  rows and the shard's sites.  A step is one call per shard to its actor, relayed by the scheduler:
+  ``step``, q and θ go out pickled once per round (O(m²)); the partial, the row count and a flag saying
+  whether the sites changed come back (O(m²)).  The sites never leave the worker.  A call bypasses the
+  scheduler's task machinery (a step task and a report task per shard cost 3-5 times as much per round:
   see bench/RESULTS.md, "Distributed engine").
 * The master adds the partials in shard order (`add_partials`), so the sum equals the in-process sum.
 
