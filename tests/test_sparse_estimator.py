@@ -253,8 +253,7 @@ def test_refined_minibatch_is_a_fair_sample_of_the_gradient(held):
     for k in range(n // b):
         s2, rows = copy.deepcopy(state), slice(k * b, (k + 1) * b)
         A, s, Kbu = s2.factor.whiten(X[rows], keep_cross=True)
-        _train._refine_minibatch(s2, lik, y[rows], rows, A, s, s2.tau[rows].copy(),
-                                 s2.nu[rows].copy(), 1.0)
+        _train._refine_minibatch(s2, _train.LocalBatch(s2, lik, X[rows], y[rows], rows), 1.0)
         parts = block_parts(lik, X[rows], y[rows], A, s, s2.factor, s2.q, s2.tau[rows],
                             s2.nu[rows], True, Kbu, held)
         mean = mean + finish_evidence(s2.factor, s2.q, parts, scale=n / b, held=held)[1] / (n // b)
