@@ -25,7 +25,7 @@ def _fit_variant(task):
                           validation_data=(X_te, y_te), kernel=kernel)
     with count_convergence_warnings():
         try:
-            clf, _, stopped = train(method, clf, X_tr, y_tr, epochs)
+            clf, _, _, stopped = train(method, clf, X_tr, y_tr, epochs)
         except (ValueError, ArithmeticError, np.linalg.LinAlgError) as exc:
             return {"variant": variant, "method": method, "failure": f"{type(exc).__name__}: {exc}"[:200]}
     h = clf.history_

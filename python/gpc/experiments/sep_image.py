@@ -46,7 +46,7 @@ def _fit(task):
     clf = make_classifier(method, Z, iterations, seed, validation_data=(X_te, y_te))
     with count_convergence_warnings():
         try:
-            clf, _, stopped = train(method, clf, X_tr, y_tr, iterations)
+            clf, _, _, stopped = train(method, clf, X_tr, y_tr, iterations)
         except (ValueError, ArithmeticError, np.linalg.LinAlgError) as exc:
             return {"failure": f"{type(exc).__name__}: {exc}"[:200]}
     h = clf.history_

@@ -83,14 +83,22 @@ def _fit_split(task):
     clf = make_classifier(method, Z, iterations, seed)
     with count_convergence_warnings() as caught:
         try:
-            clf, seconds, stopped = train(method, clf, X_tr, y_tr, iterations)
+            clf, seconds, wall, stopped = train(method, clf, X_tr, y_tr, iterations)
             proba = clf.predict_proba(X_te)[:, list(clf.classes_).index(1)]
         except (ValueError, ArithmeticError, np.linalg.LinAlgError) as exc:
             return {"nll": None, "failure": f"{type(exc).__name__}: {exc}"[:200]}
     error, nll = predictive_scores(proba, y_te)
-    return {"nll": nll, "error": error, "seconds": seconds, "trivial_nll": trivial_nll(y_tr, y_te),
-            "n_iter": clf.n_iter_, "stopped": stopped, "reverted": clf.history_[-1]["reverted"] if clf.history_ else 0,
-            "n_warnings": len(caught)}
+    state = clf._problems[0][0].state
+    return {"nll": nll, "error": error, "seconds": seconds, "wall": wall,
+            "trivial_nll": trivial_nll(y_tr, y_te), "n_iter": clf.n_iter_, "stopped": stopped,
+            "reverted": clf.history_[-1]["reverted"] if clf.history_ else 0,
+            "ep_passes": getattr(state, "passes", None), "n_warnings": len(caught)}
+
+
+def task_cost(n, m, method):
+    """A rough relative cost of one fit, n m² per iteration (GFITC's EP passes counted twice),
+    to start the longest fits first so that the pool's last fits are short ones."""
+    return n * (m * m + 100.0 * m) * (2.0 if method == "gfitc" else 1.0)
 
 
 def cells(dataset_names, m_fractions, methods):
@@ -101,14 +109,21 @@ def _sd(values):
     return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
 
 
+def _mean(values):
+    return float(np.mean(values)) if len(values) else None
+
+
 def run(dataset_names=DATASETS, m_fractions=M_FRACTIONS, methods=METHOD_ORDER, n_splits=N_SPLITS,
         iterations=ITERATIONS, seed=0, jobs=1, progress=True):
     """Run the table; one record per (dataset, m fraction, method).
 
-    Records: dataset, method, m_fraction, nll_mean, nll_sd, error_mean, time_mean, n_splits (splits
-    that ran), plus m, time_sd, trivial_nll (the constant predictor's NLL on the same splits),
-    paper_nll, paper_sd, within_paper_sd, n_failed, failures, n_stopped (SEP fits the divergence
-    guard of :func:`.sep_common.fit_with_divergence_guard` stopped early) and mean_iterations.
+    Records: dataset, method, m_fraction, nll_mean, nll_sd, error_mean, time_mean (training CPU
+    seconds, :func:`.sep_common.timed_fit`), n_splits (splits that ran), plus m, time_sd,
+    wall_mean (wall seconds), nll_splits (each split's NLL), trivial_nll (the constant predictor's
+    NLL on the same splits), paper_nll, paper_sd, within_paper_sd, n_failed, failures, n_stopped
+    (SEP fits the divergence guard of :func:`.sep_common.fit_with_divergence_guard` stopped
+    early), mean_iterations and, for GFITC, ep_passes_per_evaluation.  Fits run longest first
+    (:func:`task_cost`); the records do not depend on the order or on ``jobs``.
     """
     for meth in methods:
         if meth not in METHODS:
@@ -128,7 +143,13 @@ def run(dataset_names=DATASETS, m_fractions=M_FRACTIONS, methods=METHOD_ORDER, n
             m = max(1, int(round(f * len(train))))
             tasks.append((X[train], y[train], X[test], y[test], meth, m, iterations, seed + k))
             keys.append((d, f, meth))
-    results = map_tasks(_fit_split, tasks, jobs=jobs, desc="sep-table1 fits", show=progress)
+    order = sorted(range(len(tasks)), key=lambda i: -task_cost(len(tasks[i][1]), tasks[i][5],
+                                                               tasks[i][4]))
+    done = map_tasks(_fit_split, [tasks[i] for i in order], jobs=jobs, desc="sep-table1 fits",
+                     show=progress)
+    results = [None] * len(tasks)
+    for i, r in zip(order, done):
+        results[i] = r
     records = []
     for cell in table:
         rs = [r for key, r in zip(keys, results) if key == cell]
@@ -138,18 +159,22 @@ def run(dataset_names=DATASETS, m_fractions=M_FRACTIONS, methods=METHOD_ORDER, n
         paper_mean, paper_sd = paper_cell(d, f, meth)
         rec = {"dataset": d, "method": meth, "m_fraction": f,
                "m": int(round(f * len(split(len(data[d][1]), seed, 0)[0]))),
-               "nll_mean": float(np.mean(nll)) if ok else None, "nll_sd": _sd(nll),
-               "error_mean": float(np.mean([r["error"] for r in ok])) if ok else None,
-               "time_mean": float(np.mean([r["seconds"] for r in ok])) if ok else None,
-               "time_sd": _sd([r["seconds"] for r in ok]), "n_splits": len(ok),
-               "trivial_nll": float(np.mean([r["trivial_nll"] for r in ok])) if ok else None,
+               "nll_mean": _mean(nll), "nll_sd": _sd(nll),
+               "error_mean": _mean([r["error"] for r in ok]),
+               "time_mean": _mean([r["seconds"] for r in ok]),
+               "time_sd": _sd([r["seconds"] for r in ok]),
+               "wall_mean": _mean([r["wall"] for r in ok]), "n_splits": len(ok),
+               "trivial_nll": _mean([r["trivial_nll"] for r in ok]),
                "reverted": int(sum(r["reverted"] for r in ok)),
                "n_stopped": sum(r["stopped"] is not None for r in ok),
-               "mean_iterations": float(np.mean([r["n_iter"] for r in ok])) if ok else None,
+               "mean_iterations": _mean([r["n_iter"] for r in ok]),
                "n_convergence_warnings": int(sum(r["n_warnings"] for r in ok)),
                "paper_nll": paper_mean, "paper_sd": paper_sd,
                "within_paper_sd": bool(ok) and abs(float(np.mean(nll)) - paper_mean) <= paper_sd,
-               "n_failed": len(rs) - len(ok)}
+               "n_failed": len(rs) - len(ok), "nll_splits": nll}
+        if meth == "gfitc" and ok:
+            rec["ep_passes_per_evaluation"] = float(sum(r["ep_passes"] for r in ok)
+                                                    / sum(r["n_iter"] for r in ok))
         if len(rs) != len(ok):
             rec["failures"] = sorted({r["failure"] for r in rs if r["nll"] is None})
         records.append(rec)
