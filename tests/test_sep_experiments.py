@@ -6,6 +6,8 @@ below the constant predictor's), not the paper's numbers (the full runs are for 
 """
 
 import gzip
+import json
+import pathlib
 import zipfile
 
 import numpy as np
@@ -260,3 +262,44 @@ def test_sep_airline_reduced_on_made_flights(tmp_path, capsys):
     assert logistic["final_error"] < 0.05 and sep["final_error"] < 0.1
     assert len(svi["nll"]) == 10 and svi["nll"][-1] < svi["nll"][0] - 0.02
     assert pngs(tmp_path) == ["sep-airline.png"]
+
+
+# -- the docs' tables from the records ------------------------------------------------------------
+def test_doc_tables_from_json_and_into_a_markdown_file(tmp_path, capsys):
+    recs, _ = reproduce("sep-table1", tmp_path, capsys, "--datasets", "crabs", "--splits", "2",
+                        "--iterations", "5", "--m-fractions", "0.15", "--methods", "sep")
+    (tmp_path / "r.json").write_text(json.dumps(recs))
+    doc = tmp_path / "doc.md"
+    doc.write_text("before\n<!-- sep-table1:nll -->\nold\n<!-- /sep-table1:nll -->\nbetween\n"
+                   "<!-- sep-table1:error -->\n<!-- /sep-table1:error -->\nafter\n")
+    code, out, _ = run_cli(["reproduce", "sep-table1", "--from-json", str(tmp_path / "r.json"),
+                            "--update-doc", str(doc)], capsys)
+    assert code == 0
+    text = doc.read_text()
+    r = recs[0]
+    # the cell: ours ± s.d. (the paper's crabs SEP 15 % cell), bold when outside its ± s.d.
+    cell = f"{r['nll_mean']:.2f} ± {r['nll_sd']:.2f} (0.06 ± 0.06)"
+    assert cell in out and cell in text and "old" not in text
+    assert text.startswith("before\n") and "\nbetween\n" in text and text.endswith("after\n")
+    assert "| data set | SEP 15% |" in text and f"| crabs | {r['error_mean']:.3f} |" in text
+    doc.write_text("no markers\n")
+    code, _, err = run_cli(["reproduce", "sep-table1", "--from-json", str(tmp_path / "r.json"),
+                            "--update-doc", str(doc)], capsys)
+    assert code == 2 and "sep-table1:nll" in err and doc.read_text() == "no markers\n"
+
+
+@pytest.mark.parametrize("name", ["sep-table1", "sep-banana", "sep-image", "sep-mnist",
+                                  "sep-airline"])
+def test_the_docs_show_the_tables_of_the_committed_records(name):
+    """docs/reproduction.md's SEP tables are those its JSON records give (remade with
+    ``gpc reproduce NAME --from-json docs/results/NAME.json --update-doc docs/reproduction.md``)."""
+    from gpc.experiments import sep_banana
+    from gpc.experiments.sep_common import read_records, replace_blocks
+    from gpc.experiments.sep_curves import doc_table
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    records = read_records(str(root / "docs" / "results" / f"{name}.json"))
+    tables = {"sep-table1": sep_table1.doc_tables, "sep-banana": sep_banana.doc_tables,
+              "sep-image": sep_image.doc_tables}.get(name, lambda r: doc_table(r, name))(records)
+    text = (root / "docs" / "reproduction.md").read_text(encoding="utf-8")
+    assert replace_blocks(text, tables) == text

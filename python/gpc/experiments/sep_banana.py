@@ -13,7 +13,8 @@ import numpy as np
 
 from .. import datasets
 from ._common import count_convergence_warnings, map_tasks
-from .sep_common import make_classifier, predictive_scores, random_rows, train
+from .sep_common import (add_doc_arguments, make_classifier, markdown_table, predictive_scores,
+                         publish_doc_tables, random_rows, read_records, train)
 
 M_VALUES = (4, 8, 16, 32, 64, 128, 256)
 METHOD_ORDER = ("sep", "svi", "gfitc")      # the paper's rows, top to bottom
@@ -93,16 +94,42 @@ def format_table(records):
     return "\n".join(lines)
 
 
+def doc_tables(records):
+    """The markdown table of docs/reproduction.md, ``sep-banana``: one row per method, one column
+    per m, each cell test error / NLL (training CPU seconds)."""
+    methods = [m for m in METHOD_ORDER if any(r["method"] == m for r in records)]
+    ms = sorted({r["m"] for r in records})
+    get = {(r["method"], r["m"]): r for r in records}
+    rows = []
+    for meth in methods:
+        row = [f"{meth.upper()} error / NLL (s)"]
+        for m in ms:
+            r = get.get((meth, m))
+            if r is None or "failure" in r:
+                row.append("failed" if r else "")
+            else:
+                seconds = f"{r['seconds']:.1f}" if r["seconds"] < 10 else f"{r['seconds']:.0f}"
+                row.append(f"{r['test_error']:.3f} / {r['test_nll']:.3f} ({seconds})")
+        rows.append(row)
+    return {"sep-banana": markdown_table(["m"] + [str(m) for m in ms], rows)}
+
+
 def add_arguments(parser):
     parser.add_argument("--m-values", nargs="+", type=int, default=list(M_VALUES), metavar="M",
                         help="numbers of inducing points (default 4 8 16 32 64 128 256)")
     parser.add_argument("--iterations", type=int, default=ITERATIONS,
                         help="batch iterations of every method (default 250)")
+    add_doc_arguments(parser)
 
 
 def main(args):
     if args.folds is not None or args.datasets:
         raise ValueError("sep-banana has one data set and no folds")
+    if args.from_json:
+        records = read_records(args.from_json)
+        print(format_table(records))
+        publish_doc_tables(args, doc_tables(records))
+        return records
     if args.iterations < 1:
         raise ValueError("--iterations must be at least 1")
     records = run(args.m_values, args.methods or METHOD_ORDER, args.iterations, args.seed, args.jobs,
@@ -113,4 +140,7 @@ def main(args):
         X_tr, y_tr, _, _ = load_split(args.seed)
         print("wrote", plot_sep_banana(records, X_tr, y_tr, args.plots))
     # the grids are for the figure; the JSON keeps the numbers and the inducing points
-    return [{k: v for k, v in r.items() if k != "grid_proba"} for r in records]
+    records = [{k: v for k, v in r.items() if k != "grid_proba"} for r in records]
+    if args.update_doc:
+        publish_doc_tables(args, doc_tables(records))
+    return records

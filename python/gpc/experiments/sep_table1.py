@@ -19,7 +19,9 @@ import numpy as np
 
 from .. import datasets
 from ._common import count_convergence_warnings, map_tasks, standardise
-from .sep_common import METHODS, make_classifier, predictive_scores, random_rows, train, trivial_nll
+from .sep_common import (METHODS, add_doc_arguments, make_classifier, markdown_table,
+                         predictive_scores, publish_doc_tables, random_rows, read_records, train,
+                         trivial_nll)
 
 DATASETS = ("australian", "breast", "crabs", "heart", "ionosphere", "pima", "sonar")
 LOADER_ARGS = {"australian": ("australian", {}), "breast": ("breast_cancer", {}),
@@ -213,25 +215,73 @@ def format_table(records):
     return "\n".join(lines)
 
 
+def doc_tables(records):
+    """The markdown tables of docs/reproduction.md: ``sep-table1:nll`` (ours mean ± s.d. with the
+    paper's in brackets, bold outside the paper's ± s.d.; last row the mean training CPU seconds
+    per fit and the paper's Avg. Time) and ``sep-table1:error`` (mean test error; splits that
+    failed or that the guard stopped are counted in the cell)."""
+    get = {(r["dataset"], r["m_fraction"], r["method"]): r for r in records}
+    fracs = [f for f in M_FRACTIONS if any(r["m_fraction"] == f for r in records)]
+    methods = [m for m in METHOD_ORDER if any(r["method"] == m for r in records)]
+    dsets = [d for d in DATASETS if any(r["dataset"] == d for r in records)]
+    cols = [(f, m) for f in fracs for m in methods]
+    header = ["data set"] + [f"{m.upper()} {int(round(100 * f))}%" for f, m in cols]
+    nll_rows, error_rows = [], []
+    for d in dsets:
+        nll_row, error_row = [d], [d]
+        for f, m in cols:
+            r = get.get((d, f, m))
+            if r is None or not r["n_splits"]:
+                nll_row.append("failed" if r else "")
+                error_row.append("failed" if r else "")
+                continue
+            cell = (f"{r['nll_mean']:.2f} ± {r['nll_sd']:.2f} "
+                    f"({r['paper_nll']:.2f} ± {r['paper_sd']:.2f})")
+            nll_row.append(cell if r["within_paper_sd"] else f"**{cell}**")
+            notes = ([f"{r['n_splits']} of {r['n_splits'] + r['n_failed']} splits"]
+                     if r["n_failed"] else [])
+            notes += [f"{r['n_stopped']} stopped"] if r.get("n_stopped") else []
+            error_row.append(f"{r['error_mean']:.3f}" + (f" ({', '.join(notes)})" if notes else ""))
+        nll_rows.append(nll_row)
+        error_rows.append(error_row)
+    time_row = ["mean CPU time [s]"]
+    for f, m in cols:
+        ts = [get[(d, f, m)]["time_mean"] for d in dsets
+              if (d, f, m) in get and get[(d, f, m)]["time_mean"] is not None]
+        mean, sd = PAPER_TIME[f][METHOD_ORDER.index(m)]
+        time_row.append((f"{np.mean(ts):.1f}" if ts else "-") + f" ({mean} ± {sd})")
+    nll_rows.append(time_row)
+    return {"sep-table1:nll": markdown_table(header, nll_rows),
+            "sep-table1:error": markdown_table(header, error_rows)}
+
+
 def add_arguments(parser):
     parser.add_argument("--splits", type=int, default=N_SPLITS, help="random 90/10 splits (default 20)")
     parser.add_argument("--iterations", type=int, default=ITERATIONS,
                         help="batch iterations of every method (default 250)")
     parser.add_argument("--m-fractions", nargs="+", type=float, default=list(M_FRACTIONS),
                         metavar="F", help="inducing points as fractions of n (default 0.15 0.25 0.5)")
+    add_doc_arguments(parser)
 
 
 def main(args):
     if args.folds is not None:
         raise ValueError("sep-table1 uses random 90/10 splits, not folds: pass --splits")
-    names = args.datasets or list(DATASETS)
-    for d in names:
-        if d not in DATASETS:
-            raise ValueError(f"unknown data set {d!r} for sep-table1; choose from {', '.join(DATASETS)}")
-    records = run(names, args.m_fractions, args.methods or METHOD_ORDER, n_splits=args.splits,
-                  iterations=args.iterations, seed=args.seed, jobs=args.jobs, progress=not args.quiet)
+    if args.from_json:
+        records = read_records(args.from_json)
+    else:
+        names = args.datasets or list(DATASETS)
+        for d in names:
+            if d not in DATASETS:
+                raise ValueError(f"unknown data set {d!r} for sep-table1; choose from "
+                                 f"{', '.join(DATASETS)}")
+        records = run(names, args.m_fractions, args.methods or METHOD_ORDER, n_splits=args.splits,
+                      iterations=args.iterations, seed=args.seed, jobs=args.jobs,
+                      progress=not args.quiet)
     print(format_table(records))
     if args.plots:
         from .sep_plots import plot_sep_table1
         print("wrote", plot_sep_table1(records, args.plots, DATASETS, PAPER))
+    if args.from_json or args.update_doc:
+        publish_doc_tables(args, doc_tables(records))
     return records
