@@ -37,6 +37,7 @@ def trainer_at(rev, where):
     for name in FILES:
         source = subprocess.run(["git", "show", f"{rev}:python/gpc/sparse/{name}"], cwd=ROOT, check=True,
                                 capture_output=True, text=True).stdout
+        source = re.sub(r"^from \.\. import", "from gpc import", source, flags=re.M)
         source = re.sub(r"^from \.\.", "from gpc.", source, flags=re.M)
         with open(os.path.join(package, name), "w") as fh:
             fh.write(source)
