@@ -32,11 +32,13 @@ def test_fixed_hyperparameters_at_data_equal_exact_ep(method):
     exact = gpc.infer(kernel(X), signed, likelihood="probit", method="ep", tol=1e-12, max_iter=1000)
     # SEP: 60 damped passes contract the site error far below 1e-9 (31 reach 1e-12 here), and
     # log_marginal_likelihood_value_ is log Z_q at the sites of the last pass.  GFITC stops EP
-    # at site changes below 1e-6, where the evidence (stationary in the sites) is off by ~1e-12.
+    # at site changes below 1e-4 (as the SEP authors' GFITC code does): there the latent moments
+    # are off by up to 2.8e-5 here (measured), and the evidence, stationary in the sites, by 4e-9.
     assert abs(clf.log_marginal_likelihood_value_ - exact.log_evidence) < 1e-6
     mean, var = clf.predict_latent(X)
-    np.testing.assert_allclose(mean, exact.mean, atol=1e-6, rtol=0)
-    np.testing.assert_allclose(var, np.diag(exact.cov), atol=1e-6, rtol=0)
+    moments_atol = 1e-6 if method == "ep" else 1e-4
+    np.testing.assert_allclose(mean, exact.mean, atol=moments_atol, rtol=0)
+    np.testing.assert_allclose(var, np.diag(exact.cov), atol=moments_atol, rtol=0)
     assert np.array_equal(clf.inducing_points_, X)
 
 

@@ -120,7 +120,8 @@ class GFITCState(_LBFGSState):
         -inf (``reverted`` counts it, ``failure`` keeps the error) where K_uu or q has no factor,
         or where EP meets a row whose marginal variance underflows to 0 (a_i ≈ 0 when the
         length-scales are tiny against the distance to every inducing point, which L-BFGS-B's
-        long steps do visit: the cavity is then 0/0); L-BFGS-B backtracks from such a point.
+        long steps do visit: the row's cavity is then 0/0, so it has no proper cavity);
+        L-BFGS-B backtracks from such a point.
         """
         kernel, Z, _ = _unpack_kernel(self, p)
         try:
@@ -138,10 +139,14 @@ class GFITCState(_LBFGSState):
                     parts = add_parts(parts, block_parts(likelihood, Xb, y[start:stop], A, s, factor,
                                                          q, tau[start:stop], nu[start:stop], True,
                                                          Kbu))
-                log_z, g_theta, g_Z, _ = finish_evidence(factor, q, parts)
-        except (NotPositiveDefiniteError, NumericalError, ValueError) as exc:
-            # ValueError: a cavity the likelihood refuses (NaN mean from 0/0); the rows were
-            # checked by as_block above, so it is not bad input
+                log_z, g_theta, g_Z, n_bad = finish_evidence(factor, q, parts)
+            if n_bad:
+                # the site rule keeps such rows' sites and the evidence leaves their terms out,
+                # which would make a degenerate point look better than any proper one
+                raise NumericalError(f"GFITC: {n_bad} rows have no proper cavity at this (θ, Z) "
+                                     "(their marginal variance underflowed to 0)", method="gfitc",
+                                     value=n_bad)
+        except (NotPositiveDefiniteError, NumericalError) as exc:
             self.reverted += 1
             self.failure = exc
             return -np.inf, np.zeros_like(p)
