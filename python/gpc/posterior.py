@@ -54,8 +54,10 @@ class SitePosterior:
 
         self.L, _ = cholesky_lower(build(), name="B = I + S K S", overwrite=True, rebuild=build)
         b = self.site_location - tau * prior_mean
-        self.alpha = b - s * cho_solve_lower(self.L, s * (K @ b))
-        self.mean = prior_mean + K @ self.alpha
+        # K v through gpc._lapack: the BLAS of the factorisations, not NumPy's (whose idle threads
+        # would spin against the next factorisation's, issue 16)
+        self.alpha = b - s * cho_solve_lower(self.L, s * _matvec(K, b))
+        self.mean = prior_mean + _matvec(K, self.alpha)
         self._diag_cov = None
         self._cov = None
         self._B_inv = None
@@ -75,7 +77,7 @@ class SitePosterior:
         self.sqrt_tau = np.sqrt(self.site_precision)
         self.L = L
         self.alpha = alpha
-        self.mean = prior_mean + K @ alpha
+        self.mean = prior_mean + _matvec(K, alpha)
         self._diag_cov = diag_cov
         self._cov = None
         self._B_inv = None
@@ -145,16 +147,16 @@ class SitePosterior:
                 info = _lapack.triangular_inverse_in_place(Linv)    # L⁻¹, C order, lower
                 if info != 0:  # pragma: no cover
                     raise RuntimeError(f"dtrtri failed with info={info}")
-                diag_B_inv = np.einsum("ij,ij->j", Linv, Linv)
+                diag_B_inv = np.empty(len(tau))
+                _dense.column_sq_sums_lower(Linv, diag_B_inv)
                 d = np.empty(len(tau))
                 ok = tau > TINY_SITE_PRECISION
                 d[ok] = (1.0 - diag_B_inv[ok]) / tau[ok]
                 idx = np.flatnonzero(~ok)
                 if idx.size:
-                    Kc = self.K[:, idx]
-                    s = self.sqrt_tau
-                    V = Linv @ (s[:, None] * Kc)                    # L⁻¹ S K e_i
-                    d[idx] = self.K[idx, idx] - np.einsum("ij,ij->j", V, V)
+                    V = self.K[idx] * self.sqrt_tau[None, :]            # rows: S K e_i
+                    _lapack.multiply_triangular_rows(Linv, V, False)    # rows: L⁻¹ S K e_i
+                    d[idx] = self.K[idx, idx] - np.einsum("ij,ij->i", V, V)
                 self._diag_cov = d
         return self._diag_cov
 
@@ -173,6 +175,93 @@ class SitePosterior:
         mean = prior_mean + K_cross.T @ self.alpha
         V = solve_lower(self.L, self.sqrt_tau[:, None] * K_cross)
         var = k_diag - np.einsum("ij,ij->j", V, V)
+        return mean, np.maximum(var, 0.0)
+
+
+class InverseFactorPosterior(SitePosterior):
+    """A SitePosterior held by the inverse factor L⁻¹ of B = L Lᵀ instead of L.
+
+    What the parallel schedule leaves: it inverts its factor in place for diag B⁻¹ and keeps no copy
+    of L.  Everything is computed from L⁻¹ at the cost the factor would need, or less: B⁻¹ = L⁻ᵀ L⁻¹
+    is one dlauum (half of dpotri), L⁻¹ S k* one triangular product instead of a solve, and
+    log |B| = −2 Σ log [L⁻¹]_ii.  ``L`` itself, if asked for, is one triangular inverse (cached).
+    """
+
+    @classmethod
+    def from_inverse_factor(cls, K, site_precision, site_location, prior_mean, Linv, alpha, mean,
+                            diag_cov):
+        """The posterior from L⁻¹ (C-contiguous, lower triangular, zero strict upper triangle), α,
+        μ = m0 + K α and diag Σ of the same sites.  Nothing is refactored."""
+        self = cls.__new__(cls)
+        self.K = K
+        self.site_precision = np.asarray(site_precision, dtype=np.float64)
+        self.site_location = np.asarray(site_location, dtype=np.float64)
+        self.prior_mean = prior_mean
+        self.sqrt_tau = np.sqrt(self.site_precision)
+        self.Linv = Linv
+        self._L = None
+        self.alpha = alpha
+        self.mean = mean
+        self._diag_cov = diag_cov
+        self._cov = None
+        self._B_inv = None
+        return self
+
+    @property
+    def L(self):
+        """The Cholesky factor of B (one triangular inverse of L⁻¹ on first use)."""
+        if self._L is None:
+            L = self.Linv.copy()
+            info = _lapack.triangular_inverse_in_place(L)
+            if info != 0:  # pragma: no cover - an inverse factor has a positive diagonal
+                raise RuntimeError(f"dtrtri failed with info={info}")
+            self._L = L
+        return self._L
+
+    def _lower_B_inverse(self):
+        """A new array whose lower triangle is B⁻¹ = L⁻ᵀ L⁻¹ (dlauum)."""
+        out = self.Linv.copy()
+        info = _lapack.inverse_factor_gram_in_place(out)
+        if info != 0:  # pragma: no cover
+            raise RuntimeError(f"dlauum failed with info={info}")
+        return out
+
+    def B_inverse(self):
+        """B⁻¹ (one dlauum of L⁻¹; cached)."""
+        if self._B_inv is None:
+            self._B_inv = mirror_lower(self._lower_B_inverse())
+        return self._B_inv
+
+    def gradient_matrix(self):
+        """M = ½ (α αᵀ − R), R = S B⁻¹ S, as for SitePosterior (R&W Alg. 5.2), with B⁻¹ from one
+        dlauum of L⁻¹ and one fused pass (gpc._dense)."""
+        M = self._lower_B_inverse()
+        zero = np.zeros(M.shape[0])
+        _dense.gaussian_site_gradient_matrix(M, self.sqrt_tau, self.alpha, zero, zero)
+        return M
+
+    @property
+    def log_det_B(self):
+        """log |I + S K S| = −2 Σ log [L⁻¹]_ii."""
+        return -2.0 * float(np.sum(np.log(np.diag(self.Linv))))
+
+    def lower_cov(self):
+        """A new C-ordered n x n array whose lower triangle is Σ = K − Vᵀ V, V = L⁻¹ S K (one
+        triangular product in place and one rank-n update, as SitePosterior.lower_cov)."""
+        if self._cov is not None:
+            return self._cov.copy()
+        Vt = self.K * self.sqrt_tau[None, :]                     # rows: S K e_j
+        _lapack.multiply_triangular_rows(self.Linv, Vt, False)   # rows: the columns of V
+        Sigma = self.K.copy()
+        _lapack.subtract_row_gram_lower(Vt, Sigma)
+        return Sigma
+
+    def predict(self, K_cross, k_diag, prior_mean=0.0):
+        """Latent predictive mean and variance at test points (see SitePosterior.predict)."""
+        mean = prior_mean + K_cross.T @ self.alpha
+        Vt = np.ascontiguousarray((self.sqrt_tau[:, None] * K_cross).T)   # rows: S k*
+        _lapack.multiply_triangular_rows(self.Linv, Vt, False)            # rows: L⁻¹ S k*
+        var = k_diag - np.einsum("ij,ij->i", Vt, Vt)
         return mean, np.maximum(var, 0.0)
 
 
@@ -241,6 +330,15 @@ class SignedSitePosterior:
         mean = prior_mean + K_cross.T @ self.alpha
         var = k_diag - np.einsum("ij,ij->j", K_cross, self._solve(self.site_precision[:, None] * K_cross))
         return mean, np.maximum(var, 0.0)
+
+
+def _matvec(K, v):
+    """K v (gpc._lapack's dgemv for a C-ordered float64 K)."""
+    if K.flags.c_contiguous and K.dtype == np.float64:
+        out = np.empty(K.shape[0])
+        _lapack.matvec(K, np.ascontiguousarray(v, dtype=np.float64), out)
+        return out
+    return K @ v
 
 
 def site_posterior(K, site_precision, site_location, prior_mean):

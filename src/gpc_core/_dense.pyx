@@ -20,13 +20,17 @@ def fill_b(const double[:, ::1] K, const double[::1] s, real[:, ::1] out):
     ``out`` may be float64 or float32 (the single-precision factor of the early parallel sweeps);
     the products are formed in double precision and rounded once.  Zeroing the upper triangle makes
     the Cholesky factor that LAPACK leaves in ``out`` a clean triangular matrix.
+
+    One thread: this pass is memory-bound and is always followed by a multi-threaded Cholesky, and
+    OpenMP's worker threads, which keep spinning for milliseconds after a parallel loop, held the
+    core that BLAS's second thread needed (issue 16: parallel EP slower with two threads than one).
     """
     cdef Py_ssize_t n = K.shape[0], i, j
     cdef double si
     if K.shape[1] != n or s.shape[0] != n or out.shape[0] != n or out.shape[1] != n:
         raise ValueError("fill_b: K must be n x n, s of length n and out n x n")
     with nogil:
-        for i in prange(n, schedule="guided"):      # OpenMP over rows (a no-op without it)
+        for i in range(n):
             si = s[i]
             for j in range(i):
                 out[i, j] = <real> (si * K[i, j] * s[j])
