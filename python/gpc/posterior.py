@@ -15,7 +15,7 @@ import numpy as np
 
 from . import _dense, _lapack
 from ._linalg import (cho_inverse_lower, cholesky_lower, cho_solve_lower, log_det_from_cholesky,
-                      mirror_lower, solve_lower)
+                      mirror_lower)
 
 
 #: below this site precision diag Σ takes the exact column: the rounding error of 1 − [B⁻¹]_ii
@@ -116,16 +116,26 @@ class SitePosterior:
             mirror_lower(self._cov)
         return self._cov
 
-    def lower_cov(self):
+    def _inverse_factor_rows(self, rows):
+        """Each row r of ``rows`` (k x n, C order) := L⁻¹ r, in place (dtrsm)."""
+        _lapack.solve_triangular_rows(self.L, rows, False)
+
+    def _release_factor(self):
+        self.L = None
+
+    def lower_cov(self, release_factor=False):
         """A new C-ordered n x n array whose lower triangle is Σ (the upper one holds K).
 
-        Σ = K − Vᵀ V with V = L⁻¹ S K: one triangular solve in place (dtrtrs) and one rank-n update
+        Σ = K − Vᵀ V with V = L⁻¹ S K: one triangular solve in place (dtrsm) and one rank-n update
         (dsyrk), so two n x n buffers besides K and L are alive at the peak (issue 16's memory
-        budget), against four for the product written out."""
+        budget), against four for the product written out.  ``release_factor`` drops the factor
+        once V is formed (the posterior cannot be used afterwards): then K, V and Σ only."""
         if self._cov is not None:
             return self._cov.copy()
         Vt = self.K * self.sqrt_tau[None, :]     # rows: the columns S K e_j (K symmetric)
-        _lapack.solve_triangular_rows(self.L, Vt, False)     # rows: the columns of V
+        self._inverse_factor_rows(Vt)            # rows: the columns of V
+        if release_factor:
+            self._release_factor()
         Sigma = self.K.copy()
         _lapack.subtract_row_gram_lower(Vt, Sigma)           # Σ_ab = K_ab − v_aᵀ v_b
         return Sigma
@@ -173,8 +183,9 @@ class SitePosterior:
             m0 at the test points.
         """
         mean = prior_mean + K_cross.T @ self.alpha
-        V = solve_lower(self.L, self.sqrt_tau[:, None] * K_cross)
-        var = k_diag - np.einsum("ij,ij->j", V, V)
+        Vt = np.ascontiguousarray((self.sqrt_tau[:, None] * K_cross).T)   # rows: S k*
+        self._inverse_factor_rows(Vt)                                     # rows: L⁻¹ S k*
+        var = k_diag - np.einsum("ij,ij->i", Vt, Vt)
         return mean, np.maximum(var, 0.0)
 
 
@@ -245,24 +256,12 @@ class InverseFactorPosterior(SitePosterior):
         """log |I + S K S| = −2 Σ log [L⁻¹]_ii."""
         return -2.0 * float(np.sum(np.log(np.diag(self.Linv))))
 
-    def lower_cov(self):
-        """A new C-ordered n x n array whose lower triangle is Σ = K − Vᵀ V, V = L⁻¹ S K (one
-        triangular product in place and one rank-n update, as SitePosterior.lower_cov)."""
-        if self._cov is not None:
-            return self._cov.copy()
-        Vt = self.K * self.sqrt_tau[None, :]                     # rows: S K e_j
-        _lapack.multiply_triangular_rows(self.Linv, Vt, False)   # rows: the columns of V
-        Sigma = self.K.copy()
-        _lapack.subtract_row_gram_lower(Vt, Sigma)
-        return Sigma
+    def _inverse_factor_rows(self, rows):
+        """Each row r of ``rows`` := L⁻¹ r, in place: a triangular product (dtrmm), not a solve."""
+        _lapack.multiply_triangular_rows(self.Linv, rows, False)
 
-    def predict(self, K_cross, k_diag, prior_mean=0.0):
-        """Latent predictive mean and variance at test points (see SitePosterior.predict)."""
-        mean = prior_mean + K_cross.T @ self.alpha
-        Vt = np.ascontiguousarray((self.sqrt_tau[:, None] * K_cross).T)   # rows: S k*
-        _lapack.multiply_triangular_rows(self.Linv, Vt, False)            # rows: L⁻¹ S k*
-        var = k_diag - np.einsum("ij,ij->i", Vt, Vt)
-        return mean, np.maximum(var, 0.0)
+    def _release_factor(self):
+        self.Linv = self._L = None
 
 
 class SignedSitePosterior:
@@ -311,7 +310,7 @@ class SignedSitePosterior:
     def cov(self):
         return self._cov
 
-    def lower_cov(self):
+    def lower_cov(self, release_factor=False):
         """A new C-ordered copy of Σ (both triangles)."""
         return np.array(self._cov, dtype=np.float64, order="C")
 

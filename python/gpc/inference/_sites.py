@@ -106,7 +106,7 @@ def _sweep_state(K, tau, nu, m0):
     if not np.any(tau) and not np.any(nu):
         return m0.copy(), K.copy()
     post = site_posterior(K, tau, nu, m0)
-    return post.mean.copy(), post.lower_cov()
+    return post.mean.copy(), post.lower_cov(release_factor=True)   # peak K, V, Σ (issue 16)
 
 
 class ParallelMarginals:

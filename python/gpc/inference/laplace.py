@@ -181,6 +181,7 @@ def run(K, y, likelihood, prior_mean, *, schedule=None, max_iter=None, tol=None,
                       f"(last change of Ψ {change:.3g} > tol {tol:g})", ConvergenceWarning, stacklevel=3)
 
     W = -d2
+    buffer = newton = None          # the float32 factor goes before the float64 one is made
     sW, L = _factor(K, W)
     log_evidence = psi - float(np.sum(np.log(np.diag(L))))
     posterior = _LaplacePosterior(K, W, W * f + d1, m0, sW, L, a, f)
