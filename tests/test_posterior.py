@@ -108,3 +108,16 @@ def test_lapack_entry_points_refuse_mismatched_shapes():
         _lapack.multiply_triangular_rows(np.eye(3), np.ones((1, 2)), False)
     with pytest.raises(ValueError, match="square"):
         _lapack.inverse_factor_gram_in_place(np.ones((2, 3)))
+
+
+def test_row_gram_lower_writes_the_lower_triangle_of_B_Bt():
+    rng = np.random.default_rng(4)
+    B = rng.normal(size=(6, 3))
+    C = np.full((6, 6), np.nan)                       # uninitialised: beta = 0 must not read it
+    _lapack.row_gram_lower(B, C)
+    np.testing.assert_allclose(np.tril(C), np.tril(B @ B.T), atol=1e-13)
+    Z = np.full((4, 4), np.nan)
+    _lapack.row_gram_lower(np.empty((4, 0)), Z)       # no columns: the zero matrix
+    assert np.array_equal(np.tril(Z), np.zeros((4, 4)))
+    with pytest.raises(ValueError, match="rows"):
+        _lapack.row_gram_lower(B, np.empty((5, 5)))

@@ -93,15 +93,16 @@ class SitePosterior:
         """R = S B⁻¹ S = (K + T⁻¹)⁻¹, the matrix of the evidence gradients (R&W Alg. 3.5, 5.2)."""
         return self.sqrt_tau[:, None] * self.B_inverse() * self.sqrt_tau[None, :]
 
-    def gradient_matrix(self):
+    def gradient_matrix(self, lower=False):
         """M = ½ (α αᵀ − R), R = S B⁻¹ S, with ∂ log Z/∂θ_k = Σ_ij M_ij ∂K_ij/∂θ_k at fixed sites
-        (R&W Alg. 5.2; NR eq. (13)): one dpotri and one fused pass (gpc._dense)."""
+        (R&W Alg. 5.2; NR eq. (13)): one dpotri and one fused pass (gpc._dense); ``lower``: only its
+        lower triangle is set."""
         M = self.L.copy()
         info = _lapack.cholesky_inverse_in_place(M)               # lower triangle of B⁻¹
         if info != 0:  # pragma: no cover - L is a Cholesky factor
             raise RuntimeError(f"dpotri failed with info={info}")
         zero = np.zeros(M.shape[0])
-        _dense.gaussian_site_gradient_matrix(M, self.sqrt_tau, self.alpha, zero, zero)
+        _dense.gaussian_site_gradient_matrix(M, self.sqrt_tau, self.alpha, zero, zero, not lower)
         return M
 
     @property
@@ -243,12 +244,12 @@ class InverseFactorPosterior(SitePosterior):
             self._B_inv = mirror_lower(self._lower_B_inverse())
         return self._B_inv
 
-    def gradient_matrix(self):
+    def gradient_matrix(self, lower=False):
         """M = ½ (α αᵀ − R), R = S B⁻¹ S, as for SitePosterior (R&W Alg. 5.2), with B⁻¹ from one
         dlauum of L⁻¹ and one fused pass (gpc._dense)."""
         M = self._lower_B_inverse()
         zero = np.zeros(M.shape[0])
-        _dense.gaussian_site_gradient_matrix(M, self.sqrt_tau, self.alpha, zero, zero)
+        _dense.gaussian_site_gradient_matrix(M, self.sqrt_tau, self.alpha, zero, zero, not lower)
         return M
 
     @property

@@ -5,8 +5,6 @@
 # Matrices are C-ordered and only their lower triangle is meaningful; Fortran LAPACK sees the
 # transpose, so uplo='U' there addresses this lower triangle.
 
-from cython.parallel cimport prange
-
 include "_tiles.pxi"
 
 ctypedef fused real:
@@ -15,11 +13,12 @@ ctypedef fused real:
 
 
 def fill_b(const double[:, ::1] K, const double[::1] s, real[:, ::1] out):
-    """out := lower triangle of I + diag(s) K diag(s), strict upper triangle zero.
+    """out's lower triangle := that of I + diag(s) K diag(s); the strict upper triangle is not written.
 
     ``out`` may be float64 or float32 (the single-precision factor of the early parallel sweeps);
-    the products are formed in double precision and rounded once.  Zeroing the upper triangle makes
-    the Cholesky factor that LAPACK leaves in ``out`` a clean triangular matrix.
+    the products are formed in double precision and rounded once.  Cholesky reads the lower
+    triangle only, and gpc._lapack.cholesky_in_place zeroes the strict upper one of the factor it
+    leaves, so writing zeros here as well would be a second pass over half of ``out``.
 
     One thread: this pass is memory-bound and is always followed by a multi-threaded Cholesky, and
     OpenMP's worker threads, which keep spinning for milliseconds after a parallel loop, held the
@@ -35,8 +34,6 @@ def fill_b(const double[:, ::1] K, const double[::1] s, real[:, ::1] out):
             for j in range(i):
                 out[i, j] = <real> (si * K[i, j] * s[j])
             out[i, i] = <real> (1.0 + si * K[i, i] * si)
-            for j in range(i + 1, n):
-                out[i, j] = 0
 
 
 def column_sq_sums_lower(const real[:, ::1] T, double[::1] out):
@@ -58,19 +55,21 @@ def column_sq_sums_lower(const real[:, ::1] T, double[::1] out):
 
 
 def gaussian_site_gradient_matrix(double[:, ::1] B_inv, const double[::1] s, const double[::1] a,
-                                  const double[::1] u, const double[::1] g):
-    """B_inv (lower triangle: B^-1) := M = 1/2 (a a^T - S B^-1 S + u g^T + g u^T), full and symmetric.
+                                  const double[::1] u, const double[::1] g, bint mirror=True):
+    """B_inv (lower triangle: B^-1) := M = 1/2 (a a^T - S B^-1 S + u g^T + g u^T), full and symmetric
+    (``mirror=False``: its lower triangle only, for a contraction that reads no more).
 
     The matrix of the evidence gradient of a Gaussian-site posterior (R&W Alg. 5.1 / 5.2,
-    dlog Z/dtheta_k = sum_ij M_ij dK_ij/dtheta_k) in one pass; u = g = 0 gives EP's
-    1/2 (a a^T - R), R = S B^-1 S.
+    dlog Z/dtheta_k = sum_ij M_ij dK_ij/dtheta_k) in one pass, on one thread (it sits between
+    LAPACK calls; issue 16); u = g = 0 gives EP's 1/2 (a a^T - R), R = S B^-1 S.
     """
     cdef Py_ssize_t n = B_inv.shape[0], i, j
     if B_inv.shape[1] != n or s.shape[0] != n or a.shape[0] != n or u.shape[0] != n \
             or g.shape[0] != n:
         raise ValueError("gaussian_site_gradient_matrix: B_inv must be n x n, vectors of length n")
     with nogil:
-        for i in prange(n, schedule="guided"):
+        for i in range(n):
             for j in range(i + 1):
                 B_inv[i, j] = 0.5 * (a[i] * a[j] - s[i] * B_inv[i, j] * s[j] + u[i] * g[j] + g[i] * u[j])
-        mirror_lower(B_inv)
+        if mirror:
+            mirror_lower(B_inv)

@@ -96,18 +96,53 @@ def check_kind(int kind):
         raise ValueError(f"unknown stationary kernel kind {kind}")
 
 
-def gram_to_kernel(double[:, ::1] G, const double[::1] su, int kind, double scale):
-    """G (lower triangle: U U^T) := scale * f(r^2), symmetric, with the diagonal exactly ``scale``."""
+def gram_to_sqdist(double[:, ::1] G, const double[::1] su, double offset=0.0, double factor=1.0):
+    """G's strict lower triangle (U U^T) := offset + factor * r^2, r^2 = su_i + su_j - 2 G_ij
+    clipped at 0 (factor -1/2: the exponent of a squared exponential)."""
     cdef Py_ssize_t n = G.shape[0], i, j
-    check_kind(kind)
     if G.shape[1] != n or su.shape[0] != n:
-        raise ValueError("gram_to_kernel: G must be n x n and su of length n")
+        raise ValueError("gram_to_sqdist: G must be n x n and su of length n")
     with nogil:
-        for i in prange(n, schedule="guided"):      # OpenMP over rows (a no-op without it)
+        for i in range(n):
             for j in range(i):
-                G[i, j] = scale * kernel_value(kind, dist2(su, su, G[i, j], i, j))
-            G[i, i] = scale
-        mirror_lower(G)
+                G[i, j] = offset + factor * dist2(su, su, G[i, j], i, j)
+
+
+def sqdist_to_kernel(double[:, ::1] R2, int kind, double scale):
+    """R2 (strict lower triangle: r^2) := scale * f(r^2), full and symmetric, diagonal ``scale``."""
+    cdef Py_ssize_t n = R2.shape[0], i, j
+    check_kind(kind)
+    if R2.shape[1] != n:
+        raise ValueError("sqdist_to_kernel: R2 must be square")
+    with nogil:
+        for i in range(n):
+            for j in range(i):
+                R2[i, j] = scale * kernel_value(kind, R2[i, j])
+    finish_kernel(R2, scale)
+
+
+def finish_kernel(double[:, ::1] K, double scale, bint scale_lower=False):
+    """K's diagonal := ``scale`` (f(0) = 1) and its strict upper triangle := the strict lower one,
+    which is first multiplied by ``scale`` if ``scale_lower`` (in the same tiled pass)."""
+    cdef Py_ssize_t n = K.shape[0], tile = 64, i0 = 0, j0, i, j, i1, j1
+    cdef double v, factor = scale if scale_lower else 1.0    # x * 1.0 is x exactly
+    if K.shape[1] != n:
+        raise ValueError("finish_kernel: K must be square")
+    with nogil:
+        while i0 < n:
+            i1 = min(i0 + tile, n)
+            j0 = 0
+            while j0 <= i0:
+                j1 = min(j0 + tile, n)
+                for i in range(i0, i1):
+                    for j in range(j0, min(j1, i)):
+                        v = factor * K[i, j]
+                        K[i, j] = v
+                        K[j, i] = v
+                j0 += tile
+            i0 += tile
+        for i in range(n):
+            K[i, i] = scale
 
 
 def cross_to_kernel(double[:, ::1] G, const double[::1] su, const double[::1] sv, int kind,
@@ -227,20 +262,19 @@ cdef void row_dist2(const double[:, ::1] Ut, Py_ssize_t i, Py_ssize_t jmax, doub
             r2[j] += t * t
 
 
-def gram_direct(const double[:, ::1] Ut, int kind, double scale, double[:, ::1] out,
-                double[::1] work):
-    """out := scale * f(|u_i - u_j|^2) for the columns u of Ut (d x n); ``work`` is n scratch."""
+def sqdist_direct(const double[:, ::1] Ut, double[:, ::1] out, double offset=0.0,
+                  double factor=1.0):
+    """out's strict lower triangle := offset + factor * |u_i - u_j|^2 for the columns u of Ut
+    (d x n), as gram_to_sqdist."""
     cdef Py_ssize_t n = Ut.shape[1], i, j
-    check_kind(kind)
-    if out.shape[0] != n or out.shape[1] != n or work.shape[0] < n:
-        raise ValueError("gram_direct: out must be n x n and work of length n")
+    if out.shape[0] != n or out.shape[1] != n:
+        raise ValueError("sqdist_direct: out must be n x n")
     with nogil:
         for i in range(n):
-            row_dist2(Ut, i, i, &work[0])
-            for j in range(i):
-                out[i, j] = scale * kernel_value(kind, work[j])
-            out[i, i] = scale
-        mirror_lower(out)
+            row_dist2(Ut, i, i, &out[i, 0])
+            if offset != 0.0 or factor != 1.0:
+                for j in range(i):
+                    out[i, j] = offset + factor * out[i, j]
 
 
 def contract_direct(const double[:, ::1] Ut, const double[:, ::1] M, int kind, bint ard,
@@ -272,3 +306,4 @@ def contract_direct(const double[:, ::1] Ut, const double[:, ::1] M, int kind, b
                         acc += q[j] * t * t
                     g_ard[k] += acc
     return value, iso
+

@@ -122,19 +122,37 @@ def solve_triangular_rows(const real[:, ::1] L, real[:, ::1] B, bint transpose):
             strsm(&side, &uplo, &trans, &diag, &n, &k, &one, <float*> &L[0, 0], &n, &B[0, 0], &n)
 
 
-def subtract_row_gram_lower(const double[:, ::1] B, double[:, ::1] C):
-    """C (k x k, lower triangle) -= B B^T for B (k x n): C_ab -= <row a, row b> (dsyrk)."""
+cdef int _row_gram(const double[:, ::1] B, double[:, ::1] C, double alpha, double beta) except -1:
+    # C (k x k, lower triangle) := alpha B B^T + beta C for B (k x n): <row a, row b> (dsyrk)
     _check_square(C.shape[0], C.shape[1], "C")
     if B.shape[0] != C.shape[0]:
         raise ValueError(f"B has {B.shape[0]} rows, C is {C.shape[0]} x {C.shape[0]}")
-    if B.shape[1] == 0:
-        return
     cdef int k = <int> B.shape[0], n = <int> B.shape[1]
-    # Fortran sees W = B^T (n x k, lda n) and C's lower triangle as 'U': C -= W^T W ('T')
+    # Fortran sees W = B^T (n x k, lda n) and C's lower triangle as 'U': C := alpha W^T W + beta C
     cdef char uplo = b'U', trans = b'T'
-    cdef double minus_one = -1.0, one = 1.0
     with nogil:
-        dsyrk(&uplo, &trans, &k, &n, &minus_one, <double*> &B[0, 0], &n, &one, &C[0, 0], &k)
+        dsyrk(&uplo, &trans, &k, &n, &alpha, <double*> &B[0, 0], &n, &beta, &C[0, 0], &k)
+    return 0
+
+
+def subtract_row_gram_lower(const double[:, ::1] B, double[:, ::1] C):
+    """C (k x k, lower triangle) -= B B^T for B (k x n): C_ab -= <row a, row b> (dsyrk)."""
+    if B.shape[1] == 0:
+        _check_square(C.shape[0], C.shape[1], "C")
+        return
+    _row_gram(B, C, -1.0, 1.0)
+
+
+def row_gram_lower(const double[:, ::1] B, double[:, ::1] C):
+    """C (k x k, lower triangle) := B B^T for B (k x n), C's other entries untouched (dsyrk with
+    beta = 0: C need not be initialised, unlike scipy's wrapper, which zero-fills a new array)."""
+    if B.shape[1] == 0:
+        _check_square(C.shape[0], C.shape[1], "C")
+        for a in range(C.shape[0]):
+            for b in range(a + 1):
+                C[a, b] = 0.0
+        return
+    _row_gram(B, C, 1.0, 0.0)
 
 
 def matvec(const double[:, ::1] A, const double[::1] x, double[::1] out):
