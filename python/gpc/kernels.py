@@ -32,7 +32,7 @@ import numbers
 import warnings
 
 import numpy as np
-from scipy.linalg.blas import dsyrk as _dsyrk
+from scipy.linalg.blas import dgemm as _dgemm, dsyrk as _dsyrk
 
 from . import _kernels, _lapack
 from ._validation import check_finite_array
@@ -159,9 +159,16 @@ def _gram(U, V, kind, scale=1.0):
     r = inf, take the scalar pass of gpc._kernels.
     """
     if V is not None:
-        G = np.ascontiguousarray(U @ V.T)
-        _kernels.cross_to_kernel(G, np.einsum("ij,ij->i", U, U), np.einsum("ij,ij->i", V, V), kind,
-                                 scale)
+        # U V^T through scipy's BLAS (the BLAS of the solves that follow a cross-covariance)
+        G = _dgemm(1.0, V, U, trans_b=True).T
+        su, sv = np.einsum("ij,ij->i", U, U), np.einsum("ij,ij->i", V, V)
+        if kind != _KIND_RBF:
+            _kernels.cross_to_kernel(G, su, sv, kind, scale)
+            return G
+        _kernels.cross_sqdist(G, su, sv, -0.5)
+        np.exp(G, out=G)
+        if scale != 1.0:
+            G *= scale
         return G
     n = U.shape[0]
     rbf = kind == _KIND_RBF

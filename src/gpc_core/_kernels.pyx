@@ -8,7 +8,6 @@
 #
 # Kinds: 0 squared exponential, 1 Matern 1/2, 2 Matern 3/2, 3 Matern 5/2.
 
-from cython.parallel cimport prange
 from libc.math cimport exp, sqrt
 
 include "_tiles.pxi"
@@ -147,15 +146,27 @@ def finish_kernel(double[:, ::1] K, double scale, bint scale_lower=False):
 
 def cross_to_kernel(double[:, ::1] G, const double[::1] su, const double[::1] sv, int kind,
                     double scale):
-    """G (U V^T, n x m) := scale * f(r^2) elementwise."""
+    """G (U V^T, n x m) := scale * f(r^2) elementwise (the scalar pass; kernels.py takes the
+    squared exponential's values from cross_sqdist and a vectorised exp instead)."""
     cdef Py_ssize_t n = G.shape[0], m = G.shape[1], i, j
     check_kind(kind)
     if su.shape[0] != n or sv.shape[0] != m:
         raise ValueError("cross_to_kernel: su, sv must match the rows and columns of G")
     with nogil:
-        for i in prange(n, schedule="static"):
+        for i in range(n):
             for j in range(m):
                 G[i, j] = scale * kernel_value(kind, dist2(su, sv, G[i, j], i, j))
+
+
+def cross_sqdist(double[:, ::1] G, const double[::1] su, const double[::1] sv, double factor):
+    """G (U V^T, n x m) := factor * r^2 elementwise, r^2 = su_i + sv_j - 2 G_ij clipped at 0."""
+    cdef Py_ssize_t n = G.shape[0], m = G.shape[1], i, j
+    if su.shape[0] != n or sv.shape[0] != m:
+        raise ValueError("cross_sqdist: su, sv must match the rows and columns of G")
+    with nogil:
+        for i in range(n):
+            for j in range(m):
+                G[i, j] = factor * dist2(su, sv, G[i, j], i, j)
 
 
 cdef double row_terms(int kind, Py_ssize_t i, const double* r2, const double[:, ::1] M,
