@@ -124,17 +124,20 @@ class SEPState:
 class LocalRows:
     """The training rows of one binary problem in this process, their sites in ``state``.
 
-    The interface a batch iteration needs (:func:`batch_iteration`); the distributed twin is
+    The interface an iteration needs (:func:`iteration`): ``size``, ``update_sites``, ``commit``,
+    ``revert``, ``evidence_parts``; the distributed twin is
     :class:`gpc.sparse._distributed.ShardedRows`.
     """
 
     def __init__(self, state, likelihood, X, y, block_rows):
         self.state, self.likelihood, self.X, self.y, self.block_rows = (
             state, likelihood, X, y, block_rows)
+        self.size = len(y)
         self._pending = None
 
-    def update_sites(self, factor, q, damping):
-        """Refine every site from q (SEP §2.2); returns (dP, dh), kept pending until commit."""
+    def update_sites(self, factor, q, damping, sums):
+        """Refine every site from q (SEP §2.2); returns (dP, dh), kept pending until commit.
+        All rows are covered, so ``sums`` is "new" (:func:`ep.update_sites`)."""
         tau, nu, dP, dh, _ = site_pass(self.likelihood, self.X, self.y, factor, q, self.state.tau,
                                        self.state.nu, damping, self.block_rows)
         self._pending = tau, nu
@@ -152,15 +155,71 @@ class LocalRows:
                               self.state.nu, self.block_rows, gradient)
 
 
-def batch_iteration(state, rows, damping):
-    """One batch iteration: a parallel site pass over all rows, q updated, one inner step."""
-    dP, dh = rows.update_sites(state.factor, state.q, damping)
-    if state.add_sites(dP, dh, shrink=0.0):        # q rebuilt from the new sites (site_pass)
+class LocalBatch:
+    """Rows ``rows`` (a slice) of one binary problem in this process, as one block: a minibatch.
+
+    The interface of :class:`LocalRows`; the whitened block is kept between the site update and
+    the evidence parts.  With tied sites (``rows`` None) :meth:`match_sites` replaces
+    :meth:`update_sites` and the evidence uses the rows' matched sites."""
+
+    def __init__(self, state, likelihood, Xb, yb, rows):
+        self.state, self.likelihood, self.Xb, self.yb, self.rows = state, likelihood, Xb, yb, rows
+        self.size = len(yb)
+        self._pending = self._matched = None
+
+    def match_sites(self, factor, cavity):
+        """Each row's site matched against the tied cavity; their sums (Σ τ a aᵀ, Σ ν a)."""
+        self._whitened = factor.whiten(self.Xb, keep_cross=True)
+        A, s, _ = self._whitened
+        self._matched = tied_block_sites(self.likelihood, self.yb, A, s, cavity)
+        return whitened_sums(A, *self._matched)
+
+    def update_sites(self, factor, q, damping, sums):
+        self._whitened = factor.whiten(self.Xb, keep_cross=True)
+        A, s, _ = self._whitened
+        up = update_sites(self.likelihood, self.yb, A, s, q, self.state.tau[self.rows],
+                          self.state.nu[self.rows], damping, sums=sums)
+        self._pending = up.tau, up.nu
+        return up.dP, up.dh
+
+    def commit(self):
+        self.state.tau[self.rows], self.state.nu[self.rows] = self._pending
+        self._pending = None
+
+    def revert(self):
+        self._pending = None
+
+    def evidence_parts(self, factor, q, gradient):
+        A, s, Kbu = self._whitened
+        tau, nu = (self._matched if self._matched is not None
+                   else (self.state.tau[self.rows], self.state.nu[self.rows]))
+        return block_parts(self.likelihood, self.Xb, self.yb, A, s, factor, q, tau, nu, gradient,
+                           Kbu)
+
+
+def iteration(state, rows, damping):
+    """One step on the rows ``rows`` covers: a parallel site pass over them, q updated, one inner
+    step (SEP §2.3).
+
+    All n rows (a batch iteration): q is rebuilt from the new sites.  A minibatch M: q gets the
+    change its sites make, and the stochastic step scales the data terms by n/|M| (eq. (6)).
+    Returns log Z_q (eq. (3)), or its minibatch estimate.
+    """
+    every_row = rows.size == state.n
+    dP, dh = rows.update_sites(state.factor, state.q, damping, "new" if every_row else "change")
+    if state.add_sites(dP, dh, shrink=0.0 if every_row else 1.0):
         rows.commit()
     else:
         rows.revert()
+    return _inner_step(state, rows)
+
+
+def _inner_step(state, rows):
+    """The "inner" step after a site update: log Z_q's parts over the rows at the new q, then one
+    Adadelta step on its gradient (eq. (4); eq. (6) with the data terms scaled by n/|M|)."""
     parts = rows.evidence_parts(state.factor, state.q, state.learns)
-    log_z, g_theta, g_Z, _ = finish_evidence(state.factor, state.q, parts)
+    log_z, g_theta, g_Z, _ = finish_evidence(state.factor, state.q, parts,
+                                             scale=state.n / rows.size)
     state.log_z = log_z
     if state.learns:
         state.gradient_step(g_theta, g_Z)
@@ -168,19 +227,8 @@ def batch_iteration(state, rows, damping):
 
 
 def batch_step(state, likelihood, X, y, damping, block_rows):
-    """:func:`batch_iteration` over the rows of X in this process."""
-    return batch_iteration(state, LocalRows(state, likelihood, X, y, block_rows), damping)
-
-
-def _minibatch_gradient_step(state, likelihood, Xb, yb, A, s, Kbu, tau, nu, n):
-    """The stochastic step (eq. (6)) of a minibatch at the current q; returns the estimate."""
-    parts = block_parts(likelihood, Xb, yb, A, s, state.factor, state.q, tau, nu, state.learns,
-                        Kbu)
-    log_z, g_theta, g_Z, _ = finish_evidence(state.factor, state.q, parts, scale=n / len(yb))
-    state.log_z = log_z
-    if state.learns:
-        state.gradient_step(g_theta, g_Z)
-    return log_z
+    """:func:`iteration` over the rows of X in this process."""
+    return iteration(state, LocalRows(state, likelihood, X, y, block_rows), damping)
 
 
 def rebuild_q(state, X, block_rows):
@@ -199,37 +247,43 @@ def minibatch_step(state, likelihood, Xb, yb, rows, n, damping):
     """Refine the sites of rows ``rows`` (a slice), update q, then a stochastic step (eq. (6)).
 
     Returns the minibatch estimate of log Z_q (data terms scaled by n/|M|).  A minibatch of all
-    n rows rebuilds q from its sites, as a batch pass does (:func:`batch_iteration`); a smaller
-    one swaps its rows' shares, and the epoch's end rebuilds q (:func:`rebuild_q`).
+    n rows rebuilds q from its sites, as a batch pass does; a smaller one swaps its rows' shares,
+    and the epoch's end rebuilds q (:func:`rebuild_q`).  :func:`iteration` on a
+    :class:`LocalBatch`; ``n`` must be the state's.
     """
-    A, s, Kbu = state.factor.whiten(Xb, keep_cross=True)
-    every_row = len(yb) == state.n
-    up = update_sites(likelihood, yb, A, s, state.q, state.tau[rows], state.nu[rows], damping,
-                      sums="new" if every_row else "change")
-    if state.add_sites(up.dP, up.dh, shrink=0.0 if every_row else 1.0):
-        state.tau[rows], state.nu[rows] = up.tau, up.nu
-    return _minibatch_gradient_step(state, likelihood, Xb, yb, A, s, Kbu, state.tau[rows],
-                                    state.nu[rows], n)
+    if n != state.n:
+        raise ValueError(f"n = {n} is not the state's number of rows, {state.n}")
+    return iteration(state, LocalBatch(state, likelihood, Xb, yb, rows), damping)
 
 
-def tied_minibatch_step(state, likelihood, Xb, yb, damping):
+def tied_block_sites(likelihood, y, A, s, cavity):
+    """The sites (τ, ν) of a block's rows matched against the tied cavity (rows whose match is not
+    finite get a zero site)."""
+    cmean, cvar = cavity.marginals(A)
+    _, tau, nu, _ = matched_site(likelihood, y, cmean, cvar, s)
+    good = np.isfinite(tau) & np.isfinite(nu)
+    return np.where(good, tau, 0.0), np.where(good, nu, 0.0)
+
+
+def tied_iteration(state, rows, damping):
     """Minibatch step with one tied site (stochastic EP; beyond the SEP paper).
 
     Each row's cavity removes one average site, q^{\\i} ∝ p(u) f̄^{n-1}: in the natural
     parameters, (1 - 1/n)(P - I, h).  Every row of M matches its rank-one site t_i against that
     cavity and replaces its 1/n share, damped: S ← (1 - δ|M|/n) S + δ Σ_M t_i.  The stochastic
     gradient step (eq. (6)) then uses the rows' matched sites in place of stored ones, the same
-    "inner" approximation as the untied step.  Returns the minibatch estimate of log Z_q.
+    "inner" approximation as the untied step.  ``rows`` has the interface of :class:`LocalBatch`
+    (``match_sites``, ``evidence_parts``, ``size``).  Returns the minibatch estimate of log Z_q.
     """
     n, m = state.n, state.factor.m
-    A, s, Kbu = state.factor.whiten(Xb, keep_cross=True)
     keep = 1.0 - 1.0 / n
     P_cav = keep * state.q.P
     P_cav.flat[:: m + 1] += 1.0 - keep
-    cmean, cvar = NaturalPosterior(P_cav, keep * state.q.h).marginals(A)
-    _, tau, nu, _ = matched_site(likelihood, yb, cmean, cvar, s)
-    good = np.isfinite(tau) & np.isfinite(nu)
-    tau, nu = np.where(good, tau, 0.0), np.where(good, nu, 0.0)
-    dP, dh = whitened_sums(A, tau, nu)
-    state.add_sites(damping * dP, damping * dh, shrink=1.0 - damping * len(yb) / n)
-    return _minibatch_gradient_step(state, likelihood, Xb, yb, A, s, Kbu, tau, nu, n)
+    dP, dh = rows.match_sites(state.factor, NaturalPosterior(P_cav, keep * state.q.h))
+    state.add_sites(damping * dP, damping * dh, shrink=1.0 - damping * rows.size / n)
+    return _inner_step(state, rows)
+
+
+def tied_minibatch_step(state, likelihood, Xb, yb, damping):
+    """:func:`tied_iteration` on the rows of Xb in this process."""
+    return tied_iteration(state, LocalBatch(state, likelihood, Xb, yb, None), damping)

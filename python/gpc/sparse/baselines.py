@@ -126,8 +126,10 @@ def svi_block(likelihood, y, A, s, mean, Lq):
     return float(np.sum(e)), G_A, e_v, A.T @ G_A, A.T @ e_m, 2.0 * (A.T * e_v) @ AL
 
 
-def svi_bound(likelihood, X, y, factor, mean, Lq, block_rows, scale=1.0):
-    """The bound (8) and its gradient in (log θ, Z, μ, L_q); data terms scaled by ``scale``."""
+def svi_parts(likelihood, X, y, factor, mean, Lq, block_rows):
+    """The data terms of the bound (8) over the rows of X, summed block by block in row order:
+    (Σ e, g_theta, g_Z, Σ AᵀG_A, Σ ∂/∂μ, Σ ∂/∂L_q) before the K_uu part and the KL
+    (:func:`svi_finish`).  Sums over rows only, so shards of the data add them (SEP §2.3)."""
     parts = None
     g_theta = np.zeros(len(factor.kernel.theta))
     g_Z = np.zeros_like(factor.Z)
@@ -140,6 +142,13 @@ def svi_bound(likelihood, X, y, factor, mean, Lq, block_rows, scale=1.0):
         g_Z += gz
         parts = add_parts(parts, (e, AtG, g_m, G_L))
     e, AtG, g_m, G_L = parts
+    return e, g_theta, g_Z, AtG, g_m, G_L
+
+
+def svi_finish(factor, mean, Lq, parts, scale=1.0):
+    """The bound (8) and its gradient in (log θ, Z, μ, L_q) from the summed data parts, the data
+    terms scaled by ``scale`` (n/|M| for a minibatch)."""
+    e, g_theta, g_Z, AtG, g_m, G_L = parts
     gt, gz = factor.uu_gradient(scale * AtG)
     d = np.diag(Lq)
     kl = 0.5 * (np.sum(Lq * Lq) + mean @ mean - len(mean) - 2.0 * np.sum(np.log(np.abs(d))))
@@ -180,13 +189,20 @@ class SVIState(_LBFGSState):
         self.kernel, self.Z, self.factor, self.mean, self.Lq = kernel, Z, factor, rest[:m].copy(), Lq
 
     def objective(self, likelihood, X, y, p, block_rows, scale=1.0):
+        """The bound (8) and its gradient at the packed parameters p (which become the state's).
+
+        X is the rows (any row-sliceable array, with labels y), or rows on a distributed engine
+        (an object with ``svi_parts``, :class:`gpc.sparse._distributed.ShardedRows`)."""
         try:
             self._set(p)
         except NotPositiveDefiniteError:
             self.reverted += 1
             return -np.inf, np.zeros_like(p)
-        value, g_theta, g_Z, g_m, G_L = svi_bound(likelihood, X, y, self.factor, self.mean,
-                                                  self.Lq, block_rows, scale)
+        if hasattr(X, "svi_parts"):   # rows on a distributed engine (gpc.sparse._distributed)
+            parts = X.svi_parts(self.factor, self.mean, self.Lq)
+        else:
+            parts = svi_parts(likelihood, X, y, self.factor, self.mean, self.Lq, block_rows)
+        value, g_theta, g_Z, g_m, G_L = svi_finish(self.factor, self.mean, self.Lq, parts, scale)
         self.log_z = value
         return value, _pack_grad(g_theta, g_Z, self.optimize_inducing, (g_m, G_L[self._tril]))
 

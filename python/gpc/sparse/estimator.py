@@ -16,8 +16,8 @@ from ..classifier import GaussianProcessClassifier, NotFittedError, _Base, _Clas
 from ..kernels import RBF, ConstantKernel, as_kernel
 from ..likelihoods import get_likelihood
 from ._passes import as_block, block_ranges
-from ._train import (SEPState, batch_iteration, batch_step, minibatch_step, rebuild_q,
-                     tied_minibatch_step)
+from ._train import (SEPState, batch_step, iteration, minibatch_step, rebuild_q,
+                     tied_iteration, tied_minibatch_step)
 from .baselines import GFITCState, SVIState, _LBFGSState
 from .ep import posterior_predict
 
@@ -158,15 +158,17 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         Seeds the inducing-point initialisation and the minibatch order.
     verbose : bool, default False
         Print one line per epoch.
-    client : dask.distributed.Client or None, default None
+    client : dask.distributed.Client, a gpc.distributed engine, or None, default None
         Train on a Dask cluster (SEP §2.3, Fig. 1 right; see the distributed guide): the rows
         and their sites are split into one shard per worker (a Dask array keeps its row chunks)
-        and stay there; each iteration sends q and θ out and gets O(m²) sums back.  The fit
-        equals the in-process one up to the order of the sums.  Batch ``method="ep"`` only:
-        GFITC's evidence is not a sum over the data (SEP §3), and SVI, minibatches and tied
-        sites are not distributed yet; they raise a ValueError.  Needs the ``distributed``
-        extra (``pip install "gpc[distributed]"``).  Clones share the client; a pickled model
-        drops it (``client=None`` after unpickling).
+        and stay there; each step sends q and θ out and gets O(m²) sums back.  Batch and
+        minibatch SEP, tied sites and SVI (batch and minibatch) all run there; each worker
+        takes its share of every minibatch.  ``method="gfitc"`` raises a ValueError: GFITC's
+        evidence is not a sum over the data (SEP §3).  A batch fit equals the in-process one up
+        to the order of the sums; ``client=gpc.distributed.InProcessEngine(n_shards=K)`` runs
+        the same shards in this process, which reproduces a minibatch fit on K workers.  A Dask
+        client needs the ``distributed`` extra (``pip install "gpc[distributed]"``).  Clones
+        share the client; a pickled model drops it (``client=None`` after unpickling).
 
     Attributes
     ----------
@@ -280,14 +282,7 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         if self.method == "gfitc":
             raise ValueError("client= cannot run method='gfitc': GFITC's evidence is not a sum over "
                              "the data (SEP §3), so it does not split over workers; use "
-                             "method='ep' or client=None")
-        if self.method == "svi":
-            raise ValueError("client= runs method='ep' only; distributed SVI is not implemented: use "
-                             "method='ep' or client=None")
-        if self.batch_size is not None or self.tied_sites:
-            raise ValueError("client= trains batch SEP only (batch_size=None, tied_sites=False); "
-                             "minibatches and tied sites run in process (client=None)")
-
+                             "method='ep' or 'svi', or client=None")
     def _rng(self):
         rs = self.random_state
         if isinstance(rs, np.random.Generator):
@@ -379,8 +374,9 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
                 from ._distributed import DistributedFit
                 shards = DistributedFit(self.client, X, [yy for _, yy in self._problems], states)
             if isinstance(states[0], _LBFGSState) and not minibatch:
-                for model, yy in self._problems:
-                    model.state.run(model.likelihood, X, yy, epochs,
+                for k, (model, yy) in enumerate(self._problems):
+                    data = X if shards is None else shards.rows(k, model.likelihood, rows)
+                    model.state.run(model.likelihood, data, yy, epochs,
                                     lambda value: (bar.update(), self._record(value)), rows)
                 epochs = 0
             for _ in range(epochs):
@@ -389,9 +385,7 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
                     if shards is None:
                         objective += self._epoch(model, X, yy, minibatch, blocks, rows, bar)
                     else:
-                        objective += batch_iteration(model.state, shards.rows(k, model.likelihood,
-                                                                              rows), self.damping)
-                        bar.update()
+                        objective += self._shard_epoch(shards, k, model, minibatch, rows, bar)
                 self._record(objective)
         except KeyboardInterrupt:
             interrupted = True
@@ -403,6 +397,30 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
             import warnings
             warnings.warn("fit interrupted: the model keeps its last completed step",
                           RuntimeWarning, stacklevel=3)
+
+    def _shard_epoch(self, shards, k, model, minibatch, rows, bar):
+        """One epoch of problem k on the engine's shards (``client=``): the in-process epoch's steps,
+        each worker taking its share of every minibatch (``_distributed.minibatch_plan``)."""
+        state, lik = model.state, model.likelihood
+        if not minibatch and not getattr(state, "tied", False):
+            value = iteration(state, shards.rows(k, lik, rows), self.damping)
+            bar.update()
+            return value
+        plan = shards.plan(rows)
+        values = []
+        for j in self._rng_.permutation(len(plan)):
+            batch = shards.rows(k, lik, rows, plan[j])
+            if isinstance(state, SVIState):
+                values.append(state.minibatch_step(lik, batch, shards.batch_labels(k, plan[j]),
+                                                   shards.engine.n_rows, self.learning_rate))
+            elif state.tied:
+                values.append(tied_iteration(state, batch, self.damping))
+            else:
+                values.append(iteration(state, batch, self.damping))
+            bar.update()
+        if isinstance(state, SEPState) and not state.tied:
+            shards.rebuild_q(state, k, rows)
+        return float(np.mean(values))
 
     def _epoch(self, model, X, y, minibatch, blocks, rows, bar):
         state, n, lik = model.state, len(y), model.likelihood
@@ -432,15 +450,27 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
     def _stream(self, X, y):
         """Tied sites: one step per block of the given rows, which need not be the fit's rows."""
         y = np.asarray(y)
+        rows = self.batch_size or 4096
+        targets = [np.where(y == (self.classes_[1] if len(self._problems) == 1 else c), 1.0, -1.0)
+                   for c in self.classes_[:len(self._problems)]]
+        shards = None
+        if self.client is not None:
+            from ._distributed import DistributedFit
+            shards = DistributedFit(self.client, X, targets, [m.state for m, _ in self._problems])
         objective = 0.0
-        for k, (model, _) in enumerate(self._problems):
-            positive = self.classes_[1] if len(self._problems) == 1 else self.classes_[k]
-            yy = np.where(y == positive, 1.0, -1.0)
-            rows = self.batch_size or 4096
-            values = [tied_minibatch_step(model.state, model.likelihood, as_block(X, a, b),
-                                          yy[a:b], self.damping)
-                      for a, b in block_ranges(X.shape[0], rows)]
-            objective += float(np.mean(values))
+        try:
+            for k, ((model, _), yy) in enumerate(zip(self._problems, targets)):
+                if shards is None:
+                    values = [tied_minibatch_step(model.state, model.likelihood, as_block(X, a, b),
+                                                  yy[a:b], self.damping)
+                              for a, b in block_ranges(X.shape[0], rows)]
+                else:           # the blocks in order, each worker taking its share
+                    values = [tied_iteration(model.state, shards.rows(k, model.likelihood, rows, batch),
+                                             self.damping) for batch in shards.plan(rows)]
+                objective += float(np.mean(values))
+        finally:
+            if shards is not None:
+                shards.finish([])       # tied sites: nothing per row to bring home
         self._record(objective)
 
     def _record(self, objective):
