@@ -35,6 +35,7 @@ import numpy as np
 from scipy.linalg.blas import dgemm as _dgemm, dsyrk as _dsyrk
 
 from . import _kernels, _lapack
+from ._parallel import over_rows
 from ._validation import check_finite_array
 from .exceptions import ConvergenceWarning
 
@@ -163,35 +164,57 @@ def _gram(U, V, kind, scale=1.0):
         G = _dgemm(1.0, V, U, trans_b=True).T
         su, sv = np.einsum("ij,ij->i", U, U), np.einsum("ij,ij->i", V, V)
         if kind != _KIND_RBF:
-            _kernels.cross_to_kernel(G, su, sv, kind, scale)
+            over_rows(_kernels.cross_to_kernel, G.shape[0], G, su, sv, kind, scale, cost="rows")
             return G
-        _kernels.cross_sqdist(G, su, sv, -0.5)
-        np.exp(G, out=G)
-        if scale != 1.0:
-            G *= scale
+        over_rows(_cross_exp, G.shape[0], G, su, sv, scale, cost="rows")
         return G
     n = U.shape[0]
     rbf = kind == _KIND_RBF
     factor = -0.5 if rbf else 1.0
     if U.shape[1] <= DIRECT_MAX_D:
         K = np.empty((n, n))
-        _kernels.sqdist_direct(np.ascontiguousarray(U.T), K, 0.0, factor)
+        over_rows(_kernels.sqdist_direct, n, np.ascontiguousarray(U.T), K, 0.0, factor)
     else:
         K, su = _gram_lower(U)
-        _kernels.gram_to_sqdist(K, su, 0.0, factor)
+        over_rows(_kernels.gram_to_sqdist, n, K, su, 0.0, factor)
     if not rbf:
-        _kernels.sqdist_to_kernel(K, kind, scale)
+        over_rows(_kernels.sqdist_to_kernel, n, K, kind, scale)
         return K
+    over_rows(_exp_and_finish, n, K, scale)
+    return K
+
+
+def _exp_and_finish(K, scale, *, start, stop):
+    """Rows start..stop-1 of a squared exponential's K from its exponents (strict lower triangle):
+    NumPy's exp by row blocks (it releases the GIL), then the diagonal, c * exp(...) (the rounding
+    of c * K, not of exp(log c - ...)) and the mirror in one pass (gpc._kernels.finish_kernel)."""
     # a block's columns run to its last row: the upper corner of its diagonal square is scratch
-    # (overwritten by the mirror), whatever it holds
+    # (overwritten by the mirror of these rows), whatever it holds
     with np.errstate(over="ignore", invalid="ignore"):
-        for i0 in range(0, n, _EXP_ROWS):
-            i1 = min(i0 + _EXP_ROWS, n)
+        for i0 in range(start, stop, _EXP_ROWS):
+            i1 = min(i0 + _EXP_ROWS, stop)
             block = K[i0:i1, :i1]
             np.exp(block, out=block)
-    # c * exp(...) (the rounding of c * K, not of exp(log c - ...)) in the mirroring pass
-    _kernels.finish_kernel(K, scale, scale != 1.0)
-    return K
+    _kernels.finish_kernel(K, scale, scale != 1.0, start=start, stop=stop)
+
+
+def _cross_exp(G, su, sv, scale, *, start, stop):
+    """Rows start..stop-1 of a squared exponential's cross-covariance from G = U Vᵀ."""
+    _kernels.cross_sqdist(G, su, sv, -0.5, start=start, stop=stop)
+    block = G[start:stop]
+    np.exp(block, out=block)
+    if scale != 1.0:
+        block *= scale
+
+
+def _sum_parts(parts):
+    """The sums of a pass's row ranges, added in range order (the same bits for any number of
+    threads): a tuple of totals, one per returned item."""
+    totals = list(parts[0])
+    for part in parts[1:]:
+        for k, item in enumerate(part):
+            totals[k] = totals[k] + item
+    return tuple(totals)
 
 
 def _check_positive_values(value, name):
@@ -626,23 +649,27 @@ class _Stationary(Kernel):
         exponentials, which are most of the pass's cost."""
         ls, U, _ = self._scaled(X, None)
         ard = ls.size > 1 and self._free()
+        n = U.shape[0]
         if U.shape[1] <= DIRECT_MAX_D:
-            g = np.zeros(U.shape[1])
-            value, iso = _kernels.contract_direct(np.ascontiguousarray(U.T), M, self._kind(), ard, g,
-                                                  np.empty((2, U.shape[0])), K, scale, symmetric)
+            parts = over_rows(_kernels.contract_direct, n, np.ascontiguousarray(U.T), M, self._kind(),
+                              ard, K, scale, symmetric)
+            value, iso, g = _sum_parts(parts)
             if not self._free():
                 return np.empty(0), value
             return (g if ard else np.array([iso])), value
         G, su = _gram_lower(U)
-        value, iso = _kernels.contract(G, su, M, self._kind(), ard, np.empty((2, U.shape[0])), K,
-                                       scale, symmetric)
+        value, iso = _sum_parts(over_rows(_kernels.contract, n, G, su, M, self._kind(), ard, K, scale,
+                                          symmetric))
         if not self._free():
             return np.empty(0), value
         if not ard:
             return np.array([iso]), value
         # G is now S, S_ij = (M_ij + M_ji) W_ij / 2 (zero diagonal):
         # sum_ij M_ij W_ij (u_id - u_jd)^2 = 2 [sum_i u_id^2 (S 1)_i - sum_i u_id (S U)_id]
-        g = 2.0 * (G.sum(axis=1) @ (U * U) - np.einsum("id,id->d", U, G @ U))
+        # S U through scipy's BLAS (S is symmetric: its C-ordered buffer is itself in Fortran order),
+        # not NumPy's, whose idle threads would spin against the next factorisation's
+        SU = _dgemm(1.0, G.T, np.asfortranarray(U))
+        g = 2.0 * (G.sum(axis=1) @ (U * U) - np.einsum("id,id->d", U, SU))
         return g, value
 
     def _grad_inputs(self, X, Y, M):

@@ -14,6 +14,7 @@ through the Cholesky factor L of the well-conditioned B = I + S K S, S = T^½ (R
 import numpy as np
 
 from . import _dense, _lapack
+from ._parallel import over_rows
 from ._linalg import (cho_inverse_lower, cholesky_lower, cho_solve_lower, log_det_from_cholesky,
                       mirror_lower)
 
@@ -49,7 +50,7 @@ class SitePosterior:
 
         def build():
             B = np.empty_like(K, dtype=np.float64)
-            _dense.fill_b(np.ascontiguousarray(K, dtype=np.float64), s, B)
+            over_rows(_dense.fill_b, len(s), np.ascontiguousarray(K, dtype=np.float64), s, B)
             return B
 
         self.L, _ = cholesky_lower(build(), name="B = I + S K S", overwrite=True, rebuild=build)
@@ -102,7 +103,8 @@ class SitePosterior:
         if info != 0:  # pragma: no cover - L is a Cholesky factor
             raise RuntimeError(f"dpotri failed with info={info}")
         zero = np.zeros(M.shape[0])
-        _dense.gaussian_site_gradient_matrix(M, self.sqrt_tau, self.alpha, zero, zero, not lower)
+        over_rows(_dense.gaussian_site_gradient_matrix, len(zero), M, self.sqrt_tau, self.alpha, zero,
+                  zero, not lower)
         return M
 
     @property
@@ -159,7 +161,7 @@ class SitePosterior:
                 if info != 0:  # pragma: no cover
                     raise RuntimeError(f"dtrtri failed with info={info}")
                 diag_B_inv = np.empty(len(tau))
-                _dense.column_sq_sums_lower(Linv, diag_B_inv)
+                over_rows(_dense.column_sq_sums_lower, len(tau), Linv, diag_B_inv, cost="upper")
                 d = np.empty(len(tau))
                 ok = tau > TINY_SITE_PRECISION
                 d[ok] = (1.0 - diag_B_inv[ok]) / tau[ok]
@@ -249,7 +251,8 @@ class InverseFactorPosterior(SitePosterior):
         dlauum of L⁻¹ and one fused pass (gpc._dense)."""
         M = self._lower_B_inverse()
         zero = np.zeros(M.shape[0])
-        _dense.gaussian_site_gradient_matrix(M, self.sqrt_tau, self.alpha, zero, zero, not lower)
+        over_rows(_dense.gaussian_site_gradient_matrix, len(zero), M, self.sqrt_tau, self.alpha, zero,
+                  zero, not lower)
         return M
 
     @property

@@ -39,6 +39,7 @@ import numpy as np
 from .. import _dense, _lapack, _site_rule, _sweeps
 from ..exceptions import (ConvergenceWarning, DivergenceError, NegativeVarianceError,
                           NotPositiveDefiniteError)
+from .._parallel import over_rows
 from ..posterior import TINY_SITE_PRECISION, InverseFactorPosterior, site_posterior
 from ._damping import AdaptiveDamping
 
@@ -153,13 +154,13 @@ class ParallelMarginals:
 
     def _marginals(self, tau, nu, dtype):
         # Every BLAS/LAPACK call here goes through gpc._lapack (scipy's BLAS) and the element passes
-        # of gpc._dense run on one thread: with NumPy's BLAS (K @ v) or OpenMP loops in between, the
-        # other library's idle threads kept spinning on the core that the Cholesky's second thread
-        # needed, and two threads were slower than one (issue 16).
+        # of gpc._dense through gpc._parallel's sleeping threads: with NumPy's BLAS (K @ v) or OpenMP
+        # loops in between, the other library's idle threads kept spinning on the core that the
+        # Cholesky's second thread needed, and two threads were slower than one (issue 16).
         K, m0, n = self.K, self.m0, self.n
         s = np.sqrt(tau)
         L = self._buffer(dtype)
-        _dense.fill_b(K, s, L)
+        over_rows(_dense.fill_b, n, K, s, L)
         info = _lapack.cholesky_in_place(L)      # C-order lower triangle = Fortran 'upper'
         if info != 0:
             return False
@@ -176,7 +177,7 @@ class ParallelMarginals:
         if info != 0:  # pragma: no cover - a Cholesky factor has a positive diagonal
             return False
         diag_B_inv = np.empty(n)
-        _dense.column_sq_sums_lower(Linv, diag_B_inv)
+        over_rows(_dense.column_sq_sums_lower, n, Linv, diag_B_inv, cost="upper")
         var = np.empty(n)
         ok = tau > self.TINY_TAU[dtype]
         var[ok] = (1.0 - diag_B_inv[ok]) / tau[ok]

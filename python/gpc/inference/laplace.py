@@ -23,6 +23,7 @@ import numpy as np
 from scipy.linalg import blas
 
 from .. import _dense, _lapack
+from .._parallel import over_rows
 from .._linalg import cholesky_lower
 from ..exceptions import ConvergenceWarning
 from ..posterior import SitePosterior
@@ -53,7 +54,7 @@ def _factor(K, W):
 
     def build():
         B = np.empty_like(K)
-        _dense.fill_b(K, sW, B)
+        over_rows(_dense.fill_b, len(sW), K, sW, B)
         return B
 
     L, _ = cholesky_lower(build(), name="B = I + W^1/2 K W^1/2", overwrite=True, rebuild=build)
@@ -73,7 +74,7 @@ class _NewtonMatrix:
     def __init__(self, K, W, buffer):
         self.W = W
         self.sW = np.sqrt(W)
-        _dense.fill_b(K, self.sW, buffer)
+        over_rows(_dense.fill_b, len(W), K, self.sW, buffer)
         info = _lapack.cholesky_in_place(buffer)
         self.L = buffer if info == 0 else _factor(K, W)[1]
 
@@ -299,5 +300,5 @@ def _gradient_matrix(posterior, g, d3, lower=False):
         diag_sigma[idx] = K[idx, idx] - np.einsum("ij,ij->j", Kc, RKc)
     s2 = 0.5 * diag_sigma * d3
     u = s2 - sW * blas.dsymv(1.0, Binv.T, sW * _symv(K, s2), lower=0)      # (I − R K) s2
-    _dense.gaussian_site_gradient_matrix(Binv, sW, a, u, g, not lower)
+    over_rows(_dense.gaussian_site_gradient_matrix, n, Binv, sW, a, u, g, not lower)
     return Binv
