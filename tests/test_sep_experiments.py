@@ -303,3 +303,25 @@ def test_the_docs_show_the_tables_of_the_committed_records(name):
               "sep-image": sep_image.doc_tables}.get(name, lambda r: doc_table(r, name))(records)
     text = (root / "docs" / "reproduction.md").read_text(encoding="utf-8")
     assert replace_blocks(text, tables) == text
+
+
+def test_sep_distributed_on_made_images(tmp_path, capsys):
+    """``gpc sep-distributed --fashion-mnist DIR`` (SEP Fig. 3 right's workload): the in-process fit
+    and a one-worker LocalCluster on 127.0.0.1 fit the same batch SEP model (same test error), the
+    records go to --out and the figure to --plots."""
+    from gpc.__main__ import main
+
+    fake_fashion_mnist(tmp_path, 300, 100)
+    out = tmp_path / "dist.json"
+    main(["sep-distributed", "--dask-workers", "1", "--fashion-mnist", str(tmp_path), "--subsample",
+          "200", "--n-inducing", "5", "--max-iter", "2", "--out", str(out), "--plots",
+          str(tmp_path / "figs")])
+    records = json.loads(out.read_text())
+    assert [r["where"] for r in records] == ["in process", "1 worker"]
+    assert all(r["n_train"] == 200 and r["data"].startswith("Fashion-MNIST") for r in records)
+    assert records[0]["test_error"] == records[1]["test_error"]
+    assert abs(records[0]["log_z"] - records[1]["log_z"]) < 1e-8 * abs(records[0]["log_z"])
+    assert "sep-distributed.png" in pngs(tmp_path)
+    with pytest.raises(SystemExit):
+        main(["sep-distributed", "--fashion-mnist", str(tmp_path), "--subsample", "5"])
+    assert "--subsample must be between 10" in capsys.readouterr().err

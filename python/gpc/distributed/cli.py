@@ -1,7 +1,9 @@
 """``gpc sep-distributed``: SEP on Dask against the number of workers (SEP §2.3, Fig. 3 right).
 
-    gpc sep-distributed [--dask-workers N [N ...] | --scheduler ADDRESS] [--data NAME | --synthetic N]
+    gpc sep-distributed [--dask-workers N [N ...] | --scheduler ADDRESS]
+                        [--data NAME | --synthetic N | --fashion-mnist DIR [--subsample N]]
                         [--n-inducing M] [--max-iter K] [--batch-size B] [--seed S]
+                        [--out FILE.json] [--plots DIR]
 
 Fits ``SparseGaussianProcessClassifier(method="ep", client=...)`` on a training split, once in process
 and once per cluster, and prints the seconds per iteration, the speedup over the in-process fit, the
@@ -9,7 +11,11 @@ test error and NLL, and log Z_q.  ``--dask-workers N`` starts a ``LocalCluster``
 x 1 thread on 127.0.0.1 (several counts give several rows); ``--scheduler`` connects to a running
 cluster instead.  ``--batch-size B`` trains on minibatches of B rows (each worker takes its share of
 every minibatch, so a cluster's minibatches differ from the in-process fit's: the figures agree in
-distribution, not digit for digit).  :func:`open_client` is the same choice for any other command.
+distribution, not digit for digit).  ``--fashion-mnist DIR`` takes the MNIST-size stand-in of
+``gpc reproduce sep-mnist`` (60,000 training and 10,000 test images, odd against even class codes;
+SEP Fig. 3 right is on MNIST).  ``--out`` writes the records as JSON, ``--plots DIR`` draws
+seconds per iteration and speedup against the number of workers (``sep-distributed.png``).
+:func:`open_client` is the same choice for any other command.
 """
 
 import contextlib
@@ -101,11 +107,17 @@ def add_parser(sub):
     data.add_argument("--data", default="banana", help="a bundled binary data set (default banana)")
     data.add_argument("--synthetic", type=int, metavar="N",
                       help="N rows of a synthetic 8-feature problem instead (the bench's)")
+    data.add_argument("--fashion-mnist", metavar="DIR",
+                      help="the directory of the four Fashion-MNIST IDX files (the MNIST-size stand-in)")
+    p.add_argument("--subsample", type=int, default=None, metavar="N",
+                   help="with --fashion-mnist: N training rows drawn at random (default all 60,000)")
     p.add_argument("--n-inducing", type=int, default=50)
     p.add_argument("--max-iter", type=int, default=10, help="iterations or epochs (default 10)")
     p.add_argument("--batch-size", type=int, default=None, metavar="B",
                    help="minibatches of B rows (default: batch SEP)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", metavar="FILE", help="write the records as JSON")
+    p.add_argument("--plots", metavar="DIR", help="draw time and speedup against workers into DIR")
     return p
 
 
@@ -118,6 +130,17 @@ def synthetic(n, seed=0, d=8):
 
 
 def _data(args):
+    if getattr(args, "fashion_mnist", None) is not None:
+        from ..experiments import sep_mnist
+        Xtr, ytr = sep_mnist.load(args.fashion_mnist, "train")
+        Xte, yte = sep_mnist.load(args.fashion_mnist, "test")
+        if args.subsample is not None:
+            if not 10 <= args.subsample <= len(ytr):
+                raise ValueError(f"--subsample must be between 10 and {len(ytr)}")
+            rows = np.sort(np.random.default_rng(args.seed).choice(len(ytr), args.subsample,
+                                                                   replace=False))
+            Xtr, ytr = Xtr[rows], ytr[rows]
+        return "Fashion-MNIST (odd vs even)", Xtr, ytr, Xte, yte
     if args.synthetic is not None:
         if args.synthetic < 10:
             raise ValueError("--synthetic needs at least 10 rows")
@@ -174,4 +197,44 @@ def main(args):
         r["speedup"] = base / r["seconds_per_iteration"]
         print(f"{r['where']:<24} {r['seconds_per_iteration']:>12.3f} {r['speedup']:>8.2f} "
               f"{r['test_error']:>10.4f} {r['test_nll']:>9.4f} {r['log_z']:>12.3f}")
+    for r in records:
+        r.update(data=name, n_train=len(ytr), n_inducing=args.n_inducing, max_iter=args.max_iter,
+                 batch_size=args.batch_size)
+    if getattr(args, "out", None):
+        import json
+        with open(args.out, "w", encoding="utf-8") as fh:
+            json.dump(records, fh, indent=1)
+        print("wrote", args.out)
+    if getattr(args, "plots", None):
+        print("wrote", plot_workers(records, args.plots))
     return records
+
+
+def plot_workers(records, directory):
+    """Seconds per iteration and speedup over the in-process fit against the number of workers
+    (SEP Fig. 3 right); returns the PNG's path."""
+    import os
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [r for r in records if r["where"].split()[0].isdigit()]
+    workers = [int(r["where"].split()[0]) for r in runs]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
+    left.plot(workers, [r["seconds_per_iteration"] for r in runs], "o-", label="Dask workers")
+    left.axhline(records[0]["seconds_per_iteration"], color="gray", ls="--", label="in process")
+    left.set(xlabel="workers", ylabel="seconds per iteration", xticks=workers)
+    left.legend()
+    right.plot(workers, [r["speedup"] for r in runs], "o-", label="measured")
+    right.plot(workers, workers, color="gray", ls=":", label="linear")
+    right.set(xlabel="workers", ylabel="speedup over one process", xticks=workers)
+    right.legend()
+    fig.suptitle(f"SEP on Dask: {records[0]['data']}, n = {records[0]['n_train']}, "
+                 f"m = {records[0]['n_inducing']}")
+    fig.tight_layout()
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, "sep-distributed.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
