@@ -83,6 +83,24 @@ def bench_dask_step(record, problem, client):
     assert total["rows"] == N_TINY
 
 
+def carry_q(rows, q_state, theta, sites):
+    """A step that only receives q: the cost of a round and of sending q, without arithmetic."""
+    return sites, {"rows": len(rows)}
+
+
+@pytest.mark.benchmark(group="one round, nothing computed")
+def bench_dask_round_empty(record, problem, client):
+    engine = DaskEngine(client).load((problem[0],), zero_sites)
+    record("dask round, nothing sent", lambda: engine.step(carry_q, None, None), rounds=30, warmup=3)
+
+
+@pytest.mark.benchmark(group="one round, nothing computed")
+def bench_dask_round_q(record, problem, client):
+    engine = DaskEngine(client).load((problem[0],), zero_sites)
+    record("dask round, q (m = 200) sent", lambda: engine.step(carry_q, problem[1], None), rounds=30,
+           warmup=3)
+
+
 @pytest.mark.benchmark(group="sites of n = 200,000 rows")
 def bench_sites_stay(record, client):
     """Sites stay on the workers (the engine's choice): an iteration moves no per-row data."""
@@ -140,7 +158,8 @@ def sparse_iteration(client, X, y, m, iters):
 
 def main(n=200_000, m=M, iters=4, n_tiny=N_TINY, workers=2):
     """In process (1 thread) against ``workers`` workers x 1 thread on 127.0.0.1, batch SEP:
-    seconds per iteration at n rows (the speedup) and at n_tiny rows (the fixed overhead).
+    seconds per iteration at n rows (the speedup) and at n_tiny rows (the fixed overhead); n = 0
+    measures the overhead alone.
 
     On a shared machine the wall-clock figures depend on the load; the CPU seconds do not, and give
     the model: an iteration on K workers takes about max_k (worker k's CPU) + the fixed overhead."""
@@ -153,12 +172,12 @@ def main(n=200_000, m=M, iters=4, n_tiny=N_TINY, workers=2):
     sys.path.insert(0, os.path.dirname(__file__))
     from bench_sparse import make_data
 
-    X, y = make_data(n)
+    X, y = make_data(n) if n else (None, None)
     Xt, yt = make_data(n_tiny, seed=3)
     print(f"batch SEP, m = {m}, {iters} iterations (wall: median of iterations 2..{iters}; CPU: mean); "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     with threadpool_limits(1):
-        local = sparse_iteration(None, X, y, m, iters)
+        local = sparse_iteration(None, X, y, m, iters) if n else None
         local_tiny = sparse_iteration(None, Xt, yt, m, 12)
         t = time.perf_counter()
         from gpc.distributed.cli import local_cluster
@@ -166,8 +185,9 @@ def main(n=200_000, m=M, iters=4, n_tiny=N_TINY, workers=2):
             client.wait_for_workers(workers, timeout=300)
             print(f"cluster of {workers} up in {time.perf_counter() - t:.1f} s")
             remote_tiny = sparse_iteration(client, Xt, yt, m, 12)   # first, on a fresh cluster
-            remote = sparse_iteration(client, X, y, m, iters)
-    for rows, (lw, lc, _), (rw, rc, wc) in ((n, local, remote), (n_tiny, local_tiny, remote_tiny)):
+            remote = sparse_iteration(client, X, y, m, iters) if n else None
+    runs = [(n_tiny, local_tiny, remote_tiny)] + ([(n, local, remote)] if n else [])
+    for rows, (lw, lc, _), (rw, rc, wc) in runs:
         busiest = max(wc.values())
         print(f"n = {rows}: in process {lw:.4f} s/iteration wall, {lc:.4f} s CPU; {workers} workers "
               f"{rw:.4f} s/iteration wall (speedup {lw / rw:.2f}), master CPU {rc:.4f} s, worker CPU "

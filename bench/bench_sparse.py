@@ -22,9 +22,10 @@ import tracemalloc
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from gpc import _lapack, _sparse
 from gpc.kernels import RBF, ConstantKernel
 from gpc.likelihoods import get_likelihood
-from gpc.sparse._passes import as_block
+from gpc.sparse._passes import as_block, block_ranges
 from gpc.sparse._train import SEPState, minibatch_step, tied_minibatch_step
 
 N = int(os.environ.get("GPC_BENCH_SPARSE_N", "1000000"))
@@ -46,10 +47,10 @@ def new_state(X, n=N, tied=False):
     return SEPState(kernel, X[:: max(1, n // M)][:M].copy(), n, 1e-8, True, 1.0, tied=tied)
 
 
-def sep_steps(state, X, y, steps=STEPS):
+def sep_steps(state, X, y, steps=STEPS, first=0):
     lik = get_likelihood("probit")
-    for k in range(steps):
-        start = k * B
+    for k in range(first, first + steps):
+        start = (k * B) % (len(y) - B + 1)
         Xb, yb = as_block(X, start, start + B), y[start:start + B]
         if state.tied:
             tied_minibatch_step(state, lik, Xb, yb, 0.5)
@@ -57,12 +58,96 @@ def sep_steps(state, X, y, steps=STEPS):
             minibatch_step(state, lik, Xb, yb, slice(start, start + B), len(y), 0.5)
 
 
-def blas_floor(state, X, steps=STEPS):
-    kernel, Z = state.kernel, state.Z
-    W = np.random.default_rng(1).standard_normal((M, M))
-    for k in range(steps):
-        Kbm = kernel(np.ascontiguousarray(X[k * B:(k + 1) * B]), Z)
-        Kbm @ W
+class Floor:
+    """What any method must do per minibatch: the kernel block K_bm (the same routine the step
+    uses) and one b x m x m product (scipy's dgemm, the step's BLAS): an epoch is n/b of these."""
+
+    def __init__(self):
+        self.W = np.random.default_rng(1).standard_normal((B, M))
+        self.out = np.empty((M, M))
+
+    def steps(self, state, X, steps=STEPS, first=0):
+        factor = state.factor
+        for k in range(first, first + steps):
+            start = (k * B) % (len(X) - B + 1)
+            Kbm = factor.cross(as_block(X, start, start + B))
+            _sparse.transpose_times(Kbm, self.W, self.out)
+
+
+class StepBLAS:
+    """The BLAS and LAPACK calls of one minibatch step (rows seen before), with its shapes, and
+    nothing else: the sequence of :func:`gpc.sparse._train.minibatch_step` (docs/sparse.md, "One
+    minibatch step").  Timing it alone gives the step's BLAS time; the rest of a step is the
+    site algebra, the likelihood, the kernel's exp and Python."""
+
+    def __init__(self):
+        rng = np.random.default_rng(2)
+        self.K = np.ascontiguousarray(rng.random((B, M)))
+        self.W = np.empty((2 * B, M))
+        self.Bm, self.Bo, self.Y, self.work = (np.empty((B, M)) for _ in range(4))
+        self.scaled = np.empty((2 * B, M))
+        S = rng.standard_normal((M, M))
+        self.P0 = S @ S.T / M + np.eye(M)
+        self.L = np.linalg.cholesky(self.P0)
+        self.Li = np.linalg.inv(self.L)
+        self.P, self.R, self.S, self.T, self.C = (np.empty((M, M)) for _ in range(5))
+        self.w = np.concatenate([rng.random(B), -rng.random(B)])
+        self.h, self.v, self.mb, self.mb2 = np.zeros(M), np.empty(M), np.empty(B), np.empty(2 * B)
+        self.Xs, self.Zs = rng.standard_normal((B, D)), rng.standard_normal((M, D))
+
+    def steps(self, steps=STEPS):
+        for _ in range(steps):
+            self.one()
+
+    def _posterior(self, R):
+        _lapack.cholesky_in_place(R)
+        _sparse.lower_inverse_in_place(R)
+        _sparse.rows_dot(R, self.h, self.v)
+        _sparse.add_transpose_dot(R, self.v, self.h)
+
+    def one(self):
+        W, Bm, Bo, Y, P, R, S, T, Li, L = (self.W, self.Bm, self.Bo, self.Y, self.P, self.R,
+                                           self.S, self.T, self.Li, self.L)
+        A, A_old = W[:B], W[B:]
+        self.Xs @ self.Zs.T                                  # K_bu's Gram part
+        np.copyto(A, self.K)
+        _sparse.rows_times_lower(Li, A, True)                # whitening, a = L⁻¹k
+        np.copyto(A_old, self.K)
+        _sparse.rows_times_lower(L, A_old, False)            # the sites' directions a' = Lᵀv
+        np.copyto(Bm, A)
+        _sparse.rows_times_lower(Li, Bm, True)               # cavity marginals: R⁻¹a
+        np.copyto(Bo, A_old)
+        _sparse.rows_times_lower(Li, Bo, True)               # and R⁻¹a'
+        _sparse.rows_dot(A, self.h, self.mb)
+        _sparse.rows_dot(A_old, self.h, self.mb)
+        np.copyto(P, self.P0)
+        _sparse.add_weighted_gram(P, W, self.w, self.scaled)  # swap the sites: two dsyrk
+        _sparse.add_transpose_dot(W, self.w, self.h)
+        np.copyto(R, self.P0)
+        self._posterior(R)                                   # the new q
+        np.copyto(Y, A)
+        _sparse.rows_times_lower(Li, Y, False)               # the new directions v = L⁻ᵀa
+        np.copyto(Bm, A)
+        _sparse.rows_times_lower(Li, Bm, True)               # marginals at the new q
+        _sparse.rows_dot(A, self.h, self.mb)
+        _sparse.rows_times_lower(Li, Bm, False)              # A Σ
+        _sparse.transpose_times(Y, A, S)                     # Yᵀ A
+        _sparse.rows_times_lower(Li, Bm, False)              # G L⁻¹
+        Bm @ self.Zs, Bm.T @ self.Xs                         # its contraction's products
+        _sparse.lower_gram(Li, self.C)                       # Σ for the prior term
+        _sparse.congruence(Li, S)                            # L⁻ᵀ G L⁻¹
+        S @ self.Zs, S.T @ self.Zs                           # its contraction's products
+        self.Zs @ self.Zs.T                                  # K_uu's Gram part
+        np.copyto(T, self.P0)
+        _lapack.cholesky_in_place(T)                         # K_uu's factor
+        _sparse.lower_inverse_in_place(T)                    # and its inverse
+        np.copyto(T, L)
+        _sparse.lower_times(Li, T)                           # M = L⁻¹ L'
+        np.copyto(S, P)
+        _sparse.congruence(T, S)                             # Mᵀ (P - I) M
+        _sparse.rows_dot(T, self.h, self.v)                  # Mᵀ h
+        np.copyto(R, self.P0)
+        self._posterior(R)                                   # the moved q
 
 
 def bench_sparse_sep_steps(benchmark, record):
@@ -75,48 +160,81 @@ def bench_sparse_sep_steps(benchmark, record):
 def bench_sparse_blas_floor(benchmark, record):
     X, _ = make_data()
     state = new_state(X)
+    floor = Floor()
     benchmark.group = "sparse"
-    record("blas floor (K_bm + b m^2 product)", lambda: blas_floor(state, X), rounds=3)
+    record("blas floor (K_bm + b m^2 product)", lambda: floor.steps(state, X), rounds=3)
 
 
-def main(repeats=3):
-    """Times SEP and the floor alternately ``repeats`` times (the minimum of each is reported, so
-    a burst of load on a shared machine hits both sides alike), then measures peak memory in a
-    separate run: tracemalloc slows every allocation, so it must not be on while timing."""
+def measure(X, y, tied=False, repeats=5, steps=STEPS):
+    """Seconds per step of SEP, of the floor and of the step's BLAS calls alone, alternating in
+    chunks of ``steps`` steps ``repeats`` times: (min of each, median of the per-round ratios
+    step/floor and step/BLAS).  The state keeps training across rounds."""
+    state = new_state(X, tied=tied)
+    floor, blas = Floor(), StepBLAS()
+    # a first pass over the rows to be timed: the timed steps meet sites q already holds, as
+    # every epoch after the first does (the first skips removing old sites)
+    sep_steps(state, X, y, 5 + repeats * steps)
+    sep_steps(state, X, y, 5)                                 # warm up
+    floor.steps(state, X, 5)
+    blas.steps(5)
+    times = {"sep": [], "floor": [], "blas": [], "sep_cpu": [], "floor_cpu": []}
+    for r in range(repeats):
+        first = 5 + r * steps
+        c, t = time.process_time(), time.perf_counter()
+        sep_steps(state, X, y, steps, first)
+        times["sep"].append(time.perf_counter() - t)
+        times["sep_cpu"].append(time.process_time() - c)
+        c, t = time.process_time(), time.perf_counter()
+        floor.steps(state, X, steps, first)
+        times["floor"].append(time.perf_counter() - t)
+        times["floor_cpu"].append(time.process_time() - c)
+        t = time.perf_counter()
+        blas.steps(steps)
+        times["blas"].append(time.perf_counter() - t)
+    per = {k: min(v) / steps for k, v in times.items()}
+    ratios = {"floor": float(np.median(np.array(times["sep"]) / np.array(times["floor"]))),
+              "blas": float(np.median(np.array(times["sep"]) / np.array(times["blas"]))),
+              "floor_cpu": float(np.median(np.array(times["sep_cpu"])
+                                           / np.array(times["floor_cpu"])))}
+    return per, ratios
+
+
+def main(repeats=5):
+    """Times SEP, the floor and the step's BLAS alone alternately ``repeats`` times, then measures
+    peak memory in a separate run: tracemalloc slows every allocation, so it must not be on while
+    timing."""
     X, y = make_data()
-    epoch = N / B / STEPS
-    print(f"n={N} d={D} m={M} b={B} BLAS threads={THREADS} steps timed={STEPS} "
-          f"(min of {repeats} alternating runs)")
+    epoch = N / B
+    print(f"n={N} d={D} m={M} b={B} BLAS threads={THREADS} steps timed={STEPS} x {repeats} "
+          f"alternating rounds; load average {os.getloadavg()[0]:.1f}")
     with threadpool_limits(THREADS):
         for tied in (False, True):
-            state = new_state(X, tied=tied)
-            sep_steps(state, X, y, 5)                    # warm up
-            sep, floor = [], []
-            for _ in range(repeats):
-                state = new_state(X, tied=tied)
-                t = time.perf_counter()
-                sep_steps(state, X, y)
-                sep.append(time.perf_counter() - t)
-                t = time.perf_counter()
-                blas_floor(state, X)
-                floor.append(time.perf_counter() - t)
-            sep, floor = min(sep), min(floor)
+            per, ratios = measure(X, y, tied, repeats)
             tracemalloc.start()
             state = new_state(X, tied=tied)
             sep_steps(state, X, y)
             _, peak = tracemalloc.get_traced_memory()
             tracemalloc.stop()
             name = "tied sites" if tied else "per-row sites"
-            print(f"[{name}] sep: {sep / STEPS * 1e3:.2f} ms/step, epoch (extrapolated) "
-                  f"{sep * epoch:.1f} s; floor: {floor / STEPS * 1e3:.2f} ms/step, epoch "
-                  f"{floor * epoch:.1f} s; ratio {sep / floor:.2f}; peak memory beyond the data "
-                  f"(tracemalloc) {peak / 2**20:.1f} MiB (data {X.nbytes / 2**20:.0f} MiB)")
+            print(f"[{name}] step {per['sep'] * 1e3:.2f} ms (epoch {per['sep'] * epoch:.0f} s), "
+                  f"floor {per['floor'] * 1e3:.2f} ms, the step's BLAS alone "
+                  f"{per['blas'] * 1e3:.2f} ms; (a) step / floor {ratios['floor']:.2f} "
+                  f"(CPU time {ratios['floor_cpu']:.2f}), (b) step / its BLAS "
+                  f"{ratios['blas']:.2f}; peak memory beyond the data (tracemalloc) "
+                  f"{peak / 2**20:.1f} MiB (data {X.nbytes / 2**20:.0f} MiB)")
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 
-def peer(n=20_000, n_test=5_000, epochs=3):
-    """SEP against GPyTorch's SVGP (whitened variational strategy, probit Bernoulli likelihood,
-    Adam lr 0.01) at equal m, minibatch and epochs; both start from the same k-means Z and
-    kernel.  Returns the seconds and test NLL of each.  GPyTorch is a bench-only peer."""
+def peer(n=1_000_000, n_test=10_000, epochs=1):
+    """SEP against GPyTorch's SVGP classifier at equal m, minibatch and epochs (both 1 thread).
+
+    GPyTorch (a bench-only peer, never a dependency of gpc): ``ApproximateGP`` with the whitened
+    ``VariationalStrategy``, a ``CholeskyVariationalDistribution``, ``ScaleKernel(RBFKernel(ARD))``,
+    the probit ``BernoulliLikelihood``, ``VariationalELBO`` and Adam (lr 0.01, its examples'
+    choice).  SEP: the estimator's defaults (Adadelta, ρ 0.9, ε 1e-5, per SEP §3).  Both start
+    from the same k-means Z and median-heuristic length scale, see the same minibatches in the
+    same order, and are scored on the same held-out rows.  Returns {name: (training seconds,
+    training CPU seconds, test NLL, test error)}."""
     import torch
     import gpytorch
 
@@ -134,10 +252,13 @@ def peer(n=20_000, n_test=5_000, epochs=3):
         clf = SparseGaussianProcessClassifier(
             kernel=ConstantKernel(1.0) * RBF(np.full(D, ell)), n_inducing=M, inducing_points=Z0,
             batch_size=B, max_iter=epochs, progress=False, random_state=0)
-        t = time.perf_counter()
+        c, t = time.process_time(), time.perf_counter()
         clf.fit(Xtr, ytr)
+        wall, cpu = time.perf_counter() - t, time.process_time() - c
         p = clf.predict_proba(Xte)[:, 1]
-        out["sep"] = (time.perf_counter() - t, _nll(p, yte))
+        out["sep"] = (wall, cpu, _nll(p, yte), float(np.mean((p > 0.5) != (yte > 0))))
+        print(f"sep: {wall:.1f} s ({cpu:.1f} s CPU), test NLL {out['sep'][2]:.4f}, kernel "
+              f"{clf.kernel_}", flush=True)
 
         class SVGP(gpytorch.models.ApproximateGP):
             def __init__(self, Z):
@@ -160,22 +281,26 @@ def peer(n=20_000, n_test=5_000, epochs=3):
         lik = gpytorch.likelihoods.BernoulliLikelihood().double()
         opt = torch.optim.Adam(list(model.parameters()) + list(lik.parameters()), lr=0.01)
         mll = gpytorch.mlls.VariationalELBO(lik, model, num_data=n)
-        t = time.perf_counter()
+        blocks = len(block_ranges(n, B))
+        order = np.random.default_rng(0)          # the estimator's minibatch order (same seed)
+        c, t = time.process_time(), time.perf_counter()
         model.train()
         lik.train()
-        order = np.random.default_rng(0)
         for _ in range(epochs):
-            for k in order.permutation(n // B):
-                sl = slice(k * B, (k + 1) * B)
+            for k in order.permutation(blocks):
+                sl = slice(k * B, min((k + 1) * B, n))
                 opt.zero_grad()
                 loss = -mll(model(Xt[sl]), yt[sl])
                 loss.backward()
                 opt.step()
+        wall, cpu = time.perf_counter() - t, time.process_time() - c
         model.eval()
         lik.eval()
         with torch.no_grad():
             p = lik(model(torch.tensor(Xte))).mean.numpy()
-        out["gpytorch"] = (time.perf_counter() - t, _nll(p, yte))
+        out["gpytorch"] = (wall, cpu, _nll(p, yte), float(np.mean((p > 0.5) != (yte > 0))))
+        print(f"gpytorch: {wall:.1f} s ({cpu:.1f} s CPU), test NLL {out['gpytorch'][2]:.4f}, "
+              f"outputscale {float(model.covar_module.outputscale.detach()):.3g}", flush=True)
     return out
 
 
@@ -187,10 +312,16 @@ def _nll(p, y):
 if __name__ == "__main__":
     import sys
     if "--peer" in sys.argv:
-        res = peer()
-        for k, (sec, nll) in res.items():
-            print(f"{k}: {sec:.1f} s, test NLL {nll:.4f}")
-        print(f"time ratio sep / gpytorch = {res['sep'][0] / res['gpytorch'][0]:.2f} "
-              f"(n = 20,000, m = {M}, b = {B}, 3 epochs, threads = {THREADS})")
+        args = [a for a in sys.argv[1:] if a != "--peer"]
+        n_peer = int(args[0]) if args else 1_000_000
+        epochs = int(args[1]) if len(args) > 1 else 1
+        print(f"n = {n_peer}, m = {M}, b = {B}, {epochs} epoch(s), threads = {THREADS}; load "
+              f"average {os.getloadavg()[0]:.1f}", flush=True)
+        res = peer(n_peer, epochs=epochs)
+        for k, (wall, cpu, nll, err) in res.items():
+            print(f"{k}: {wall:.1f} s ({cpu:.1f} s CPU), test NLL {nll:.4f}, error {err:.4f}")
+        print(f"time ratio sep / gpytorch = {res['sep'][0] / res['gpytorch'][0]:.2f} (CPU "
+              f"{res['sep'][1] / res['gpytorch'][1]:.2f}); load average after "
+              f"{os.getloadavg()[0]:.1f}")
     else:
         main()

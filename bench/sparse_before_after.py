@@ -2,9 +2,11 @@
 
 ``python bench/sparse_before_after.py [REV]`` (default REV ``main``) extracts ``python/gpc/sparse`` at REV
 with ``git show`` into a temporary package (its relative imports pointed at the installed ``gpc``), then
-alternates REV's trainer, this tree's trainer and the BLAS floor of ``bench_sparse.py`` four times on the
-same data (n, steps from ``GPC_BENCH_SPARSE_N`` / ``GPC_BENCH_SPARSE_STEPS``), BLAS pinned to 1 thread,
-and prints the minimum of each: a burst of load on a shared machine then hits all three alike.
+alternates REV's trainer, this tree's trainer and the BLAS floor of ``bench_sparse.py`` (its ``Floor``:
+K_bm by the same routine as the step, and one b x m x m dgemm) four times on the same data (n, steps
+from ``GPC_BENCH_SPARSE_N`` / ``GPC_BENCH_SPARSE_STEPS``), BLAS pinned to 1 thread, and prints the
+minimum CPU time (``process_time``) of each: a burst of load on a shared machine then hits all three
+alike.  Both trainers take the first steps of a fit (fresh rows, damping 0.5 as before).
 """
 
 import importlib
@@ -35,6 +37,7 @@ def trainer_at(rev, where):
     for name in FILES:
         source = subprocess.run(["git", "show", f"{rev}:python/gpc/sparse/{name}"], cwd=ROOT, check=True,
                                 capture_output=True, text=True).stdout
+        source = re.sub(r"^from \.\. import", "from gpc import", source, flags=re.M)
         source = re.sub(r"^from \.\.", "from gpc.", source, flags=re.M)
         with open(os.path.join(package, name), "w") as fh:
             fh.write(source)
@@ -45,7 +48,7 @@ def trainer_at(rev, where):
 def steps(module, X, y, tied, lik):
     state = bs.new_state(X, tied=tied) if module is this_train else module.SEPState(
         *_state_args(X), tied=tied)
-    start = time.perf_counter()
+    start = time.process_time()
     for k in range(bs.STEPS):
         s0 = k * bs.B
         Xb, yb = bs.as_block(X, s0, s0 + bs.B), y[s0:s0 + bs.B]
@@ -53,7 +56,7 @@ def steps(module, X, y, tied, lik):
             module.tied_minibatch_step(state, lik, Xb, yb, 0.5)
         else:
             module.minibatch_step(state, lik, Xb, yb, slice(s0, s0 + bs.B), bs.N, 0.5)
-    return time.perf_counter() - start, state
+    return time.process_time() - start, state
 
 
 def _state_args(X):
@@ -71,13 +74,14 @@ def main(rev="main", rounds=4):
               f"load average {os.getloadavg()[0]:.1f}")
         for tied in (False, True):
             times = {"before": [], "after": [], "floor": []}
+            floor = bs.Floor()
             for _ in range(rounds):
                 times["before"].append(steps(before, X, y, tied, lik)[0])
                 seconds, state = steps(this_train, X, y, tied, lik)
                 times["after"].append(seconds)
-                start = time.perf_counter()
-                bs.blas_floor(state, X)
-                times["floor"].append(time.perf_counter() - start)
+                start = time.process_time()
+                floor.steps(state, X)
+                times["floor"].append(time.process_time() - start)
             ms = {k: min(v) / bs.STEPS * 1e3 for k, v in times.items()}
             print(f"[{'tied sites' if tied else 'per-row sites'}] {rev} {ms['before']:.2f} ms/step "
                   f"({ms['before'] / ms['floor']:.1f}x floor), this tree {ms['after']:.2f} ms/step "

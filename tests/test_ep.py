@@ -309,3 +309,33 @@ def test_single_precision_sweeps_do_not_move_the_fixed_point(cancer_400, lik, mo
     assert abs(mixed.log_evidence - double.log_evidence) < 1e-6
     np.testing.assert_allclose(mixed.mean, double.mean, atol=1e-6)
     np.testing.assert_allclose(mixed.site_precision, double.site_precision, rtol=1e-6, atol=1e-9)
+
+
+def test_single_precision_rule():
+    # float32 above 1e-2; below, only after a float32 sweep that shrank the change by half, and
+    # never below the floor of the float32 marginals' rounding; small problems stay double
+    rule = _sites.single_precision
+    assert rule(400, 0.5, np.inf, False)
+    assert rule(400, 5e-3, 2e-2, True)                  # still contracting in single precision
+    assert not rule(400, 5e-3, 8e-3, True)              # stalled: hand over to double
+    assert not rule(400, 5e-3, 2e-2, False)             # once double, double
+    assert not rule(400, 5e-5, 1e-3, True)              # below the floor
+    assert not rule(100, 0.5, np.inf, False)            # n < SINGLE_PRECISION_MIN_N
+
+
+def test_single_precision_sweeps_follow_the_rule(cancer_400, monkeypatch):
+    # on a probit problem (no restarts, so no sweep moves the sites by > 1e-2 again once they
+    # settle) the schedule runs float32 sweeps first, then double ones to the end
+    K, y = cancer_400
+    asked = []
+    original = _sites.single_precision
+
+    def recording(*args):
+        asked.append(original(*args))
+        return asked[-1]
+
+    monkeypatch.setattr(_sites, "single_precision", recording)
+    result = infer(K, y, likelihood="probit", method="ep", schedule="parallel", tol=1e-8)
+    assert result.converged and asked[0] and not asked[-1]
+    first_double = asked.index(False)
+    assert not any(asked[first_double:])                # no return to float32

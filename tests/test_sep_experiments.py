@@ -6,6 +6,8 @@ below the constant predictor's), not the paper's numbers (the full runs are for 
 """
 
 import gzip
+import json
+import pathlib
 import zipfile
 
 import numpy as np
@@ -15,8 +17,8 @@ from helpers import run_cli
 from test_reproduce import pngs, reproduce
 from gpc.experiments import sep_airline, sep_image, sep_mnist, sep_table1
 from gpc.experiments._common import standardise
-from gpc.experiments.sep_common import (broken, fit_with_divergence_guard, make_classifier,
-                                        predictive_scores, random_rows)
+from gpc.experiments.sep_common import (broken, first_breakdown, fit_with_divergence_guard,
+                                        make_classifier, random_rows)
 
 TABLE1_KEYS = {"dataset", "method", "m_fraction", "nll_mean", "nll_sd", "error_mean", "time_mean",
                "n_splits"}
@@ -98,19 +100,47 @@ def test_divergence_guard_flags_breakdowns_not_progress():
     assert not broken(smooth + [smooth[-1] + 0.5])     # a rise below 1 nat is never a breakdown
 
 
-def test_divergence_guard_keeps_the_last_good_epoch():
+class _Scripted:
+    """A stand-in for batch SEP whose epochs' log Z_q follow a script (deterministic, as batch SEP
+    is): ``fit`` runs ``max_iter`` of them."""
+
+    batch_size = None
+
+    def __init__(self, objectives):
+        self.objectives, self.fits = objectives, []
+
+    def set_params(self, max_iter):
+        self.max_iter = max_iter
+
+    def fit(self, X, y):
+        self.fits.append(self.max_iter)
+        self.history_ = [{"objective": v} for v in self.objectives[:self.max_iter]]
+        return self
+
+
+def test_divergence_guard_refits_to_the_last_good_epoch():
+    smooth = list(-100.0 + 40.0 * (1.0 - np.exp(-0.05 * np.arange(30))))
+    assert first_breakdown(smooth) is None
+    assert first_breakdown(smooth + [smooth[-1] + 30.0, 40.0]) == 31
+    clf = _Scripted(smooth + [smooth[-1] + 30.0, 40.0, 50.0])
+    clf, cpu, wall, stopped = fit_with_divergence_guard(clf, None, None, 33)
+    # the full fit, then a second one of the 30 epochs before the jump, whose times are returned
+    assert stopped == 31 and clf.fits == [33, 30] and len(clf.history_) == 30
+    assert cpu >= 0 and wall >= 0
+    clf = _Scripted(smooth)
+    assert fit_with_divergence_guard(clf, None, None, 30)[3] is None and clf.fits == [30]
+    with pytest.raises(ArithmeticError, match="first epoch"):
+        fit_with_divergence_guard(_Scripted([3.0]), None, None, 5)
+
+
+def test_batch_sep_is_deterministic_so_the_guard_can_refit():
     X, y = sep_table1.load("crabs")
-    train, test = sep_table1.split(len(y), 0, 0)
-    X_tr, X_te = standardise(X[train], X[test])
+    train, _ = sep_table1.split(len(y), 0, 0)
+    X_tr = standardise(X[train], X[train])[0]
     Z = X_tr[random_rows(len(train), 27, 0)]
-    clf, seconds, stopped = fit_with_divergence_guard(make_classifier("sep", Z, 40, 0), X_tr,
-                                                      y[train], 40)
-    objectives = [h["objective"] for h in clf.history_]
-    assert seconds > 0 and len(objectives) == (40 if stopped is None else stopped - 1)
-    assert not any(broken(objectives[:k]) for k in range(1, len(objectives) + 1))
-    # 40 of the ~60 epochs crabs runs before breaking down: the classifier is far better than
-    # the constant predictor's ~0.69 (measured 0.31)
-    assert predictive_scores(clf.predict_proba(X_te)[:, 1], y[test])[1] < 0.5
+    runs = [make_classifier("sep", Z, k, 0).fit(X_tr, y[train]) for k in (12, 12, 7)]
+    logz = [[h["objective"] for h in clf.history_] for clf in runs]
+    assert logz[0] == logz[1] and logz[2] == logz[0][:7]
 
 
 # -- sep-image ------------------------------------------------------------------------------------
@@ -232,3 +262,44 @@ def test_sep_airline_reduced_on_made_flights(tmp_path, capsys):
     assert logistic["final_error"] < 0.05 and sep["final_error"] < 0.1
     assert len(svi["nll"]) == 10 and svi["nll"][-1] < svi["nll"][0] - 0.02
     assert pngs(tmp_path) == ["sep-airline.png"]
+
+
+# -- the docs' tables from the records ------------------------------------------------------------
+def test_doc_tables_from_json_and_into_a_markdown_file(tmp_path, capsys):
+    recs, _ = reproduce("sep-table1", tmp_path, capsys, "--datasets", "crabs", "--splits", "2",
+                        "--iterations", "5", "--m-fractions", "0.15", "--methods", "sep")
+    (tmp_path / "r.json").write_text(json.dumps(recs))
+    doc = tmp_path / "doc.md"
+    doc.write_text("before\n<!-- sep-table1:nll -->\nold\n<!-- /sep-table1:nll -->\nbetween\n"
+                   "<!-- sep-table1:error -->\n<!-- /sep-table1:error -->\nafter\n")
+    code, out, _ = run_cli(["reproduce", "sep-table1", "--from-json", str(tmp_path / "r.json"),
+                            "--update-doc", str(doc)], capsys)
+    assert code == 0
+    text = doc.read_text()
+    r = recs[0]
+    # the cell: ours ± s.d. (the paper's crabs SEP 15 % cell), bold when outside its ± s.d.
+    cell = f"{r['nll_mean']:.2f} ± {r['nll_sd']:.2f} (0.06 ± 0.06)"
+    assert cell in out and cell in text and "old" not in text
+    assert text.startswith("before\n") and "\nbetween\n" in text and text.endswith("after\n")
+    assert "| data set | SEP 15% |" in text and f"| crabs | {r['error_mean']:.3f} |" in text
+    doc.write_text("no markers\n")
+    code, _, err = run_cli(["reproduce", "sep-table1", "--from-json", str(tmp_path / "r.json"),
+                            "--update-doc", str(doc)], capsys)
+    assert code == 2 and "sep-table1:nll" in err and doc.read_text() == "no markers\n"
+
+
+@pytest.mark.parametrize("name", ["sep-table1", "sep-banana", "sep-image", "sep-mnist",
+                                  "sep-airline"])
+def test_the_docs_show_the_tables_of_the_committed_records(name):
+    """docs/reproduction.md's SEP tables are those its JSON records give (remade with
+    ``gpc reproduce NAME --from-json docs/results/NAME.json --update-doc docs/reproduction.md``)."""
+    from gpc.experiments import sep_banana
+    from gpc.experiments.sep_common import read_records, replace_blocks
+    from gpc.experiments.sep_curves import doc_table
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    records = read_records(str(root / "docs" / "results" / f"{name}.json"))
+    tables = {"sep-table1": sep_table1.doc_tables, "sep-banana": sep_banana.doc_tables,
+              "sep-image": sep_image.doc_tables}.get(name, lambda r: doc_table(r, name))(records)
+    text = (root / "docs" / "reproduction.md").read_text(encoding="utf-8")
+    assert replace_blocks(text, tables) == text

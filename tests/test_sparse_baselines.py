@@ -6,10 +6,11 @@ import pytest
 import gpc
 from gpc import SparseGaussianProcessClassifier
 from gpc.datasets import load
+from gpc.exceptions import NumericalError
 from gpc.kernels import RBF, ConstantKernel, WhiteKernel
 from gpc.likelihoods import get_likelihood
 from gpc.sparse._inducing import InducingFactor
-from gpc.sparse.baselines import GFITCState, SVIState
+from gpc.sparse.baselines import GFITCState, SVIState, _LBFGSState
 
 
 @pytest.fixture(scope="module")
@@ -90,3 +91,60 @@ def test_gfitc_refuses_minibatches():
     X, y = load("crabs", return_X_y=True)
     with pytest.raises(ValueError, match="batch"):
         SparseGaussianProcessClassifier(method="gfitc", batch_size=10).fit(X, y)
+
+
+def test_gfitc_rejects_a_point_where_rows_underflow(crabs):
+    # length-scales 1e-2 on standardised inputs: k(x_i, z_j) = exp(-d²/2e-4) is 0 in double
+    # precision for every row that is not an inducing point, so a_i = 0 and the cavity is 0/0
+    # (L-BFGS-B's long steps visited such points on australian and breast, SEP Table 1)
+    X, y, Z = crabs
+    lik = get_likelihood("probit")
+    state = GFITCState(KERNEL, Z, len(y), 1e-8, True, 0.5)
+    good, _ = state.objective(lik, X, y, state.params(), 64)
+    tau = state.tau.copy()
+    p = state.params()
+    p[1:7] = np.log(1e-2)
+    value, grad = state.objective(lik, X, y, p, 64)
+    assert value == -np.inf and not np.any(grad) and state.reverted == 1
+    assert isinstance(state.failure, NumericalError) and "no proper cavity" in str(state.failure)
+    assert np.array_equal(state.tau, tau)                 # the sites of the last good point kept
+    assert np.isfinite(good)
+
+
+class _Quadratic(_LBFGSState):
+    """-(p - 3)² that cannot be evaluated beyond p = 2: the optimum of the feasible part is p = 2."""
+
+    def __init__(self):
+        self.p = np.zeros(1)
+        self.log_z = np.nan
+        self.calls = []
+
+    def params(self):
+        return self.p.copy()
+
+    def bounds(self):
+        return [(None, None)]
+
+    def objective(self, likelihood, X, y, p, block_rows):
+        self.calls.append(float(p[0]))
+        if p[0] > 2.0:
+            return -np.inf, np.zeros_like(p)
+        return -float((p[0] - 3.0) ** 2), -2.0 * (p - 3.0)
+
+
+def test_lbfgs_backtracks_from_a_point_it_cannot_evaluate():
+    state = _Quadratic()
+    recorded = []
+    state.run(None, None, None, 40, recorded.append, 1)
+    # an infinite value ended L-BFGS-B at its first infeasible trial (after 2 evaluations);
+    # the finite penalty makes its line search come back, and it closes in on the edge p = 2
+    assert any(c > 2.0 for c in state.calls) and len(recorded) > 4
+    assert state.log_z > -1.0 - 1e-3                       # -(2 - 3)² = -1 at the edge
+    assert max(recorded) == state.log_z
+
+
+def test_lbfgs_refuses_a_start_it_cannot_evaluate():
+    state = _Quadratic()
+    state.p = np.array([2.5])
+    with pytest.raises(gpc.exceptions.NumericalError, match="initial"):
+        state.run(None, None, None, 10, lambda v: None, 1)

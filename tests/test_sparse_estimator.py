@@ -32,11 +32,13 @@ def test_fixed_hyperparameters_at_data_equal_exact_ep(method):
     exact = gpc.infer(kernel(X), signed, likelihood="probit", method="ep", tol=1e-12, max_iter=1000)
     # SEP: 60 damped passes contract the site error far below 1e-9 (31 reach 1e-12 here), and
     # log_marginal_likelihood_value_ is log Z_q at the sites of the last pass.  GFITC stops EP
-    # at site changes below 1e-6, where the evidence (stationary in the sites) is off by ~1e-12.
+    # at site changes below 1e-4 (as the SEP authors' GFITC code does): there the latent moments
+    # are off by up to 2.8e-5 here (measured), and the evidence, stationary in the sites, by 4e-9.
     assert abs(clf.log_marginal_likelihood_value_ - exact.log_evidence) < 1e-6
     mean, var = clf.predict_latent(X)
-    np.testing.assert_allclose(mean, exact.mean, atol=1e-6, rtol=0)
-    np.testing.assert_allclose(var, np.diag(exact.cov), atol=1e-6, rtol=0)
+    moments_atol = 1e-6 if method == "ep" else 1e-4
+    np.testing.assert_allclose(mean, exact.mean, atol=moments_atol, rtol=0)
+    np.testing.assert_allclose(var, np.diag(exact.cov), atol=moments_atol, rtol=0)
     assert np.array_equal(clf.inducing_points_, X)
 
 
@@ -220,3 +222,56 @@ def test_batch_sep_evidence_rises_every_epoch():
     assert np.all(z < 0)
     assert np.all(np.diff(z) > -1e-9 * np.abs(z[:-1])), np.diff(z).min()
     assert z[-1] > z[0] + 50.0          # measured: -260.7 -> -147.0
+
+
+def _australian_state(epochs, b=69):
+    X, y = _standardised("australian")
+    y = np.where(y == np.unique(y)[1], 1.0, -1.0)
+    n, lik = len(y), get_likelihood("probit")
+    state = SEPState(ConstantKernel(1.0) * RBF(np.full(X.shape[1], 3.0)), X[::35][:20].copy(), n,
+                     1e-8, True, 0.3)
+    rng = np.random.default_rng(0)
+    for _ in range(epochs):
+        for k in rng.permutation(n // b):
+            rows = slice(k * b, (k + 1) * b)
+            minibatch_step(state, lik, X[rows], y[rows], rows, n, 1.0)
+    return X, y, lik, state
+
+
+@pytest.mark.parametrize("held", ["cavity", "sites"])
+def test_refined_minibatch_is_a_fair_sample_of_the_gradient(held):
+    """SEP §2.3 refines a minibatch's sites and then takes the gradient (6) on the same rows.  Its
+    mean over the minibatches of an epoch must be the full gradient at the sites as they stand,
+    or the hyperparameters drift.  With eq. (4) proper (cavities held) it is, within 5% (the
+    refinement moves q a little for the other rows); the fixed-point form that weights each row
+    by its own site is not (after one epoch its mean was 3x the full gradient in log c; on
+    larger data this made the amplitude run away)."""
+    import copy
+
+    from gpc.sparse._passes import block_parts, evidence, finish_evidence
+    X, y, lik, state = _australian_state(epochs=1)
+    n, b = len(y), 69
+    mean = 0.0
+    for k in range(n // b):
+        s2, rows = copy.deepcopy(state), slice(k * b, (k + 1) * b)
+        A, s, Kbu = s2.factor.whiten(X[rows], keep_cross=True)
+        _train._refine_minibatch(s2, _train.LocalBatch(s2, lik, X[rows], y[rows], rows), 1.0)
+        parts = block_parts(lik, X[rows], y[rows], A, s, s2.factor, s2.q, s2.tau[rows],
+                            s2.nu[rows], True, Kbu, held)
+        mean = mean + finish_evidence(s2.factor, s2.q, parts, scale=n / b, held=held)[1] / (n // b)
+    full = evidence(lik, X, y, state.factor, state.q, state.tau, state.nu, 4096, held=held)[1]
+    close = np.all(np.abs(mean - full) <= 0.05 * np.abs(full) + 1.0)
+    assert close == (held == "cavity"), (mean, full)
+
+
+def test_minibatch_q_is_the_sum_of_its_sites_along_their_directions():
+    # after θ and Z moved over three epochs, P - I must still be Σ τ_i a'_i a'_iᵀ with each site
+    # along its stored direction a'_i = Lᵀ v_i (v_i kept in float32: relative 1e-5 is its
+    # rounding, summed over 690 rows), and h = Σ ν_i a'_i
+    X, y, lik, state = _australian_state(epochs=3)
+    A_old = state.V.astype(np.float64) @ state.factor.L
+    P = np.eye(state.factor.m) + (A_old.T * state.tau) @ A_old
+    np.testing.assert_allclose(state.q.P, P, rtol=1e-5, atol=1e-5 * np.abs(P).max())
+    h = A_old.T @ state.nu
+    np.testing.assert_allclose(state.q.h, h, rtol=1e-5, atol=1e-5 * np.abs(h).max())
+    assert not np.array_equal(state.kernel.theta, np.log([1.0] + [3.0] * X.shape[1]))

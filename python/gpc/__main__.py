@@ -4,6 +4,7 @@
                 [--jobs N] [--out results.json] [--plot out.png]
     gpc reproduce NAME [--out results.json] [--plots DIR] [--folds K] [--datasets …] [--methods …]
     gpc sep-distributed [--dask-workers N … | --scheduler ADDRESS] [--data NAME | --synthetic N]
+                        [--batch-size B]
 
 Errors the user can fix (a missing file, an unknown data set, method or column) end with a
 one-line message and exit status 2, not a traceback.

@@ -33,8 +33,12 @@ def check_kernel_matrix(K):
     if n == 0:
         raise ValueError("K is empty: at least one data point is needed")
     scale = max(float(np.max(np.abs(np.diag(K)))), np.finfo(float).tiny)
-    if np.max(np.abs(K - K.T)) > 1e-8 * scale:
-        raise ValueError("K is not symmetric")
+    # by blocks of rows, so that the check's temporaries are block x n, not two n x n (issue 16)
+    block = 256
+    for i in range(0, n, block):
+        rows = slice(i, min(i + block, n))
+        if np.max(np.abs(K[rows] - K[:, rows].T)) > 1e-8 * scale:
+            raise ValueError("K is not symmetric")
     return K
 
 

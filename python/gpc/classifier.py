@@ -20,7 +20,7 @@ from numpy.typing import ArrayLike
 
 from ._validation import check_finite_array, check_positive_int
 from .inference import METHODS, infer
-from .kernels import ConstantKernel, RBF, as_kernel, user_kernel
+from .kernels import ConstantKernel, RBF, _reads_lower_triangle_only, as_kernel, user_kernel
 from .likelihoods import get_likelihood
 from .optimize import maximise_evidence
 
@@ -169,9 +169,11 @@ class _BinaryGPC:
             result.info["gradient"] = "finite-differences"
             return result.log_evidence, grad, result
         # the kernel's values come from K (a stationary kernel recomputes no exponentials), and M is
-        # symmetric (InferenceResult.gradient_matrix) so only its lower triangle is read
+        # symmetric (InferenceResult.gradient_matrix) so only its lower triangle is read; where that
+        # is all the kernel reads, M's upper triangle is not even written
         grad = result.log_evidence_gradient(
-            lambda M: kernel.gradient_contract(self.X_train_, M, K=K, symmetric=True))
+            lambda M: kernel.gradient_contract(self.X_train_, M, K=K, symmetric=True),
+            lower=_reads_lower_triangle_only(kernel))
         return result.log_evidence, grad, result
 
     def log_marginal_likelihood(self, theta=None, eval_gradient=False, clone_kernel=True):

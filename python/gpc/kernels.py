@@ -32,9 +32,10 @@ import numbers
 import warnings
 
 import numpy as np
-from scipy.linalg.blas import dsyrk as _dsyrk
+from scipy.linalg.blas import dgemm as _dgemm, dsyrk as _dsyrk
 
-from . import _kernels
+from . import _kernels, _lapack
+from ._parallel import over_rows
 from ._validation import check_finite_array
 from .exceptions import ConvergenceWarning
 
@@ -130,10 +131,11 @@ def _sqdist(U, V=None):
 
 def _gram_lower(U):
     """(G, su): G C-ordered with U U^T in its lower triangle (dsyrk), su_i = |u_i|^2."""
+    U = np.ascontiguousarray(U, dtype=np.float64)
     su = np.einsum("ij,ij->i", U, U)
-    # dsyrk on the Fortran-ordered U fills the upper triangle of a Fortran array; its transpose is
-    # a C-ordered array holding the lower triangle
-    return _dsyrk(1.0, np.asfortranarray(U)).T, su
+    G = np.empty((U.shape[0], U.shape[0]))
+    _lapack.row_gram_lower(U, G)          # into uninitialised memory: no zero fill of n x n
+    return G, su
 
 
 #: up to this many input dimensions, stationary kernels form distances directly (gpc._kernels
@@ -141,20 +143,78 @@ def _gram_lower(U):
 DIRECT_MAX_D = 8
 
 
-def _gram(U, V, kind):
-    """K = f(r^2) between the rows of U and V (V None: U itself) for a stationary ``kind``."""
-    if V is None and U.shape[1] <= DIRECT_MAX_D:
-        n = U.shape[0]
-        K = np.empty((n, n))
-        _kernels.gram_direct(np.ascontiguousarray(U.T), kind, 1.0, K, np.empty(n))
-        return K
-    if V is None:
-        G, su = _gram_lower(U)
-        _kernels.gram_to_kernel(G, su, kind, 1.0)
+#: rows per block of the vectorised exponential in _gram
+_EXP_ROWS = 64
+#: gpc._kernels' code of the squared exponential (RBF._kind)
+_KIND_RBF = 0
+
+
+def _gram(U, V, kind, scale=1.0):
+    """K = scale * f(r^2) between the rows of U and V (V None: U itself) for a stationary ``kind``.
+
+    K(U, U): the strict lower triangle first holds r^2, or for the squared exponential its
+    exponent -r^2/2, from direct differences (few dimensions) or a BLAS Gram matrix;
+    NumPy's vectorised exp then makes the values (ten times as fast as the C library's scalar exp,
+    which was most of the kernel matrix's time) by row blocks of the lower triangle, and one pass
+    sets the diagonal and mirrors.  The Matérn kinds, whose polynomial factor needs care at
+    r = inf, take the scalar pass of gpc._kernels.
+    """
+    if V is not None:
+        # U V^T through scipy's BLAS (the BLAS of the solves that follow a cross-covariance)
+        G = _dgemm(1.0, V, U, trans_b=True).T
+        su, sv = np.einsum("ij,ij->i", U, U), np.einsum("ij,ij->i", V, V)
+        if kind != _KIND_RBF:
+            over_rows(_kernels.cross_to_kernel, G.shape[0], G, su, sv, kind, scale, cost="rows")
+            return G
+        over_rows(_cross_exp, G.shape[0], G, su, sv, scale, cost="rows")
         return G
-    G = np.ascontiguousarray(U @ V.T)
-    _kernels.cross_to_kernel(G, np.einsum("ij,ij->i", U, U), np.einsum("ij,ij->i", V, V), kind, 1.0)
-    return G
+    n = U.shape[0]
+    rbf = kind == _KIND_RBF
+    factor = -0.5 if rbf else 1.0
+    if U.shape[1] <= DIRECT_MAX_D:
+        K = np.empty((n, n))
+        over_rows(_kernels.sqdist_direct, n, np.ascontiguousarray(U.T), K, 0.0, factor)
+    else:
+        K, su = _gram_lower(U)
+        over_rows(_kernels.gram_to_sqdist, n, K, su, 0.0, factor)
+    if not rbf:
+        over_rows(_kernels.sqdist_to_kernel, n, K, kind, scale)
+        return K
+    over_rows(_exp_and_finish, n, K, scale)
+    return K
+
+
+def _exp_and_finish(K, scale, *, start, stop):
+    """Rows start..stop-1 of a squared exponential's K from its exponents (strict lower triangle):
+    NumPy's exp by row blocks (it releases the GIL), then the diagonal, c * exp(...) (the rounding
+    of c * K, not of exp(log c - ...)) and the mirror in one pass (gpc._kernels.finish_kernel)."""
+    # a block's columns run to its last row: the upper corner of its diagonal square is scratch
+    # (overwritten by the mirror of these rows), whatever it holds
+    with np.errstate(over="ignore", invalid="ignore"):
+        for i0 in range(start, stop, _EXP_ROWS):
+            i1 = min(i0 + _EXP_ROWS, stop)
+            block = K[i0:i1, :i1]
+            np.exp(block, out=block)
+    _kernels.finish_kernel(K, scale, scale != 1.0, start=start, stop=stop)
+
+
+def _cross_exp(G, su, sv, scale, *, start, stop):
+    """Rows start..stop-1 of a squared exponential's cross-covariance from G = U Vᵀ."""
+    _kernels.cross_sqdist(G, su, sv, -0.5, start=start, stop=stop)
+    block = G[start:stop]
+    np.exp(block, out=block)
+    if scale != 1.0:
+        block *= scale
+
+
+def _sum_parts(parts):
+    """The sums of a pass's row ranges, added in range order (the same bits for any number of
+    threads): a tuple of totals, one per returned item."""
+    totals = list(parts[0])
+    for part in parts[1:]:
+        for k, item in enumerate(part):
+            totals[k] = totals[k] + item
+    return tuple(totals)
 
 
 def _check_positive_values(value, name):
@@ -231,6 +291,12 @@ class Kernel:
     def _constant(self):
         """c when the kernel is the constant c (a product then scales instead of multiplying)."""
         return None
+
+    def _call_times(self, X, Y, c):
+        """c K(X, Y) for a constant factor c of a product (X, Y checked by the product)."""
+        K = self(X, Y)
+        K *= c
+        return K
 
     def _diagonal(self):
         """Whether K(X, X) is diagonal (white noise): in a sum, the other term's K(X, X) then equals
@@ -550,6 +616,11 @@ class _Stationary(Kernel):
     def _free(self):
         return self._hyper_entries()[0][2] is not None
 
+    def _call_times(self, X, Y, c):
+        # c * K in the pass that makes K (a constant factor of a product)
+        _, U, V = self._scaled(X, Y)
+        return _gram(U, V, self._kind(), c)
+
     def _call(self, X, Y, eval_gradient):
         ls, U, V = self._scaled(X, Y)
         if not eval_gradient:
@@ -578,23 +649,27 @@ class _Stationary(Kernel):
         exponentials, which are most of the pass's cost."""
         ls, U, _ = self._scaled(X, None)
         ard = ls.size > 1 and self._free()
+        n = U.shape[0]
         if U.shape[1] <= DIRECT_MAX_D:
-            g = np.zeros(U.shape[1])
-            value, iso = _kernels.contract_direct(np.ascontiguousarray(U.T), M, self._kind(), ard, g,
-                                                  np.empty((2, U.shape[0])), K, scale, symmetric)
+            parts = over_rows(_kernels.contract_direct, n, np.ascontiguousarray(U.T), M, self._kind(),
+                              ard, K, scale, symmetric)
+            value, iso, g = _sum_parts(parts)
             if not self._free():
                 return np.empty(0), value
             return (g if ard else np.array([iso])), value
         G, su = _gram_lower(U)
-        value, iso = _kernels.contract(G, su, M, self._kind(), ard, np.empty((2, U.shape[0])), K,
-                                       scale, symmetric)
+        value, iso = _sum_parts(over_rows(_kernels.contract, n, G, su, M, self._kind(), ard, K, scale,
+                                          symmetric))
         if not self._free():
             return np.empty(0), value
         if not ard:
             return np.array([iso]), value
         # G is now S, S_ij = (M_ij + M_ji) W_ij / 2 (zero diagonal):
         # sum_ij M_ij W_ij (u_id - u_jd)^2 = 2 [sum_i u_id^2 (S 1)_i - sum_i u_id (S U)_id]
-        g = 2.0 * (G.sum(axis=1) @ (U * U) - np.einsum("id,id->d", U, G @ U))
+        # S U through scipy's BLAS (S is symmetric: its C-ordered buffer is itself in Fortran order),
+        # not NumPy's, whose idle threads would spin against the next factorisation's
+        SU = _dgemm(1.0, G.T, np.asfortranarray(U))
+        g = 2.0 * (G.sum(axis=1) @ (U * U) - np.einsum("id,id->d", U, SU))
         return g, value
 
     def _grad_inputs(self, X, Y, M):
@@ -635,7 +710,7 @@ class RBF(_Stationary):
         return self._f(R2) if K is None else K.copy()
 
     def _kind(self):
-        return 0
+        return _KIND_RBF
 
 
 class Matern(_Stationary):
@@ -1058,9 +1133,7 @@ class Product(_Binary):
         if not eval_gradient:
             ca, cb = a._constant(), b._constant()
             if ca is not None or cb is not None:   # a constant factor scales, no n x n of it
-                K = b(X, Y) if ca is not None else a(X, Y)
-                K *= ca if ca is not None else cb
-                return K
+                return b._call_times(X, Y, ca) if ca is not None else a._call_times(X, Y, cb)
             K = a(X, Y)
             K *= b(X, Y)
             return K
@@ -1371,6 +1444,21 @@ def user_kernel(kernel):
         A kernel, possibly the adapter :func:`as_kernel` made.
     """
     return kernel.kernel if isinstance(kernel, _ForeignKernel) else kernel
+
+
+def _reads_lower_triangle_only(kernel):
+    """Whether ``kernel.gradient_contract(X, M, K, symmetric=True)`` reads no more of M than its
+    lower triangle: a stationary kernel, alone or times a constant (a translated scikit-learn one
+    too).  The evidence gradient then skips mirroring M (conservative: False for anything else)."""
+    def inner(k):
+        return k._fast if isinstance(k, _ForeignKernel) and k._fast is not None else k
+
+    k = inner(kernel)
+    if isinstance(k, Product):
+        ca, cb = k._a._constant(), k._b._constant()
+        if (ca is None) != (cb is None):
+            k = inner(k._b if ca is not None else k._a)
+    return isinstance(k, _Stationary)
 
 
 def as_kernel(kernel):

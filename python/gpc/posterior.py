@@ -14,8 +14,9 @@ through the Cholesky factor L of the well-conditioned B = I + S K S, S = T^½ (R
 import numpy as np
 
 from . import _dense, _lapack
+from ._parallel import over_rows
 from ._linalg import (cho_inverse_lower, cholesky_lower, cho_solve_lower, log_det_from_cholesky,
-                      mirror_lower, solve_lower)
+                      mirror_lower)
 
 
 #: below this site precision diag Σ takes the exact column: the rounding error of 1 − [B⁻¹]_ii
@@ -49,13 +50,15 @@ class SitePosterior:
 
         def build():
             B = np.empty_like(K, dtype=np.float64)
-            _dense.fill_b(np.ascontiguousarray(K, dtype=np.float64), s, B)
+            over_rows(_dense.fill_b, len(s), np.ascontiguousarray(K, dtype=np.float64), s, B)
             return B
 
         self.L, _ = cholesky_lower(build(), name="B = I + S K S", overwrite=True, rebuild=build)
         b = self.site_location - tau * prior_mean
-        self.alpha = b - s * cho_solve_lower(self.L, s * (K @ b))
-        self.mean = prior_mean + K @ self.alpha
+        # K v through gpc._lapack: the BLAS of the factorisations, not NumPy's (whose idle threads
+        # would spin against the next factorisation's, issue 16)
+        self.alpha = b - s * cho_solve_lower(self.L, s * _matvec(K, b))
+        self.mean = prior_mean + _matvec(K, self.alpha)
         self._diag_cov = None
         self._cov = None
         self._B_inv = None
@@ -75,7 +78,7 @@ class SitePosterior:
         self.sqrt_tau = np.sqrt(self.site_precision)
         self.L = L
         self.alpha = alpha
-        self.mean = prior_mean + K @ alpha
+        self.mean = prior_mean + _matvec(K, alpha)
         self._diag_cov = diag_cov
         self._cov = None
         self._B_inv = None
@@ -91,15 +94,17 @@ class SitePosterior:
         """R = S B⁻¹ S = (K + T⁻¹)⁻¹, the matrix of the evidence gradients (R&W Alg. 3.5, 5.2)."""
         return self.sqrt_tau[:, None] * self.B_inverse() * self.sqrt_tau[None, :]
 
-    def gradient_matrix(self):
+    def gradient_matrix(self, lower=False):
         """M = ½ (α αᵀ − R), R = S B⁻¹ S, with ∂ log Z/∂θ_k = Σ_ij M_ij ∂K_ij/∂θ_k at fixed sites
-        (R&W Alg. 5.2; NR eq. (13)): one dpotri and one fused pass (gpc._dense)."""
+        (R&W Alg. 5.2; NR eq. (13)): one dpotri and one fused pass (gpc._dense); ``lower``: only its
+        lower triangle is set."""
         M = self.L.copy()
         info = _lapack.cholesky_inverse_in_place(M)               # lower triangle of B⁻¹
         if info != 0:  # pragma: no cover - L is a Cholesky factor
             raise RuntimeError(f"dpotri failed with info={info}")
         zero = np.zeros(M.shape[0])
-        _dense.gaussian_site_gradient_matrix(M, self.sqrt_tau, self.alpha, zero, zero)
+        over_rows(_dense.gaussian_site_gradient_matrix, len(zero), M, self.sqrt_tau, self.alpha, zero,
+                  zero, not lower)
         return M
 
     @property
@@ -114,16 +119,26 @@ class SitePosterior:
             mirror_lower(self._cov)
         return self._cov
 
-    def lower_cov(self):
+    def _inverse_factor_rows(self, rows):
+        """Each row r of ``rows`` (k x n, C order) := L⁻¹ r, in place (dtrsm)."""
+        _lapack.solve_triangular_rows(self.L, rows, False)
+
+    def _release_factor(self):
+        self.L = None
+
+    def lower_cov(self, release_factor=False):
         """A new C-ordered n x n array whose lower triangle is Σ (the upper one holds K).
 
-        Σ = K − Vᵀ V with V = L⁻¹ S K: one triangular solve in place (dtrtrs) and one rank-n update
+        Σ = K − Vᵀ V with V = L⁻¹ S K: one triangular solve in place (dtrsm) and one rank-n update
         (dsyrk), so two n x n buffers besides K and L are alive at the peak (issue 16's memory
-        budget), against four for the product written out."""
+        budget), against four for the product written out.  ``release_factor`` drops the factor
+        once V is formed (the posterior cannot be used afterwards): then K, V and Σ only."""
         if self._cov is not None:
             return self._cov.copy()
         Vt = self.K * self.sqrt_tau[None, :]     # rows: the columns S K e_j (K symmetric)
-        _lapack.solve_triangular_rows(self.L, Vt, False)     # rows: the columns of V
+        self._inverse_factor_rows(Vt)            # rows: the columns of V
+        if release_factor:
+            self._release_factor()
         Sigma = self.K.copy()
         _lapack.subtract_row_gram_lower(Vt, Sigma)           # Σ_ab = K_ab − v_aᵀ v_b
         return Sigma
@@ -145,16 +160,16 @@ class SitePosterior:
                 info = _lapack.triangular_inverse_in_place(Linv)    # L⁻¹, C order, lower
                 if info != 0:  # pragma: no cover
                     raise RuntimeError(f"dtrtri failed with info={info}")
-                diag_B_inv = np.einsum("ij,ij->j", Linv, Linv)
+                diag_B_inv = np.empty(len(tau))
+                over_rows(_dense.column_sq_sums_lower, len(tau), Linv, diag_B_inv, cost="upper")
                 d = np.empty(len(tau))
                 ok = tau > TINY_SITE_PRECISION
                 d[ok] = (1.0 - diag_B_inv[ok]) / tau[ok]
                 idx = np.flatnonzero(~ok)
                 if idx.size:
-                    Kc = self.K[:, idx]
-                    s = self.sqrt_tau
-                    V = Linv @ (s[:, None] * Kc)                    # L⁻¹ S K e_i
-                    d[idx] = self.K[idx, idx] - np.einsum("ij,ij->j", V, V)
+                    V = self.K[idx] * self.sqrt_tau[None, :]            # rows: S K e_i
+                    _lapack.multiply_triangular_rows(Linv, V, False)    # rows: L⁻¹ S K e_i
+                    d[idx] = self.K[idx, idx] - np.einsum("ij,ij->i", V, V)
                 self._diag_cov = d
         return self._diag_cov
 
@@ -171,9 +186,86 @@ class SitePosterior:
             m0 at the test points.
         """
         mean = prior_mean + K_cross.T @ self.alpha
-        V = solve_lower(self.L, self.sqrt_tau[:, None] * K_cross)
-        var = k_diag - np.einsum("ij,ij->j", V, V)
+        Vt = np.ascontiguousarray((self.sqrt_tau[:, None] * K_cross).T)   # rows: S k*
+        self._inverse_factor_rows(Vt)                                     # rows: L⁻¹ S k*
+        var = k_diag - np.einsum("ij,ij->i", Vt, Vt)
         return mean, np.maximum(var, 0.0)
+
+
+class InverseFactorPosterior(SitePosterior):
+    """A SitePosterior held by the inverse factor L⁻¹ of B = L Lᵀ instead of L.
+
+    What the parallel schedule leaves: it inverts its factor in place for diag B⁻¹ and keeps no copy
+    of L.  Everything is computed from L⁻¹ at the cost the factor would need, or less: B⁻¹ = L⁻ᵀ L⁻¹
+    is one dlauum (half of dpotri), L⁻¹ S k* one triangular product instead of a solve, and
+    log |B| = −2 Σ log [L⁻¹]_ii.  ``L`` itself, if asked for, is one triangular inverse (cached).
+    """
+
+    @classmethod
+    def from_inverse_factor(cls, K, site_precision, site_location, prior_mean, Linv, alpha, mean,
+                            diag_cov):
+        """The posterior from L⁻¹ (C-contiguous, lower triangular, zero strict upper triangle), α,
+        μ = m0 + K α and diag Σ of the same sites.  Nothing is refactored."""
+        self = cls.__new__(cls)
+        self.K = K
+        self.site_precision = np.asarray(site_precision, dtype=np.float64)
+        self.site_location = np.asarray(site_location, dtype=np.float64)
+        self.prior_mean = prior_mean
+        self.sqrt_tau = np.sqrt(self.site_precision)
+        self.Linv = Linv
+        self._L = None
+        self.alpha = alpha
+        self.mean = mean
+        self._diag_cov = diag_cov
+        self._cov = None
+        self._B_inv = None
+        return self
+
+    @property
+    def L(self):
+        """The Cholesky factor of B (one triangular inverse of L⁻¹ on first use)."""
+        if self._L is None:
+            L = self.Linv.copy()
+            info = _lapack.triangular_inverse_in_place(L)
+            if info != 0:  # pragma: no cover - an inverse factor has a positive diagonal
+                raise RuntimeError(f"dtrtri failed with info={info}")
+            self._L = L
+        return self._L
+
+    def _lower_B_inverse(self):
+        """A new array whose lower triangle is B⁻¹ = L⁻ᵀ L⁻¹ (dlauum)."""
+        out = self.Linv.copy()
+        info = _lapack.inverse_factor_gram_in_place(out)
+        if info != 0:  # pragma: no cover
+            raise RuntimeError(f"dlauum failed with info={info}")
+        return out
+
+    def B_inverse(self):
+        """B⁻¹ (one dlauum of L⁻¹; cached)."""
+        if self._B_inv is None:
+            self._B_inv = mirror_lower(self._lower_B_inverse())
+        return self._B_inv
+
+    def gradient_matrix(self, lower=False):
+        """M = ½ (α αᵀ − R), R = S B⁻¹ S, as for SitePosterior (R&W Alg. 5.2), with B⁻¹ from one
+        dlauum of L⁻¹ and one fused pass (gpc._dense)."""
+        M = self._lower_B_inverse()
+        zero = np.zeros(M.shape[0])
+        over_rows(_dense.gaussian_site_gradient_matrix, len(zero), M, self.sqrt_tau, self.alpha, zero,
+                  zero, not lower)
+        return M
+
+    @property
+    def log_det_B(self):
+        """log |I + S K S| = −2 Σ log [L⁻¹]_ii."""
+        return -2.0 * float(np.sum(np.log(np.diag(self.Linv))))
+
+    def _inverse_factor_rows(self, rows):
+        """Each row r of ``rows`` := L⁻¹ r, in place: a triangular product (dtrmm), not a solve."""
+        _lapack.multiply_triangular_rows(self.Linv, rows, False)
+
+    def _release_factor(self):
+        self.Linv = self._L = None
 
 
 class SignedSitePosterior:
@@ -222,7 +314,7 @@ class SignedSitePosterior:
     def cov(self):
         return self._cov
 
-    def lower_cov(self):
+    def lower_cov(self, release_factor=False):
         """A new C-ordered copy of Σ (both triangles)."""
         return np.array(self._cov, dtype=np.float64, order="C")
 
@@ -241,6 +333,15 @@ class SignedSitePosterior:
         mean = prior_mean + K_cross.T @ self.alpha
         var = k_diag - np.einsum("ij,ij->j", K_cross, self._solve(self.site_precision[:, None] * K_cross))
         return mean, np.maximum(var, 0.0)
+
+
+def _matvec(K, v):
+    """K v (gpc._lapack's dgemv for a C-ordered float64 K)."""
+    if K.flags.c_contiguous and K.dtype == np.float64:
+        out = np.empty(K.shape[0])
+        _lapack.matvec(K, np.ascontiguousarray(v, dtype=np.float64), out)
+        return out
+    return K @ v
 
 
 def site_posterior(K, site_precision, site_location, prior_mean):

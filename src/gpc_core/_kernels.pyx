@@ -7,9 +7,13 @@
 #   d k / d log l = W r^2 (isotropic),   d k / d log l_d = W (u_d - u'_d)^2 (ARD).
 #
 # Kinds: 0 squared exponential, 1 Matern 1/2, 2 Matern 3/2, 3 Matern 5/2.
+#
+# Every pass takes the rows [start, stop) it covers (stop < 0: to the end), so that
+# gpc._parallel.over_rows can share it out among threads; passes that sum return their range's sum.
 
-from cython.parallel cimport prange
 from libc.math cimport exp, sqrt
+
+import numpy as np
 
 include "_tiles.pxi"
 
@@ -96,31 +100,90 @@ def check_kind(int kind):
         raise ValueError(f"unknown stationary kernel kind {kind}")
 
 
-def gram_to_kernel(double[:, ::1] G, const double[::1] su, int kind, double scale):
-    """G (lower triangle: U U^T) := scale * f(r^2), symmetric, with the diagonal exactly ``scale``."""
+def gram_to_sqdist(double[:, ::1] G, const double[::1] su, double offset=0.0, double factor=1.0,
+                   *, Py_ssize_t start=0, Py_ssize_t stop=-1):
+    """G's strict lower triangle (U U^T) := offset + factor * r^2, r^2 = su_i + su_j - 2 G_ij
+    clipped at 0 (factor -1/2: the exponent of a squared exponential)."""
     cdef Py_ssize_t n = G.shape[0], i, j
-    check_kind(kind)
     if G.shape[1] != n or su.shape[0] != n:
-        raise ValueError("gram_to_kernel: G must be n x n and su of length n")
+        raise ValueError("gram_to_sqdist: G must be n x n and su of length n")
+    stop = range_stop(start, stop, n)
     with nogil:
-        for i in prange(n, schedule="guided"):      # OpenMP over rows (a no-op without it)
+        for i in range(start, stop):
             for j in range(i):
-                G[i, j] = scale * kernel_value(kind, dist2(su, su, G[i, j], i, j))
-            G[i, i] = scale
-        mirror_lower(G)
+                G[i, j] = offset + factor * dist2(su, su, G[i, j], i, j)
+
+
+def sqdist_to_kernel(double[:, ::1] R2, int kind, double scale, *, Py_ssize_t start=0,
+                     Py_ssize_t stop=-1):
+    """R2's strict lower triangle: r^2 := scale * f(r^2), then as ``finish_kernel`` (scale
+    already applied): full and symmetric, diagonal ``scale``."""
+    cdef Py_ssize_t n = R2.shape[0], i, j
+    check_kind(kind)
+    if R2.shape[1] != n:
+        raise ValueError("sqdist_to_kernel: R2 must be square")
+    stop = range_stop(start, stop, n)
+    with nogil:
+        for i in range(start, stop):
+            for j in range(i):
+                R2[i, j] = scale * kernel_value(kind, R2[i, j])
+    finish_kernel(R2, scale, start=start, stop=stop)
+
+
+def finish_kernel(double[:, ::1] K, double scale, bint scale_lower=False, *, Py_ssize_t start=0,
+                  Py_ssize_t stop=-1):
+    """K's diagonal := ``scale`` (f(0) = 1) and its strict upper triangle := the strict lower one,
+    which is first multiplied by ``scale`` if ``scale_lower`` (in the same tiled pass); rows
+    start..stop-1 of the lower triangle and their columns of the upper one."""
+    cdef Py_ssize_t n = K.shape[0], tile = 64, i0, j0, i, j, i1, j1
+    cdef double v, factor = scale if scale_lower else 1.0    # x * 1.0 is x exactly
+    if K.shape[1] != n:
+        raise ValueError("finish_kernel: K must be square")
+    stop = range_stop(start, stop, n)
+    i0 = start
+    with nogil:
+        while i0 < stop:
+            i1 = min(i0 + tile, stop)
+            j0 = 0
+            while j0 < i1 - 1:
+                j1 = j0 + tile
+                for i in range(i0, i1):
+                    for j in range(j0, min(j1, i)):
+                        v = factor * K[i, j]
+                        K[i, j] = v
+                        K[j, i] = v
+                j0 += tile
+            i0 += tile
+        for i in range(start, stop):
+            K[i, i] = scale
 
 
 def cross_to_kernel(double[:, ::1] G, const double[::1] su, const double[::1] sv, int kind,
-                    double scale):
-    """G (U V^T, n x m) := scale * f(r^2) elementwise."""
+                    double scale, *, Py_ssize_t start=0, Py_ssize_t stop=-1):
+    """G (U V^T, n x m) := scale * f(r^2) elementwise (the scalar pass; kernels.py takes the
+    squared exponential's values from cross_sqdist and a vectorised exp instead)."""
     cdef Py_ssize_t n = G.shape[0], m = G.shape[1], i, j
     check_kind(kind)
     if su.shape[0] != n or sv.shape[0] != m:
         raise ValueError("cross_to_kernel: su, sv must match the rows and columns of G")
+    stop = range_stop(start, stop, n)
     with nogil:
-        for i in prange(n, schedule="static"):
+        for i in range(start, stop):
             for j in range(m):
                 G[i, j] = scale * kernel_value(kind, dist2(su, sv, G[i, j], i, j))
+
+
+def cross_sqdist(double[:, ::1] G, const double[::1] su, const double[::1] sv, double factor, *,
+                 Py_ssize_t start=0, Py_ssize_t stop=-1):
+    """G (U V^T, n x m) := factor * r^2 elementwise, r^2 = su_i + sv_j - 2 G_ij clipped at 0."""
+    cdef Py_ssize_t n = G.shape[0], m = G.shape[1], i, j
+    if su.shape[0] != n or sv.shape[0] != m:
+        raise ValueError("cross_sqdist: su, sv must match the rows and columns of G")
+    stop = range_stop(start, stop, n)
+    with nogil:
+        for i in range(start, stop):
+            for j in range(m):
+                G[i, j] = factor * dist2(su, sv, G[i, j], i, j)
 
 
 cdef double row_terms(int kind, Py_ssize_t i, const double* r2, const double[:, ::1] M,
@@ -157,12 +220,10 @@ cdef double row_terms(int kind, Py_ssize_t i, const double* r2, const double[:, 
 
 
 cdef double check_contract(Py_ssize_t n, const double[:, ::1] M, const double[:, ::1] K,
-                           double scale, double[:, ::1] work) except -1.0:
+                           double scale) except -1.0:
     # shapes of a contraction's arguments; returns 1 / scale when K is given, else 0
     if M.shape[0] != n or M.shape[1] != n:
         raise ValueError(f"M must be {n} x {n}, got {M.shape[0]} x {M.shape[1]}")
-    if work.shape[0] < 2 or work.shape[1] < n:
-        raise ValueError(f"work must be at least 2 x {n}")
     if K is None:
         return 0.0
     if K.shape[0] != n or K.shape[1] != n:
@@ -173,8 +234,8 @@ cdef double check_contract(Py_ssize_t n, const double[:, ::1] M, const double[:,
 
 
 def contract(double[:, ::1] G, const double[::1] su, const double[:, ::1] M, int kind, bint ard,
-             double[:, ::1] work, const double[:, ::1] K=None, double scale=1.0,
-             bint symmetric=False):
+             const double[:, ::1] K=None, double scale=1.0, bint symmetric=False, *,
+             Py_ssize_t start=0, Py_ssize_t stop=-1):
     """Contractions of M with f and with the length-scale derivatives, from G = U U^T (lower).
 
     Returns (sum_ij M_ij f_ij, sum_ij M_ij W_ij r_ij^2).  With ``ard`` the second is 0 and G is
@@ -182,20 +243,24 @@ def contract(double[:, ::1] G, const double[::1] su, const double[:, ::1] M, int
     so that sum_ij M_ij W_ij (u_id - u_jd)^2 = 2 [sum_i u_id^2 (S 1)_i - sum_i u_id (S U)_id], which
     the caller forms with one matrix product.  M need not be symmetric; with ``symmetric`` (a
     promise) only its lower triangle is read.  Given ``K`` = scale * f(r^2) (its strict lower
-    triangle is read), f comes from it instead of from exponentials.  ``work``: 2 x n scratch.
+    triangle is read), f comes from it instead of from exponentials.  Over rows start..stop-1: the
+    sums are theirs, and with ``ard`` S is written in those rows and their upper-triangle columns.
     """
     cdef Py_ssize_t n = G.shape[0], i, j
     cdef double value = 0.0, iso = 0.0, inv_scale
+    cdef double[:, ::1] work
     cdef double* r2
     cdef double* q
     check_kind(kind)
     if G.shape[1] != n or su.shape[0] != n:
         raise ValueError("contract: G must be n x n and su of length n")
-    inv_scale = check_contract(n, M, K, scale, work)
+    inv_scale = check_contract(n, M, K, scale)
+    stop = range_stop(start, stop, n)
+    work = np.empty((2, max(n, 1)))
     r2 = &work[0, 0]
     q = &work[1, 0]
     with nogil:
-        for i in range(n):
+        for i in range(start, stop):
             value += M[i, i]
             for j in range(i):
                 r2[j] = dist2(su, su, G[i, j], i, j)
@@ -205,7 +270,7 @@ def contract(double[:, ::1] G, const double[::1] su, const double[:, ::1] M, int
                     G[i, j] = 0.5 * q[j]
                 G[i, i] = 0.0
         if ard:
-            mirror_lower(G)
+            mirror_lower_rows(G, start, stop)
     return value, iso
 
 
@@ -227,40 +292,42 @@ cdef void row_dist2(const double[:, ::1] Ut, Py_ssize_t i, Py_ssize_t jmax, doub
             r2[j] += t * t
 
 
-def gram_direct(const double[:, ::1] Ut, int kind, double scale, double[:, ::1] out,
-                double[::1] work):
-    """out := scale * f(|u_i - u_j|^2) for the columns u of Ut (d x n); ``work`` is n scratch."""
+def sqdist_direct(const double[:, ::1] Ut, double[:, ::1] out, double offset=0.0,
+                  double factor=1.0, *, Py_ssize_t start=0, Py_ssize_t stop=-1):
+    """out's strict lower triangle := offset + factor * |u_i - u_j|^2 for the columns u of Ut
+    (d x n), as gram_to_sqdist."""
     cdef Py_ssize_t n = Ut.shape[1], i, j
-    check_kind(kind)
-    if out.shape[0] != n or out.shape[1] != n or work.shape[0] < n:
-        raise ValueError("gram_direct: out must be n x n and work of length n")
+    if out.shape[0] != n or out.shape[1] != n:
+        raise ValueError("sqdist_direct: out must be n x n")
+    stop = range_stop(start, stop, n)
     with nogil:
-        for i in range(n):
-            row_dist2(Ut, i, i, &work[0])
-            for j in range(i):
-                out[i, j] = scale * kernel_value(kind, work[j])
-            out[i, i] = scale
-        mirror_lower(out)
+        for i in range(start, stop):
+            row_dist2(Ut, i, i, &out[i, 0])
+            if offset != 0.0 or factor != 1.0:
+                for j in range(i):
+                    out[i, j] = offset + factor * out[i, j]
 
 
 def contract_direct(const double[:, ::1] Ut, const double[:, ::1] M, int kind, bint ard,
-                    double[::1] g_ard, double[:, ::1] work, const double[:, ::1] K=None,
-                    double scale=1.0, bint symmetric=False):
-    """As ``contract`` from the inputs themselves: (sum M o f, sum M o W r^2), and with ``ard``
-    g_ard[d] += sum_ij M_ij W_ij (u_id - u_jd)^2.  ``work``: 2 x n scratch; ``K``, ``scale`` and
-    ``symmetric`` as in ``contract``."""
+                    const double[:, ::1] K=None, double scale=1.0, bint symmetric=False, *,
+                    Py_ssize_t start=0, Py_ssize_t stop=-1):
+    """As ``contract`` from the inputs themselves: (sum M o f, sum M o W r^2, g_ard) with, if
+    ``ard``, g_ard[d] = sum_ij M_ij W_ij (u_id - u_jd)^2 (else zeros), each over rows
+    start..stop-1; ``K``, ``scale`` and ``symmetric`` as in ``contract``."""
     cdef Py_ssize_t d = Ut.shape[0], n = Ut.shape[1], i, j, k
     cdef double value = 0.0, iso = 0.0, inv_scale, t, acc
+    cdef double[:, ::1] work
+    cdef double[::1] g_ard = np.zeros(d)
     cdef double* r2
     cdef double* q
     check_kind(kind)
-    if ard and g_ard.shape[0] != d:
-        raise ValueError("contract_direct: g_ard must have one entry per input dimension")
-    inv_scale = check_contract(n, M, K, scale, work)
+    inv_scale = check_contract(n, M, K, scale)
+    stop = range_stop(start, stop, n)
+    work = np.empty((2, max(n, 1)))
     r2 = &work[0, 0]
     q = &work[1, 0]
     with nogil:
-        for i in range(n):
+        for i in range(start, stop):
             value += M[i, i]
             row_dist2(Ut, i, i, r2)
             value += row_terms(kind, i, r2, M, symmetric, K, inv_scale, ard, q, &iso)
@@ -271,4 +338,5 @@ def contract_direct(const double[:, ::1] Ut, const double[:, ::1] M, int kind, b
                         t = Ut[k, i] - Ut[k, j]
                         acc += q[j] * t * t
                     g_ard[k] += acc
-    return value, iso
+    return value, iso, np.asarray(g_ard)
+

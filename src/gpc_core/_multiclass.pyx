@@ -139,23 +139,3 @@ def prime_mean(const double[:, ::1] K, const real[:, ::1] L, const double[::1] s
         for i in range(n):
             work[i] = eta[i] - s[i] * x[i]
         dsymv(&uplo, &n, &d_one, <double*> &K[0, 0], &n, &work[0], &one, &d_zero, &out[0], &one)
-
-
-def fill_b(const double[:, ::1] K, const double[::1] s, real[:, ::1] out):
-    """out := lower triangle of B = I + S K S (S = diag(s)), strict upper triangle zero.
-
-    gpc._dense.fill_b without OpenMP: RMGPC runs its class blocks in Python threads, and an OpenMP
-    team started from each of them would oversubscribe the cores (threadpoolctl pins OpenMP only in
-    the thread that calls it)."""
-    cdef Py_ssize_t n = K.shape[0], i, j
-    cdef double si
-    if K.shape[1] != n or s.shape[0] != n or out.shape[0] != n or out.shape[1] != n:
-        raise ValueError("fill_b: K must be n x n, s of length n and out n x n")
-    with nogil:
-        for i in range(n):
-            si = s[i]
-            for j in range(i):
-                out[i, j] = <real> (si * K[i, j] * s[j])
-            out[i, i] = <real> (1.0 + si * K[i, i] * si)
-            for j in range(i + 1, n):
-                out[i, j] = 0

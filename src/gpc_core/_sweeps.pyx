@@ -7,7 +7,7 @@
 #     mu    <- mu + s (dnu - dtau mu_i) / (1 + dtau Sigma_ii)                (R&W §3.6, Alg. 3.5)
 # Applied one at a time these are memory-bound BLAS-2 updates.  Here they are deferred: the pending
 # updates of the current block are kept as rows p_k with weights c_k, the column needed for site i is
-#     s = Sigma_0 e_i - sum_k c_k p_k[i] p_k                                   (dgemv over the block)
+#     s = Sigma_0 e_i - sum_k c_k p_k[i] p_k                         (a loop over the block's rows)
 # and each full block is applied to Sigma_0 as two rank-b updates (dsyrk, the positive and the
 # negative weights separately).  Block size 1 is the plain rank-one sweep.
 #
@@ -15,27 +15,31 @@
 # addresses that lower triangle.
 
 from libc.math cimport sqrt
-from scipy.linalg.cython_blas cimport dgemv, dsyrk
+from scipy.linalg.cython_blas cimport dsyrk
 
 from gpc._likelihoods cimport LikelihoodSpec, make_spec
 from gpc._site_rule cimport site_update, SITE_NEGATIVE_CAVITY, SITE_LIKELIHOOD_FAILED, SITE_KEPT
 
 
 cdef void column(const double* S, Py_ssize_t n, Py_ssize_t i, const double* P, const double* c,
-                 Py_ssize_t nb, double* w, double* s) noexcept nogil:
-    """s = (Sigma_0 - sum_k c_k p_k p_k^T) e_i from the lower triangle of Sigma_0 and the block."""
+                 Py_ssize_t nb, double* s) noexcept nogil:
+    """s = (Sigma_0 - sum_k c_k p_k p_k^T) e_i from the lower triangle of Sigma_0 and the block.
+
+    A plain loop, not dgemv: this product (nb x n, at most 64 x n) is made once per site, and a
+    multi-threaded BLAS pays its threads' hand-off on every call (issue 16: the sweep at n = 1000
+    took 1.5x as long with two threads as with one)."""
     cdef Py_ssize_t j, k
-    cdef int fn = <int> n, fnb = <int> nb, one = 1
-    cdef double minus_one = -1.0, plus_one = 1.0
+    cdef double wk
+    cdef const double* p
     for j in range(i + 1):
         s[j] = S[i * n + j]
     for j in range(i + 1, n):
         s[j] = S[j * n + i]
-    if nb > 0:
-        for k in range(nb):
-            w[k] = c[k] * P[k * n + i]
-        # s := s - P^T w, with P (nb x n, C order) seen by Fortran as the n x nb matrix P^T
-        dgemv(b"N", &fn, &fnb, &minus_one, <double*> P, &fn, w, &one, &plus_one, s, &one)
+    for k in range(nb):
+        p = P + k * n
+        wk = c[k] * p[i]
+        for j in range(n):
+            s[j] -= wk * p[j]
 
 
 cdef void flush(double* S, Py_ssize_t n, double* P, double* c, Py_ssize_t nb,
@@ -102,11 +106,10 @@ def sequential_sweep(double[:, ::1] Sigma, double[::1] mu, double[::1] tau, doub
     cdef double* Q = &work[block, 0]             # scaled copies for dsyrk
     cdef double* s = &work[2 * block, 0]         # current column
     cdef double* cw = &work[2 * block + 1, 0]    # weights c_k
-    cdef double* w = &work[2 * block + 2, 0]     # dgemv's c_k p_k[i]
     with nogil:
         for t in range(order.shape[0]):
             i = order[t]
-            column(&Sigma[0, 0], n, i, P, cw, nb, w, s)
+            column(&Sigma[0, 0], n, i, P, cw, nb, s)
             sii = s[i]
             mui = mu[i]
             tau_new = tau[i]

@@ -1,15 +1,30 @@
 # Tiled helpers for C-ordered square matrices, included by _dense and _kernels (no module state).
 
-cdef void mirror_lower(double[:, ::1] A) noexcept nogil:
-    """A[j, i] = A[i, j] for i > j, in 64 x 64 tiles (cache friendly)."""
-    cdef Py_ssize_t n = A.shape[0], tile = 64, i0 = 0, j0, i, j, i1, j1
-    while i0 < n:
-        i1 = min(i0 + tile, n)
+cdef Py_ssize_t range_stop(Py_ssize_t start, Py_ssize_t stop, Py_ssize_t n) except -1:
+    """``stop`` of a row range [start, stop) of n rows (stop < 0: n), checked."""
+    if stop < 0:
+        stop = n
+    if start < 0 or start > stop or stop > n:
+        raise ValueError(f"row range [{start}, {stop}) is not within [0, {n}]")
+    return stop
+
+
+cdef void mirror_lower_rows(double[:, ::1] A, Py_ssize_t start, Py_ssize_t stop) noexcept nogil:
+    """A[j, i] = A[i, j] for j < i, start <= i < stop: the strict upper triangle's columns
+    start..stop-1, which no other row range writes or reads."""
+    cdef Py_ssize_t tile = 64, i0 = start, j0, i, j, i1, j1
+    while i0 < stop:
+        i1 = min(i0 + tile, stop)
         j0 = 0
-        while j0 <= i0:
-            j1 = min(j0 + tile, n)
+        while j0 < i1 - 1:
+            j1 = j0 + tile
             for i in range(i0, i1):
                 for j in range(j0, min(j1, i)):
                     A[j, i] = A[i, j]
             j0 += tile
         i0 += tile
+
+
+cdef void mirror_lower(double[:, ::1] A) noexcept nogil:
+    """A[j, i] = A[i, j] for i > j, in 64 x 64 tiles (cache friendly)."""
+    mirror_lower_rows(A, 0, A.shape[0])

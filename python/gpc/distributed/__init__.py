@@ -17,8 +17,9 @@ def make_engine(client=None, n_shards=None, timeout=300.0):
 
     Parameters
     ----------
-    client : dask.distributed.Client or None, default=None
-        The cluster to run on; None runs the shards in this process, one after another.
+    client : dask.distributed.Client, an engine, or None, default=None
+        The cluster to run on; None runs the shards in this process, one after another; an
+        `InProcessEngine` or `DaskEngine` is returned as it is.
     n_shards : int or None, default=None
         Number of row shards; None means one per worker (one in process).
     timeout : float, default=300.0
@@ -36,4 +37,6 @@ def make_engine(client=None, n_shards=None, timeout=300.0):
     """
     if client is None:
         return InProcessEngine(1 if n_shards is None else n_shards)
+    if isinstance(client, (InProcessEngine, DaskEngine)):   # an engine made by the caller
+        return client
     return DaskEngine(client, n_shards=n_shards, timeout=timeout)

@@ -1,4 +1,4 @@
-"""The Dask engine: shards persisted on the workers once, pure step tasks chained by their sites.
+"""The Dask engine: shards persisted on the workers once, one actor per shard holding its rows and sites.
 
 Where things live
 -----------------
@@ -6,26 +6,33 @@ Where things live
   ``da.from_array(x, chunks=(sizes, -1))`` with one chunk per worker (the scheduler then holds the source
   array inside the graph); a Dask input keeps its row chunks (its columns are gathered into one chunk).
   The rows are sent to a worker once and never again per step.
-* A step of shard k is one task ``step(*rows_k, q_state, theta, sites_k)``: q and θ go out with it (O(m²)),
-  its result (new sites, partial, row count, worker address) stays on the worker as a future; a second,
-  small task on the same worker returns the partial, so only O(m²) numbers come back.  The next step of
-  shard k takes that future as its sites: the sites never leave the worker.
+* One *actor* per shard (:class:`ShardActor`, shard k on worker k in turn) keeps a reference to the
+  rows and the shard's sites.  A step is one call per shard to its actor, relayed by the scheduler:
+  ``step``, q and θ go out pickled once per round (O(m²)); the partial, the row count and a flag saying
+  whether the sites changed come back (O(m²)).  The sites never leave the worker.  A call bypasses the
+  scheduler's task machinery (a step task and a report task per shard cost about five times as much
+  per round: see bench/RESULTS.md, "Distributed engine").
 * The master adds the partials in shard order (`add_partials`), so the sum equals the in-process sum.
 
 Resilience
 ----------
-The step tasks are pure and each keeps its inputs' keys, so the chain
-``rows_k → step₁ → step₂ → … → step_t`` is the lineage of shard k's current sites.  If a worker dies,
-the scheduler reruns that chain on a surviving worker: the rows from the persisted array's graph (from the
-source array), then every earlier step from the q and θ it was given.  The sites therefore come back
-*recovered exactly*, not reset: a disturbed fit equals an undisturbed one to rounding.  The price is a
-replay of t steps of that shard, and the scheduler keeps every step's q and θ (O(K m² t) memory), which
-suits EP's tens of iterations.  The engine logs (``logging.getLogger("gpc.distributed")``, WARNING)
-each step at which a shard ran on another worker than before because its worker left the cluster.
+The step functions are pure, so a shard's sites are a function of its rows and of the steps it was given.
+The master keeps that recipe: a *replay log* of the steps that changed the sites (a step that returns the
+sites object it was given changes nothing and is not logged), each with its q and θ.  When a call fails
+because the shard's worker is lost (killed, crashed, unreachable), the engine creates a new actor from the
+shard's persisted rows (the scheduler recomputes lost chunks from their lineage) and replays the log on
+it, then retries the call.  The sites are therefore **recovered exactly, not reset**: a disturbed fit
+equals an undisturbed one to rounding.  Each recovery is logged (``logging.getLogger("gpc.distributed")``,
+WARNING): the lost worker, the shard, where it was rebuilt and how many steps were replayed.
 
-Every wait is bounded (``timeout``).  A closed client, a scheduler that does not answer within the timeout,
-or a reset connection (after which the scheduler has cancelled the client's tasks, shards and sites
-included) raises `DistributedError`: the engine does not try to rebuild a fit the scheduler forgot.
+The log holds each logged step's pickled (step, q, θ), the bytes that were sent anyway.  When its size
+passes ``replay_budget`` bytes (and the sites' size), the engine takes a checkpoint: every shard's sites come to
+the master once (O(n)) and the log restarts from them, so recovery memory stays bounded for long
+minibatch fits.
+
+Every wait is bounded (``timeout``).  A closed client, a call that does not finish within the timeout,
+or a reset connection (after which the scheduler has released the client's actors, shards and sites with
+them) raises `DistributedError`: the engine does not try to rebuild a fit the scheduler forgot.
 """
 
 import logging
@@ -38,6 +45,10 @@ from ._engine import add_partials, check_arrays, shard_bounds
 logger = logging.getLogger("gpc.distributed")
 
 INSTALL_HINT = 'the Dask engine needs dask.distributed: pip install "gpc[distributed]"'
+
+#: bytes of q and θ the replay log may hold before a checkpoint brings the sites home (at m = 200 a
+#: round's q and θ are about 0.7 MB, so about 90 site-changing steps)
+REPLAY_BUDGET = 64 * 2 ** 20
 
 
 class DistributedError(RuntimeError):
@@ -54,30 +65,80 @@ def import_distributed():
     return da, distributed
 
 
-def _run_step(step, sites_or_result, q_state, theta, first_step, *rows):
-    """The task of one shard: the previous task's result (or the first sites) → this step's result."""
-    from distributed import get_worker
+class ShardActor:
+    """One shard on its worker: its rows, its sites and the sites before the last step (for a revert).
 
-    sites = sites_or_result if first_step else sites_or_result[0]
-    new_sites, partial = step(*rows, q_state, theta, sites)
-    try:
-        address = get_worker().address
-    except ValueError:  # run outside a worker (e.g. by the scheduler's local executor)
-        address = None
-    return new_sites, partial, int(rows[0].shape[0]), address
+    Parameters
+    ----------
+    init_sites : callable, ``init_sites(n_rows)`` → the shard's first sites
+    *rows : the shard's arrays (resolved from the persisted chunks on this worker, not copied)
+    """
+
+    def __init__(self, init_sites, *rows):
+        from distributed import get_worker
+
+        self.rows = rows
+        self.sites = init_sites(int(rows[0].shape[0]))
+        self.previous = None
+        self.address = get_worker().address
+
+    def run(self, payload, shard_arg, revert):
+        """One step: ``payload`` pickles (step, q, θ) once for every shard; ``shard_arg`` is this shard's
+        own argument or None (`DaskEngine.step`).  ``revert`` first gives the sites back their value
+        before the last step.  Returns (partial, rows, address, changed)."""
+        from distributed.protocol.pickle import loads
+
+        if revert:
+            self.sites, self.previous = self.previous, None
+        new_sites, partial = _apply(loads(payload), shard_arg, self.rows, self.sites)
+        changed = new_sites is not self.sites
+        self.previous, self.sites = self.sites, new_sites
+        return partial, int(self.rows[0].shape[0]), self.address, changed
+
+    def restore(self, sites, log):
+        """After a lost worker: start from ``sites`` (None: the first sites) and replay the logged steps,
+        ``log`` a list of (payload, this shard's argument)."""
+        from distributed.protocol.pickle import loads
+
+        if sites is not None:
+            self.sites = sites
+        for payload, shard_arg in log:
+            self.previous = self.sites
+            self.sites, _ = _apply(loads(payload), shard_arg, self.rows, self.sites)
+        return self.address
+
+    def get_sites(self, which, select, revert):
+        """The current sites, or those before the last step (``which="previous"``); ``select``, when
+        given, picks what of them to send (`DaskEngine.sites`).  ``revert`` first gives the sites back
+        their value before the last step, as in `run`."""
+        if revert:
+            self.sites, self.previous = self.previous, None
+        sites = self.previous if which == "previous" else self.sites
+        return sites if select is None else select(sites)
 
 
-def _report(result):
-    """What comes back to the master: the partial, the rows counted and the worker's address."""
-    return result[1:]
+def _apply(call, shard_arg, rows, sites):
+    step, q_state, theta = call
+    return step(*rows, q_state, theta if shard_arg is None else (theta, shard_arg), sites)
 
 
-def _sites_of(result):
-    return result[0]
+def _nbytes(obj, depth=3):
+    """Bytes of the arrays inside ``obj`` (containers and object attributes, ``depth`` levels down)."""
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes
+    if isinstance(obj, (bytes, bytearray)):
+        return len(obj)
+    if depth == 0:
+        return 0
+    if isinstance(obj, dict):
+        return sum(_nbytes(v, depth - 1) for v in obj.values())
+    if isinstance(obj, (tuple, list)):
+        return sum(_nbytes(v, depth - 1) for v in obj)
+    return sum(_nbytes(v, depth - 1) for v in getattr(obj, "__dict__", {}).values())
 
 
 class DaskEngine:
-    """Run the shards' steps as tasks on a ``dask.distributed.Client``.
+    """Run the shards' steps on a ``dask.distributed.Client``, one actor per shard.
 
     Parameters
     ----------
@@ -87,9 +148,11 @@ class DaskEngine:
         Shards a NumPy input is split into; default the number of workers when `load` is called.
     timeout : float
         Seconds any one wait on the cluster may take (a step, loading the shards); default 300.
+    replay_budget : int
+        Bytes of logged q and θ kept for recovery before a checkpoint (default 64 MiB).
     """
 
-    def __init__(self, client, n_shards=None, timeout=300.0):
+    def __init__(self, client, n_shards=None, timeout=300.0, replay_budget=REPLAY_BUDGET):
         _, distributed = import_distributed()
         if not isinstance(client, distributed.Client):
             raise TypeError(f"client must be a dask.distributed.Client, got {type(client).__name__}")
@@ -100,8 +163,10 @@ class DaskEngine:
         self.client = client
         self.n_shards = None if n_shards is None else int(n_shards)
         self.timeout = float(timeout)
-        self._results = None
+        self.replay_budget = int(replay_budget)
+        self._actors = None
         self.n_steps = 0
+        self.recoveries = 0
 
     # -- connection -----------------------------------------------------------------------------------
     def _check_client(self):
@@ -111,33 +176,25 @@ class DaskEngine:
                 f"{self.client.scheduler.address if self.client.scheduler else '(none)'} is closed; "
                 "connect a new Client and fit again")
 
-    def _wait(self, futures, what):
-        from concurrent.futures import CancelledError
-
-        from distributed import wait
-
-        try:
-            wait(futures, timeout=self.timeout)
-            return self.client.gather(futures)
-        except CancelledError as exc:  # the scheduler dropped the client's tasks: its connection was reset
-            raise DistributedError(f"{what}: the scheduler cancelled this fit's tasks, which happens when the "
+    def _check_futures(self, what):
+        """The scheduler cancels a client's futures when its connection is reset: the actors are gone."""
+        if any(f.status == "cancelled" for f in self._futures):
+            raise DistributedError(f"{what}: the scheduler cancelled this fit's actors, which happens when the "
                                    "client's connection to it is lost; the shards and sites on the cluster "
-                                   "are gone, so fit again") from exc
-        except (TimeoutError, OSError) as exc:  # distributed's timeouts and CommClosedError are among these
-            raise DistributedError(f"{what} did not finish within {self.timeout:g} s on the Dask cluster "
-                                   f"({type(exc).__name__}: {exc}); is the scheduler still reachable?") from exc
-        except Exception as exc:
-            if self.client.status not in ("running", "connecting"):
-                raise DistributedError(f"{what}: the Dask client lost its scheduler "
-                                       f"({type(exc).__name__}: {exc})") from exc
-            raise
+                                   "are gone, so fit again")
 
-    def _workers(self):
-        return set(self.client.scheduler_info(n_workers=-1)["workers"])
+    def _result(self, future, what):
+        """The result of a task future or an actor call, within the timeout."""
+        try:
+            return future.result(timeout=self.timeout)
+        except TimeoutError as exc:     # distributed's timeouts are TimeoutErrors
+            self._check_futures(what)
+            raise DistributedError(f"{what} did not finish within {self.timeout:g} s on the Dask cluster; "
+                                   "is the scheduler still reachable?") from exc
 
     # -- data -----------------------------------------------------------------------------------------
     def load(self, arrays, init_sites):
-        """Persist the rows of ``arrays`` in shards on the workers and make each shard's first sites.
+        """Persist the rows of ``arrays`` in shards on the workers and start one actor per shard.
 
         ``init_sites(n_rows_k)`` runs on the worker; it must be a pure function.
         """
@@ -145,10 +202,11 @@ class DaskEngine:
         self._check_client()
         n_rows = check_arrays(arrays)
         dask_input = [a for a in arrays if isinstance(a, da.Array)]
+        workers = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
         if dask_input:
             row_chunks = dask_input[0].chunks[0]
         else:
-            n_shards = self.n_shards or max(len(self._workers()), 1)
+            n_shards = self.n_shards or max(len(workers), 1)
             bounds = shard_bounds(n_rows, n_shards)
             row_chunks = tuple(int(s) for s in np.diff(bounds))
         pieces = []
@@ -163,71 +221,162 @@ class DaskEngine:
         self._rows = [[keyed[j][p.__dask_keys__()[k] if p.ndim == 1 else p.__dask_keys__()[k][0]]
                        for j, p in enumerate(pieces)] for k in range(len(row_chunks))]
         self._arrays = pieces  # holds the persisted chunks (and their lineage) for the engine's life
-        self._wait([f for rows in self._rows for f in rows], "loading the shards")
-        self._results = [self.client.submit(init_sites, int(size), pure=False) for size in row_chunks]
-        self._first = True
-        self._previous = None
+        self._init_sites = init_sites
+        self._futures = [None] * len(row_chunks)
+        self._actors = [None] * len(row_chunks)
         self._addresses = [None] * len(row_chunks)
+        for k in range(len(row_chunks)):    # shard k on worker k (round robin), its chunk moved there once
+            self._start_actor(k, workers[k % len(workers)] if workers else None)
+        for k in range(len(row_chunks)):
+            self._actor(k, "loading the shards")
+        self._log, self._checkpoint, self._log_bytes = [], None, 0
+        self._can_revert = self._revert_pending = self._last_logged = False
         self.n_rows = n_rows
         self.bounds = np.concatenate([[0], np.cumsum(row_chunks)]).astype(int)
         self.rows_counted = 0
         return self
 
+    def _start_actor(self, k, worker=None):
+        self._futures[k] = self.client.submit(ShardActor, self._init_sites, *self._rows[k], actor=True,
+                                              pure=False, workers=None if worker is None else [worker],
+                                              allow_other_workers=worker is not None)
+        self._actors[k] = None
+
+    def _actor(self, k, what):
+        if self._actors[k] is None:
+            self._actors[k] = self._result(self._futures[k], what)
+            self._addresses[k] = self._actors[k]._address
+        return self._actors[k]
+
     # -- one iteration --------------------------------------------------------------------------------
-    def step(self, step, q_state, theta):
-        """One step of every shard on the workers; the partials added in shard order."""
-        if self._results is None:
+    def step(self, step, q_state, theta, shard_args=None):
+        """One step of every shard on the workers; the partials added in shard order.
+
+        ``shard_args``, when given, holds one small object per shard: shard k's step then gets
+        ``theta = (theta, shard_args[k])`` (e.g. its rows of a minibatch)."""
+        from distributed.protocol.pickle import dumps
+
+        if self._actors is None:
             raise RuntimeError("call load() before step()")
         self._check_client()
-        submit = self.client.submit
-        try:
-            results = [submit(_run_step, step, previous, q_state, theta, self._first, *rows, pure=False)
-                       for previous, rows in zip(self._results, self._rows)]
-            reports = [submit(_report, result, pure=False) for result in results]
-        except Exception as exc:
-            self._check_client()
-            raise DistributedError(f"could not submit the step: {exc}") from exc
-        reports = self._wait(reports, f"step {self.n_steps + 1}")
-        self._previous = (self._results, self._first)
-        self._results, self._first = results, False
+        what = f"step {self.n_steps + 1}"
+        self._check_futures(what)
+        payload = dumps((step, q_state, theta))     # q and θ serialised once per round
+        revert, self._revert_pending = self._revert_pending, False
+        args = shard_args if shard_args is not None else [None] * len(self._actors)
+        if len(args) != len(self._actors):
+            raise ValueError(f"shard_args has {len(args)} entries for {len(self._actors)} shards")
+        calls = [self._call(k, "run", what, payload, args[k], revert) for k in range(len(self._actors))]
+        reports = [self._finish(k, call, what, "run", payload, args[k], revert)
+                   for k, call in enumerate(calls)]
+        self._check_futures(what)
         self.n_steps += 1
         partials = [report[0] for report in reports]
         self.rows_counted = sum(report[1] for report in reports)
-        if self.rows_counted != self.n_rows:  # cannot happen unless a task's rows went missing
+        if self.rows_counted != self.n_rows:  # cannot happen unless a shard's rows went missing
             raise DistributedError(f"step {self.n_steps} counted {self.rows_counted} of {self.n_rows} rows")
-        self._log_moves([report[2] for report in reports])
+        changed = any(report[3] for report in reports)
+        self._last_logged = changed
+        if changed:
+            self._log.append((payload, shard_args))
+            self._log_bytes += len(payload)
+            if self._log_bytes > max(self.replay_budget, self._sites_bytes()):
+                self._take_checkpoint(what)
+        self._can_revert = True
         return add_partials(partials)
 
-    def _log_moves(self, addresses):
-        moved = [k for k, (old, new) in enumerate(zip(self._addresses, addresses))
-                 if old is not None and new != old]
-        if moved:
-            alive = self._workers()
-            for k in moved:
-                old = self._addresses[k]
-                if old not in alive:
-                    logger.warning("step %d: worker %s left the cluster; shard %d (%d rows) was rerun on %s "
-                                   "from its source rows and the %d earlier steps (sites recovered from "
-                                   "lineage, not reset)", self.n_steps, old, k,
-                                   self.bounds[k + 1] - self.bounds[k], addresses[k], self.n_steps - 1)
-        self._addresses = addresses
+    def _call(self, k, method, what, *args):
+        """Start a call on shard k's actor; a lost actor shows when its result is read (`_finish`)."""
+        try:
+            return getattr(self._actor(k, what), method)(*args)
+        except (OSError, RuntimeError) as exc:
+            if not self._lost(k, exc):
+                raise
+            return exc
+
+    def _finish(self, k, call, what, method, *args):
+        """The result of shard k's call; after a lost worker, the shard rebuilt and the call made again."""
+        for _ in range(3):
+            if not isinstance(call, Exception):
+                try:
+                    return call.result(timeout=self.timeout)
+                except TimeoutError as exc:
+                    self._check_futures(what)
+                    raise DistributedError(f"{what} did not finish within {self.timeout:g} s on the Dask "
+                                           "cluster; is the scheduler still reachable?") from exc
+                except (OSError, RuntimeError, KeyError) as exc:
+                    if not self._lost(k, exc):
+                        raise
+                    call = exc
+            self._check_client()
+            self._check_futures(what)
+            self._recover(k, what, call)
+            args = args[:-1] + (False,)     # the rebuilt shard's sites already follow the log: no revert
+            call = self._call(k, method, what, *args)
+        raise DistributedError(f"{what}: shard {k} was lost three times in a row ({call})")
+
+    def _lost(self, k, exc):
+        """Does ``exc`` say that shard k's actor is gone (rather than an error of the step itself)?"""
+        if isinstance(exc, OSError):           # no connection to its worker (CommClosedError included)
+            return True
+        if isinstance(exc, KeyError):          # its worker no longer knows the actor
+            return str(self._futures[k].key) in str(exc)
+        return "Actor" in str(exc)             # "Worker holding Actor was lost"
+
+    def _recover(self, k, what, cause):
+        """Shard k's worker is lost: a new actor from the persisted rows, the replay log applied."""
+        lost = self._addresses[k]
+        self.client.cancel([self._futures[k]])       # the old actor, if its worker still lives
+        self._start_actor(k)
+        actor = self._actor(k, f"{what}: rebuilding shard {k}")
+        sites = None if self._checkpoint is None else self._checkpoint[k]
+        log = [(payload, None if args is None else args[k]) for payload, args in self._log]
+        address = self._result(actor.restore(sites, log), f"{what}: replaying shard {k}")
+        self._addresses[k] = address
+        self.recoveries += 1
+        logger.warning("%s: the worker %s of shard %d (%d rows) was lost (%s: %s); the shard was rebuilt on "
+                       "%s from its rows and %d replayed steps (sites recovered exactly, not reset)",
+                       what, lost, k, self.bounds[k + 1] - self.bounds[k], type(cause).__name__, cause,
+                       address, len(self._log))
+
+    def _sites_bytes(self):
+        return 0 if self._checkpoint is None else _nbytes(self._checkpoint)
+
+    def _take_checkpoint(self, what):
+        """Bring every shard's sites before the last step home and keep only the last step in the log
+        (so that a revert still has its target): recovery memory stays bounded."""
+        sites = self._gather_sites("previous", f"{what}: checkpoint")
+        self._checkpoint = sites
+        self._log = self._log[-1:]
+        self._log_bytes = len(self._log[0][0])
+
+    def _gather_sites(self, which, what, select=None):
+        revert, self._revert_pending = self._revert_pending, False
+        calls = [self._call(k, "get_sites", what, which, select, revert) for k in range(len(self._actors))]
+        return [self._finish(k, call, what, "get_sites", which, select, revert)
+                for k, call in enumerate(calls)]
 
     def revert(self):
-        """Give every shard back the sites it had before the last step (one step back): the next step takes
-        the futures of the step before as its sites, which are still on the workers, or in their lineage."""
-        if self._previous is None:
+        """Give every shard back the sites it had before the last step (one step back).  The actors apply
+        it with the next call, so a revert moves no data."""
+        if self._actors is None or not self._can_revert:
             raise RuntimeError("revert() needs a step() since load() or the last revert()")
-        (self._results, self._first), self._previous = self._previous, None
+        self._can_revert = False
+        self._revert_pending = True
+        if self._last_logged:      # after a checkpoint, that holds the sites before the reverted step
+            self._log_bytes -= len(self._log.pop()[0])
+        self._last_logged = False
 
-    def sites(self):
-        """Every shard's sites, gathered to the master in shard order (O(n) data: for results only)."""
-        if self._results is None:
+    def sites(self, select=None):
+        """Every shard's sites, gathered to the master in shard order (O(n) data: for results only).
+        ``select(sites)``, a pure function, runs on each worker first and picks what to send."""
+        if self._actors is None:
             raise RuntimeError("call load() before sites()")
         self._check_client()
-        futures = self._results if self._first else [self.client.submit(_sites_of, r, pure=False)
-                                                     for r in self._results]
-        return list(self._wait(futures, "gathering the sites"))
+        self._check_futures("gathering the sites")
+        return self._gather_sites("current", "gathering the sites", select)
 
     def close(self):
         """Release the shards and sites on the cluster (the client stays open)."""
-        self._results = self._rows = self._arrays = None
+        self._actors = self._futures = self._rows = self._arrays = None
+        self._log, self._checkpoint = [], None

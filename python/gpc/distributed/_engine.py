@@ -126,13 +126,19 @@ class InProcessEngine:
         self._previous = None
         return self
 
-    def step(self, step, q_state, theta):
-        """Run ``step`` on every shard, keep the new sites, return the partials added in shard order."""
+    def step(self, step, q_state, theta, shard_args=None):
+        """Run ``step`` on every shard, keep the new sites, return the partials added in shard order.
+
+        ``shard_args``, when given, holds one small object per shard: shard k's step then gets
+        ``theta = (theta, shard_args[k])`` (e.g. its rows of a minibatch)."""
         if self._shards is None:
             raise RuntimeError("call load() before step()")
+        if shard_args is not None and len(shard_args) != len(self._shards):
+            raise ValueError(f"shard_args has {len(shard_args)} entries for {len(self._shards)} shards")
         partials, new_sites = [], []
-        for shard, sites in zip(self._shards, self._sites):
-            sites, partial = step(*shard, q_state, theta, sites)
+        for k, (shard, sites) in enumerate(zip(self._shards, self._sites)):
+            sites, partial = step(*shard, q_state, theta if shard_args is None else (theta, shard_args[k]),
+                                  sites)
             new_sites.append(sites)
             partials.append(partial)
         self._previous, self._sites = self._sites, new_sites
@@ -146,9 +152,10 @@ class InProcessEngine:
             raise RuntimeError("revert() needs a step() since load() or the last revert()")
         self._sites, self._previous = self._previous, None
 
-    def sites(self):
-        """Every shard's sites, in shard order."""
-        return list(self._sites)
+    def sites(self, select=None):
+        """Every shard's sites, in shard order; ``select(sites)``, when given, picks what to return
+        of each shard's sites."""
+        return [s if select is None else select(s) for s in self._sites]
 
     def close(self):
         self._shards = self._sites = None

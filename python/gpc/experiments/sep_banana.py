@@ -13,7 +13,8 @@ import numpy as np
 
 from .. import datasets
 from ._common import count_convergence_warnings, map_tasks
-from .sep_common import make_classifier, predictive_scores, random_rows, train
+from .sep_common import (add_doc_arguments, make_classifier, markdown_table, predictive_scores,
+                         publish_doc_tables, random_rows, read_records, train)
 
 M_VALUES = (4, 8, 16, 32, 64, 128, 256)
 METHOD_ORDER = ("sep", "svi", "gfitc")      # the paper's rows, top to bottom
@@ -45,7 +46,7 @@ def _fit(task):
     clf = make_classifier(method, Z, iterations, seed)
     with count_convergence_warnings():
         try:
-            clf, seconds, stopped = train(method, clf, Xs, y_tr, iterations)
+            clf, seconds, wall, stopped = train(method, clf, Xs, y_tr, iterations)
         except (ValueError, ArithmeticError, np.linalg.LinAlgError) as exc:
             return {"method": method, "m": m, "failure": f"{type(exc).__name__}: {exc}"[:200]}
     pos = list(clf.classes_).index(1)
@@ -54,15 +55,17 @@ def _fit(task):
     G = np.column_stack([np.repeat(gx, GRID), np.tile(gy, GRID)])
     proba = clf.predict_proba((G - mu) / sd)[:, pos].reshape(GRID, GRID).T   # rows: y, cols: x
     return {"method": method, "m": m, "test_error": error, "test_nll": nll, "seconds": seconds,
+            "wall": wall,
             "inducing_points": clf.inducing_points_ * sd + mu,
             "initial_inducing_points": Z * sd + mu, "grid_proba": proba, "grid_box": list(box),
             "reverted": clf.history_[-1]["reverted"] if clf.history_ else 0, "stopped": stopped}
 
 
 def run(m_values=M_VALUES, methods=METHOD_ORDER, iterations=ITERATIONS, seed=0, jobs=1, progress=True):
-    """One record per (method, m): test error and NLL on the 1000 held-out rows, fit seconds, the
-    initial and learnt inducing points and P(y = +1) on a GRID x GRID grid over ``grid_box``, all
-    in the original coordinates (the training rows: :func:`load_split` with the same seed)."""
+    """One record per (method, m): test error and NLL on the 1000 held-out rows, fit seconds (CPU;
+    ``wall`` the wall time), the initial and learnt inducing points and P(y = +1) on a GRID x GRID
+    grid over ``grid_box``, all in the original coordinates (the training rows:
+    :func:`load_split` with the same seed)."""
     for meth in methods:
         if meth not in METHOD_ORDER:
             raise ValueError(f"unknown method {meth!r} for sep-banana; choose from {', '.join(METHOD_ORDER)}")
@@ -91,16 +94,42 @@ def format_table(records):
     return "\n".join(lines)
 
 
+def doc_tables(records):
+    """The markdown table of docs/reproduction.md, ``sep-banana``: one row per method, one column
+    per m, each cell test error / NLL (training CPU seconds)."""
+    methods = [m for m in METHOD_ORDER if any(r["method"] == m for r in records)]
+    ms = sorted({r["m"] for r in records})
+    get = {(r["method"], r["m"]): r for r in records}
+    rows = []
+    for meth in methods:
+        row = [f"{meth.upper()} error / NLL (s)"]
+        for m in ms:
+            r = get.get((meth, m))
+            if r is None or "failure" in r:
+                row.append("failed" if r else "")
+            else:
+                seconds = f"{r['seconds']:.1f}" if r["seconds"] < 10 else f"{r['seconds']:.0f}"
+                row.append(f"{r['test_error']:.3f} / {r['test_nll']:.3f} ({seconds})")
+        rows.append(row)
+    return {"sep-banana": markdown_table(["m"] + [str(m) for m in ms], rows)}
+
+
 def add_arguments(parser):
     parser.add_argument("--m-values", nargs="+", type=int, default=list(M_VALUES), metavar="M",
                         help="numbers of inducing points (default 4 8 16 32 64 128 256)")
     parser.add_argument("--iterations", type=int, default=ITERATIONS,
                         help="batch iterations of every method (default 250)")
+    add_doc_arguments(parser)
 
 
 def main(args):
     if args.folds is not None or args.datasets:
         raise ValueError("sep-banana has one data set and no folds")
+    if args.from_json:
+        records = read_records(args.from_json)
+        print(format_table(records))
+        publish_doc_tables(args, doc_tables(records))
+        return records
     if args.iterations < 1:
         raise ValueError("--iterations must be at least 1")
     records = run(args.m_values, args.methods or METHOD_ORDER, args.iterations, args.seed, args.jobs,
@@ -111,4 +140,7 @@ def main(args):
         X_tr, y_tr, _, _ = load_split(args.seed)
         print("wrote", plot_sep_banana(records, X_tr, y_tr, args.plots))
     # the grids are for the figure; the JSON keeps the numbers and the inducing points
-    return [{k: v for k, v in r.items() if k != "grid_proba"} for r in records]
+    records = [{k: v for k, v in r.items() if k != "grid_proba"} for r in records]
+    if args.update_doc:
+        publish_doc_tables(args, doc_tables(records))
+    return records

@@ -11,7 +11,7 @@ guard of :func:`.sep_common.fit_with_divergence_guard`.
 import numpy as np
 
 from ._common import count_convergence_warnings, map_tasks
-from .sep_common import make_classifier, random_rows, train
+from .sep_common import add_doc_arguments, make_classifier, markdown_table, random_rows, train
 
 #: variant name -> (paper's method, minibatch size or None)
 VARIANTS = {"sep-minibatch": ("sep", 200), "svi-minibatch": ("svi", 200),
@@ -25,7 +25,7 @@ def _fit_variant(task):
                           validation_data=(X_te, y_te), kernel=kernel)
     with count_convergence_warnings():
         try:
-            clf, _, stopped = train(method, clf, X_tr, y_tr, epochs)
+            clf, _, _, stopped = train(method, clf, X_tr, y_tr, epochs)
         except (ValueError, ArithmeticError, np.linalg.LinAlgError) as exc:
             return {"variant": variant, "method": method, "failure": f"{type(exc).__name__}: {exc}"[:200]}
     h = clf.history_
@@ -61,6 +61,23 @@ def format_curves(records, title):
     return "\n".join(lines)
 
 
+def doc_table(records, name):
+    """A markdown table for docs/reproduction.md: one row per variant (logistic regression, when
+    present, last), after its first epoch / pass and at its end: seconds since the fit started,
+    test error and NLL."""
+    rows = []
+    for r in records:
+        if "failure" in r:
+            rows.append([r["variant"], "failed", "", ""])
+            continue
+        first = f"{r['seconds'][0]:.0f} s, {100 * r['error'][0]:.2f} %, {r['nll'][0]:.4f}"
+        last = f"{r['seconds'][-1]:.0f} s, {100 * r['error'][-1]:.2f} %, {r['nll'][-1]:.4f}"
+        rows.append([r["variant"], str(len(r["seconds"])), first, last])
+    header = ["variant", "epochs / evaluations", "after the first: time, error, NLL",
+              "at the end: time, error, NLL"]
+    return {name: markdown_table(header, rows)}
+
+
 def add_curve_arguments(parser, epochs_minibatch, epochs_batch):
     parser.add_argument("--variants", nargs="+", metavar="V", choices=list(VARIANTS),
                         help=f"subset of {', '.join(VARIANTS)}")
@@ -71,6 +88,7 @@ def add_curve_arguments(parser, epochs_minibatch, epochs_batch):
     parser.add_argument("--n-inducing", type=int, default=200, help="m (default 200, as in the paper)")
     parser.add_argument("--subsample", type=int, metavar="N",
                         help="train on a seeded subset of N training rows (a quick look)")
+    add_doc_arguments(parser)
 
 
 def epochs_of(variants, args):

@@ -21,7 +21,8 @@ import numpy as np
 
 from .. import datasets
 from ._common import count_convergence_warnings, map_tasks, standardise
-from .sep_common import make_classifier, random_rows, train
+from .sep_common import (add_doc_arguments, make_classifier, markdown_table, publish_doc_tables,
+                         random_rows, read_records, train)
 from .sep_table1 import split
 
 M_VALUES = (4, 50, 200)
@@ -46,7 +47,7 @@ def _fit(task):
     clf = make_classifier(method, Z, iterations, seed, validation_data=(X_te, y_te))
     with count_convergence_warnings():
         try:
-            clf, _, stopped = train(method, clf, X_tr, y_tr, iterations)
+            clf, _, _, stopped = train(method, clf, X_tr, y_tr, iterations)
         except (ValueError, ArithmeticError, np.linalg.LinAlgError) as exc:
             return {"failure": f"{type(exc).__name__}: {exc}"[:200]}
     h = clf.history_
@@ -115,6 +116,31 @@ def format_table(records):
     return "\n".join(lines)
 
 
+def doc_tables(records):
+    """The markdown table of docs/reproduction.md, ``sep-image``: one row per m, per method the
+    final test error / NLL / training seconds (means over the realisations that ran, their number
+    in brackets where some failed), and the realisations run."""
+    methods = [m for m in METHOD_ORDER if any(r["method"] == m for r in records)]
+    ms = sorted({r["m"] for r in records})
+    get = {(r["method"], r["m"]): r for r in records}
+    rows = []
+    for m in ms:
+        row = [str(m)]
+        for meth in methods:
+            r = get.get((meth, m))
+            if r is None:
+                row.append("not run")
+            elif not r["n_splits"]:
+                row.append("failed")
+            else:
+                row.append(f"{r['final_error']:.3f} / {r['final_nll']:.3f} / {r['time']:.0f}"
+                           + (f" ({r['n_splits']})" if r["n_failed"] else ""))
+        runs = [r["n_splits"] + r["n_failed"] for r in records if r["m"] == m]
+        rows.append(row + [str(max(runs))])
+    header = ["m"] + [f"{meth.upper()} error / NLL / s" for meth in methods] + ["realisations"]
+    return {"sep-image": markdown_table(header, rows)}
+
+
 def add_arguments(parser):
     parser.add_argument("--m-values", nargs="+", type=int, default=list(M_VALUES), metavar="M",
                         help="numbers of inducing points (default 4 50 200)")
@@ -122,16 +148,22 @@ def add_arguments(parser):
                         help="random 90/10 realisations (default 100, as in the paper)")
     parser.add_argument("--iterations", type=int, default=ITERATIONS,
                         help="batch iterations of every method (default 250)")
+    add_doc_arguments(parser)
 
 
 def main(args):
     if args.folds is not None or args.datasets:
         raise ValueError("sep-image has one data set and random splits: pass --splits")
-    records = run(args.m_values, args.methods or METHOD_ORDER, args.splits, args.iterations,
-                  args.seed, args.jobs, not args.quiet)
+    if args.from_json:
+        records = read_records(args.from_json)
+    else:
+        records = run(args.m_values, args.methods or METHOD_ORDER, args.splits, args.iterations,
+                      args.seed, args.jobs, not args.quiet)
     print(format_table(records))
     if args.plots:
         from .sep_plots import plot_time_curves
         print("wrote", plot_time_curves(records, args.plots, "sep-image.png",
                                         "Image (binary), test performance against training time"))
+    if args.from_json or args.update_doc:
+        publish_doc_tables(args, doc_tables(records))
     return records

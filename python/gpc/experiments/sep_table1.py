@@ -19,7 +19,9 @@ import numpy as np
 
 from .. import datasets
 from ._common import count_convergence_warnings, map_tasks, standardise
-from .sep_common import METHODS, make_classifier, predictive_scores, random_rows, train, trivial_nll
+from .sep_common import (METHODS, add_doc_arguments, make_classifier, markdown_table,
+                         predictive_scores, publish_doc_tables, random_rows, read_records, train,
+                         trivial_nll)
 
 DATASETS = ("australian", "breast", "crabs", "heart", "ionosphere", "pima", "sonar")
 LOADER_ARGS = {"australian": ("australian", {}), "breast": ("breast_cancer", {}),
@@ -83,14 +85,22 @@ def _fit_split(task):
     clf = make_classifier(method, Z, iterations, seed)
     with count_convergence_warnings() as caught:
         try:
-            clf, seconds, stopped = train(method, clf, X_tr, y_tr, iterations)
+            clf, seconds, wall, stopped = train(method, clf, X_tr, y_tr, iterations)
             proba = clf.predict_proba(X_te)[:, list(clf.classes_).index(1)]
         except (ValueError, ArithmeticError, np.linalg.LinAlgError) as exc:
             return {"nll": None, "failure": f"{type(exc).__name__}: {exc}"[:200]}
     error, nll = predictive_scores(proba, y_te)
-    return {"nll": nll, "error": error, "seconds": seconds, "trivial_nll": trivial_nll(y_tr, y_te),
-            "n_iter": clf.n_iter_, "stopped": stopped, "reverted": clf.history_[-1]["reverted"] if clf.history_ else 0,
-            "n_warnings": len(caught)}
+    state = clf._problems[0][0].state
+    return {"nll": nll, "error": error, "seconds": seconds, "wall": wall,
+            "trivial_nll": trivial_nll(y_tr, y_te), "n_iter": clf.n_iter_, "stopped": stopped,
+            "reverted": clf.history_[-1]["reverted"] if clf.history_ else 0,
+            "ep_passes": getattr(state, "passes", None), "n_warnings": len(caught)}
+
+
+def task_cost(n, m, method):
+    """A rough relative cost of one fit, n m² per iteration (GFITC's EP passes counted twice),
+    to start the longest fits first so that the pool's last fits are short ones."""
+    return n * (m * m + 100.0 * m) * (2.0 if method == "gfitc" else 1.0)
 
 
 def cells(dataset_names, m_fractions, methods):
@@ -101,14 +111,21 @@ def _sd(values):
     return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
 
 
+def _mean(values):
+    return float(np.mean(values)) if len(values) else None
+
+
 def run(dataset_names=DATASETS, m_fractions=M_FRACTIONS, methods=METHOD_ORDER, n_splits=N_SPLITS,
         iterations=ITERATIONS, seed=0, jobs=1, progress=True):
     """Run the table; one record per (dataset, m fraction, method).
 
-    Records: dataset, method, m_fraction, nll_mean, nll_sd, error_mean, time_mean, n_splits (splits
-    that ran), plus m, time_sd, trivial_nll (the constant predictor's NLL on the same splits),
-    paper_nll, paper_sd, within_paper_sd, n_failed, failures, n_stopped (SEP fits the divergence
-    guard of :func:`.sep_common.fit_with_divergence_guard` stopped early) and mean_iterations.
+    Records: dataset, method, m_fraction, nll_mean, nll_sd, error_mean, time_mean (training CPU
+    seconds, :func:`.sep_common.timed_fit`), n_splits (splits that ran), plus m, time_sd,
+    wall_mean (wall seconds), nll_splits (each split's NLL), trivial_nll (the constant predictor's
+    NLL on the same splits), paper_nll, paper_sd, within_paper_sd, n_failed, failures, n_stopped
+    (SEP fits the divergence guard of :func:`.sep_common.fit_with_divergence_guard` stopped
+    early), mean_iterations and, for GFITC, ep_passes_per_evaluation.  Fits run longest first
+    (:func:`task_cost`); the records do not depend on the order or on ``jobs``.
     """
     for meth in methods:
         if meth not in METHODS:
@@ -128,7 +145,13 @@ def run(dataset_names=DATASETS, m_fractions=M_FRACTIONS, methods=METHOD_ORDER, n
             m = max(1, int(round(f * len(train))))
             tasks.append((X[train], y[train], X[test], y[test], meth, m, iterations, seed + k))
             keys.append((d, f, meth))
-    results = map_tasks(_fit_split, tasks, jobs=jobs, desc="sep-table1 fits", show=progress)
+    order = sorted(range(len(tasks)), key=lambda i: -task_cost(len(tasks[i][1]), tasks[i][5],
+                                                               tasks[i][4]))
+    done = map_tasks(_fit_split, [tasks[i] for i in order], jobs=jobs, desc="sep-table1 fits",
+                     show=progress)
+    results = [None] * len(tasks)
+    for i, r in zip(order, done):
+        results[i] = r
     records = []
     for cell in table:
         rs = [r for key, r in zip(keys, results) if key == cell]
@@ -138,18 +161,22 @@ def run(dataset_names=DATASETS, m_fractions=M_FRACTIONS, methods=METHOD_ORDER, n
         paper_mean, paper_sd = paper_cell(d, f, meth)
         rec = {"dataset": d, "method": meth, "m_fraction": f,
                "m": int(round(f * len(split(len(data[d][1]), seed, 0)[0]))),
-               "nll_mean": float(np.mean(nll)) if ok else None, "nll_sd": _sd(nll),
-               "error_mean": float(np.mean([r["error"] for r in ok])) if ok else None,
-               "time_mean": float(np.mean([r["seconds"] for r in ok])) if ok else None,
-               "time_sd": _sd([r["seconds"] for r in ok]), "n_splits": len(ok),
-               "trivial_nll": float(np.mean([r["trivial_nll"] for r in ok])) if ok else None,
+               "nll_mean": _mean(nll), "nll_sd": _sd(nll),
+               "error_mean": _mean([r["error"] for r in ok]),
+               "time_mean": _mean([r["seconds"] for r in ok]),
+               "time_sd": _sd([r["seconds"] for r in ok]),
+               "wall_mean": _mean([r["wall"] for r in ok]), "n_splits": len(ok),
+               "trivial_nll": _mean([r["trivial_nll"] for r in ok]),
                "reverted": int(sum(r["reverted"] for r in ok)),
                "n_stopped": sum(r["stopped"] is not None for r in ok),
-               "mean_iterations": float(np.mean([r["n_iter"] for r in ok])) if ok else None,
+               "mean_iterations": _mean([r["n_iter"] for r in ok]),
                "n_convergence_warnings": int(sum(r["n_warnings"] for r in ok)),
                "paper_nll": paper_mean, "paper_sd": paper_sd,
                "within_paper_sd": bool(ok) and abs(float(np.mean(nll)) - paper_mean) <= paper_sd,
-               "n_failed": len(rs) - len(ok)}
+               "n_failed": len(rs) - len(ok), "nll_splits": nll}
+        if meth == "gfitc" and ok:
+            rec["ep_passes_per_evaluation"] = float(sum(r["ep_passes"] for r in ok)
+                                                    / sum(r["n_iter"] for r in ok))
         if len(rs) != len(ok):
             rec["failures"] = sorted({r["failure"] for r in rs if r["nll"] is None})
         records.append(rec)
@@ -188,25 +215,73 @@ def format_table(records):
     return "\n".join(lines)
 
 
+def doc_tables(records):
+    """The markdown tables of docs/reproduction.md: ``sep-table1:nll`` (ours mean ± s.d. with the
+    paper's in brackets, bold outside the paper's ± s.d.; last row the mean training CPU seconds
+    per fit and the paper's Avg. Time) and ``sep-table1:error`` (mean test error; splits that
+    failed or that the guard stopped are counted in the cell)."""
+    get = {(r["dataset"], r["m_fraction"], r["method"]): r for r in records}
+    fracs = [f for f in M_FRACTIONS if any(r["m_fraction"] == f for r in records)]
+    methods = [m for m in METHOD_ORDER if any(r["method"] == m for r in records)]
+    dsets = [d for d in DATASETS if any(r["dataset"] == d for r in records)]
+    cols = [(f, m) for f in fracs for m in methods]
+    header = ["data set"] + [f"{m.upper()} {int(round(100 * f))}%" for f, m in cols]
+    nll_rows, error_rows = [], []
+    for d in dsets:
+        nll_row, error_row = [d], [d]
+        for f, m in cols:
+            r = get.get((d, f, m))
+            if r is None or not r["n_splits"]:
+                nll_row.append("failed" if r else "")
+                error_row.append("failed" if r else "")
+                continue
+            cell = (f"{r['nll_mean']:.2f} ± {r['nll_sd']:.2f} "
+                    f"({r['paper_nll']:.2f} ± {r['paper_sd']:.2f})")
+            nll_row.append(cell if r["within_paper_sd"] else f"**{cell}**")
+            notes = ([f"{r['n_splits']} of {r['n_splits'] + r['n_failed']} splits"]
+                     if r["n_failed"] else [])
+            notes += [f"{r['n_stopped']} stopped"] if r.get("n_stopped") else []
+            error_row.append(f"{r['error_mean']:.3f}" + (f" ({', '.join(notes)})" if notes else ""))
+        nll_rows.append(nll_row)
+        error_rows.append(error_row)
+    time_row = ["mean CPU time [s]"]
+    for f, m in cols:
+        ts = [get[(d, f, m)]["time_mean"] for d in dsets
+              if (d, f, m) in get and get[(d, f, m)]["time_mean"] is not None]
+        mean, sd = PAPER_TIME[f][METHOD_ORDER.index(m)]
+        time_row.append((f"{np.mean(ts):.1f}" if ts else "-") + f" ({mean} ± {sd})")
+    nll_rows.append(time_row)
+    return {"sep-table1:nll": markdown_table(header, nll_rows),
+            "sep-table1:error": markdown_table(header, error_rows)}
+
+
 def add_arguments(parser):
     parser.add_argument("--splits", type=int, default=N_SPLITS, help="random 90/10 splits (default 20)")
     parser.add_argument("--iterations", type=int, default=ITERATIONS,
                         help="batch iterations of every method (default 250)")
     parser.add_argument("--m-fractions", nargs="+", type=float, default=list(M_FRACTIONS),
                         metavar="F", help="inducing points as fractions of n (default 0.15 0.25 0.5)")
+    add_doc_arguments(parser)
 
 
 def main(args):
     if args.folds is not None:
         raise ValueError("sep-table1 uses random 90/10 splits, not folds: pass --splits")
-    names = args.datasets or list(DATASETS)
-    for d in names:
-        if d not in DATASETS:
-            raise ValueError(f"unknown data set {d!r} for sep-table1; choose from {', '.join(DATASETS)}")
-    records = run(names, args.m_fractions, args.methods or METHOD_ORDER, n_splits=args.splits,
-                  iterations=args.iterations, seed=args.seed, jobs=args.jobs, progress=not args.quiet)
+    if args.from_json:
+        records = read_records(args.from_json)
+    else:
+        names = args.datasets or list(DATASETS)
+        for d in names:
+            if d not in DATASETS:
+                raise ValueError(f"unknown data set {d!r} for sep-table1; choose from "
+                                 f"{', '.join(DATASETS)}")
+        records = run(names, args.m_fractions, args.methods or METHOD_ORDER, n_splits=args.splits,
+                      iterations=args.iterations, seed=args.seed, jobs=args.jobs,
+                      progress=not args.quiet)
     print(format_table(records))
     if args.plots:
         from .sep_plots import plot_sep_table1
         print("wrote", plot_sep_table1(records, args.plots, DATASETS, PAPER))
+    if args.from_json or args.update_doc:
+        publish_doc_tables(args, doc_tables(records))
     return records

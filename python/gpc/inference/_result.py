@@ -30,6 +30,9 @@ class InferenceResult:
     info : dict
         Method-specific state, used to warm start the next call (e.g. Laplace's mode ``"f"`` and
         ``"a"``, KL's ``"alpha"`` and ``"w"``, EP's ``"n_negative_handled"``).
+    lower_gradient_matrix : callable or None
+        The same M with only its lower triangle (and diagonal) set, where a method saves the
+        mirroring by it; None: ``gradient_matrix`` serves.
     """
 
     method: str
@@ -41,6 +44,7 @@ class InferenceResult:
     converged: bool
     gradient_matrix: Optional[Callable[[], np.ndarray]] = None
     info: dict = field(default_factory=dict)
+    lower_gradient_matrix: Optional[Callable[[], np.ndarray]] = None
 
     @property
     def mean(self):
@@ -58,19 +62,22 @@ class InferenceResult:
     def site_location(self):
         return self.posterior.site_location
 
-    def log_evidence_gradient(self, contract):
-        """∂ log_evidence / ∂θ given ``contract(M) = Σ_ij M_ij ∂K_ij/∂θ`` (a kernel's gradient_contract)."""
+    def log_evidence_gradient(self, contract, lower=False):
+        """∂ log_evidence / ∂θ given ``contract(M) = Σ_ij M_ij ∂K_ij/∂θ`` (a kernel's gradient_contract);
+        ``lower``: ``contract`` reads only the lower triangle of M (a symmetric contraction)."""
         if self.gradient_matrix is None:
             raise NotImplementedError(f"method {self.method!r} provides no evidence gradient")
-        return np.asarray(contract(self.gradient_matrix()), dtype=np.float64)
+        matrix = self.lower_gradient_matrix if lower and self.lower_gradient_matrix else self.gradient_matrix
+        return np.asarray(contract(matrix()), dtype=np.float64)
 
     def __getstate__(self):
         # a method's gradient_matrix may be a closure, which pickle cannot store; a pickled result
         # keeps everything prediction needs and drops such a closure
         state = dict(self.__dict__)
-        g = state.get("gradient_matrix")
-        if g is not None and "<locals>" in getattr(g, "__qualname__", ""):
-            state["gradient_matrix"] = None
+        for key in ("gradient_matrix", "lower_gradient_matrix"):
+            g = state.get(key)
+            if g is not None and "<locals>" in getattr(g, "__qualname__", ""):
+                state[key] = None
         return state
 
     def __setstate__(self, state):

@@ -8,10 +8,11 @@ call it:
   update (in Cython, deferred in blocks and applied as rank-b BLAS-3 updates, gpc._sweeps).  Σ is
   recomputed from the sites every ``RECOMPUTE_EVERY`` sweeps to stop rounding drift.
 - ``parallel``: every site is updated against one posterior, which is then refactored once
-  (``ParallelMarginals``: in place, in reused buffers).  While the sites still move by more than
-  ``SINGLE_PRECISION_ABOVE`` in a sweep, that refactorisation is made in single precision (half the
-  cost of dpotrf + dtrtri); its error (~1e-4 relative in the marginal variances) is far below the
-  change of those sweeps, and every later sweep, and so the fixed point and the result, is double
+  (``ParallelMarginals``: in place, in one reused buffer).  While the sites still move by more than
+  ``SINGLE_PRECISION_ABOVE`` in a sweep, and below that while single-precision sweeps keep shrinking
+  the change (``single_precision``), that refactorisation is made in single precision (half the
+  cost of dpotrf + dtrtri); its error (~1e-4 relative in the marginal variances) is below the change
+  of those sweeps, and every later sweep, and so the fixed point and the result, is double
   precision.
 
 EP produces negative site and cavity variances by its nature for non-log-concave likelihoods (the
@@ -36,10 +37,10 @@ import warnings
 import numpy as np
 
 from .. import _dense, _lapack, _site_rule, _sweeps
-from .._linalg import cho_solve_upper_f
 from ..exceptions import (ConvergenceWarning, DivergenceError, NegativeVarianceError,
                           NotPositiveDefiniteError)
-from ..posterior import TINY_SITE_PRECISION, SitePosterior, site_posterior
+from .._parallel import over_rows
+from ..posterior import TINY_SITE_PRECISION, InverseFactorPosterior, site_posterior
 from ._damping import AdaptiveDamping
 
 RULES = {"ep": 0, "pl": 1}
@@ -49,6 +50,11 @@ RECOMPUTE_EVERY = 5
 DEFAULT_BLOCK = 64
 #: parallel sweeps whose sites moved by more than this refactor in single precision
 SINGLE_PRECISION_ABOVE = 1e-2
+#: ... and so do later ones, down to this change, while each sweep still shrinks the change of the
+#: one before by SINGLE_PRECISION_CONTRACTION: single precision gives marginals to ~1e-4 (the
+#: iteration stalls near there if B is ill-conditioned, and the stall hands over to double)
+SINGLE_PRECISION_FLOOR = 1e-4
+SINGLE_PRECISION_CONTRACTION = 0.5
 #: ... when n is at least this (below it the factorisation is cheap and double precision is kept)
 SINGLE_PRECISION_MIN_N = 256
 
@@ -101,19 +107,19 @@ def _sweep_state(K, tau, nu, m0):
     if not np.any(tau) and not np.any(nu):
         return m0.copy(), K.copy()
     post = site_posterior(K, tau, nu, m0)
-    return post.mean.copy(), post.lower_cov()
+    return post.mean.copy(), post.lower_cov(release_factor=True)   # peak K, V, Σ (issue 16)
 
 
 class ParallelMarginals:
     """Marginals μ, diag Σ of the site posterior for the parallel schedule, refactored in place.
 
-    Per call: B = I + S K S is written into a reused buffer (gpc._dense.fill_b), factored there
-    (potrf), α = b − S B⁻¹ S K b with b = ν − T m0 and μ = m0 + K α (R&W eq. (3.67)), and
-    diag Σ = (1 − diag B⁻¹)/τ from the inverse of the factor (trtri on a second buffer).  Sites with
-    small τ take the exact column Σ_ii = K_ii − ‖L⁻¹ S K e_i‖² instead, since the rounding error of
-    1 − [B⁻¹]_ii is divided by τ_i.  ``single=True`` does all of this in float32 (except the
-    products with K); :meth:`posterior` then refuses, so the result always comes from a double
-    factor.
+    Per call: B = I + S K S is written into one reused buffer (gpc._dense.fill_b), factored there
+    (potrf), α = b − S B⁻¹ S K b with b = ν − T m0 and μ = m0 + K α (R&W eq. (3.67)), and the factor
+    is inverted in place (trtri) for diag Σ = (1 − diag B⁻¹)/τ, diag B⁻¹ being the column sums of
+    (L⁻¹)².  Sites with small τ take the exact column Σ_ii = K_ii − ‖L⁻¹ S K e_i‖² instead, since the
+    rounding error of 1 − [B⁻¹]_ii is divided by τ_i.  ``single=True`` does all of this in float32
+    (except the products with K) in a float32 buffer; :meth:`posterior` then refuses, so the result
+    always comes from a double factor, and it is an InverseFactorPosterior holding L⁻¹.
     """
 
     #: below these τ the exact column is used (the error of (1 − [B⁻¹]_ii)/τ_i is ~u/τ_i; float32's
@@ -124,11 +130,10 @@ class ParallelMarginals:
         n = K.shape[0]
         self.K, self.m0, self.n = K, m0, n
         self._buffers = {}
-        self._K32 = None
         self.single = False
 
-    def _buffer(self, dtype, k):
-        key = (np.dtype(dtype).name, k)
+    def _buffer(self, dtype):
+        key = np.dtype(dtype).name
         if key not in self._buffers:
             self._buffers[key] = np.empty((self.n, self.n), dtype=dtype)
         return self._buffers[key]
@@ -139,49 +144,59 @@ class ParallelMarginals:
             self.single = True
             return self.mu, self.var
         self.single = False
+        # the single-precision buffer is not needed again (the schedule does not go back to
+        # float32 once its sites have settled): half an n x n buffer less at the peak
+        self._buffers.pop("float32", None)
         if not self._marginals(tau, nu, np.float64):
             raise NotPositiveDefiniteError("B = I + S K S is not positive definite: K is not a "
                                            "covariance matrix, or the site precisions overflow")
         return self.mu, self.var
 
     def _marginals(self, tau, nu, dtype):
-        K, m0 = self.K, self.m0
+        # Every BLAS/LAPACK call here goes through gpc._lapack (scipy's BLAS) and the element passes
+        # of gpc._dense through gpc._parallel's sleeping threads: with NumPy's BLAS (K @ v) or OpenMP
+        # loops in between, the other library's idle threads kept spinning on the core that the
+        # Cholesky's second thread needed, and two threads were slower than one (issue 16).
+        K, m0, n = self.K, self.m0, self.n
         s = np.sqrt(tau)
-        L = self._buffer(dtype, 0)
-        _dense.fill_b(K, s, L)
-
-        # C-order lower triangle = Fortran 'upper' of the transpose
-        info = _lapack.cholesky_in_place(L)
+        L = self._buffer(dtype)
+        over_rows(_dense.fill_b, n, K, s, L)
+        info = _lapack.cholesky_in_place(L)      # C-order lower triangle = Fortran 'upper'
         if info != 0:
             return False
         b = nu - tau * m0
-        x = cho_solve_upper_f(L.T, (s * (K @ b)).astype(dtype))
+        Kv = np.empty(n)
+        _lapack.matvec(K, b, Kv)
+        x = (s * Kv).astype(dtype)
+        _lapack.cholesky_solve_in_place(L, x)    # B⁻¹ S K b
         self.alpha = b - s * x
-        self.mu = m0 + K @ self.alpha
-        Linv = self._buffer(dtype, 1)
-        np.copyto(Linv, L)
+        _lapack.matvec(K, self.alpha, Kv)
+        self.mu = m0 + Kv
+        Linv = L                                 # in place: no copy of the factor is kept
         info = _lapack.triangular_inverse_in_place(Linv)
         if info != 0:  # pragma: no cover - a Cholesky factor has a positive diagonal
             return False
-        diag_B_inv = np.empty(self.n)
-        _dense.column_sq_sums_lower(Linv, diag_B_inv)
-        var = np.empty(self.n)
+        diag_B_inv = np.empty(n)
+        over_rows(_dense.column_sq_sums_lower, n, Linv, diag_B_inv, cost="upper")
+        var = np.empty(n)
         ok = tau > self.TINY_TAU[dtype]
         var[ok] = (1.0 - diag_B_inv[ok]) / tau[ok]
         idx = np.flatnonzero(~ok)
         if idx.size:
-            V = Linv @ (s[:, None] * K[:, idx]).astype(dtype)          # L⁻¹ S K e_i
-            var[idx] = K[idx, idx] - np.einsum("ij,ij->j", V, V, dtype=np.float64)
+            V = (K[idx] * s[None, :]).astype(dtype)          # rows: S K e_i (K symmetric)
+            _lapack.multiply_triangular_rows(Linv, V, False)  # rows: L⁻¹ S K e_i
+            var[idx] = K[idx, idx] - np.einsum("ij,ij->i", V, V, dtype=np.float64)
         self.var = var
         self.tau, self.nu = tau, nu
         return True
 
     def posterior(self):
-        """The SitePosterior of the last (double-precision) call, handing over its factor."""
+        """The posterior of the last (double-precision) call, handing over its inverse factor."""
         if self.single:
             raise RuntimeError("the last parallel refactorisation was single precision")
-        L = self._buffers.pop(("float64", 0))
-        return SitePosterior.from_factor(self.K, self.tau, self.nu, self.m0, L, self.alpha, self.var)
+        Linv = self._buffers.pop("float64")
+        return InverseFactorPosterior.from_inverse_factor(self.K, self.tau, self.nu, self.m0, Linv,
+                                                          self.alpha, self.mu, self.var)
 
 
 def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping, on_negative,
@@ -202,7 +217,7 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
     next_order = visiting_order(n, order, random_state)
     marginals = ParallelMarginals(K, m0) if schedule == "parallel" else None
     adapt = AdaptiveDamping(damping, min_damping if schedule == "parallel" else None, rule)
-    change = np.inf
+    change = last_change = np.inf
     n_fixed = 0
     converged = False
     n_iter = 0
@@ -245,7 +260,8 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
                 # posterior is already factored (saves the last refactorisation)
                 converged = True
                 break
-            single = site_change > SINGLE_PRECISION_ABOVE and n >= SINGLE_PRECISION_MIN_N
+            single = single_precision(n, site_change, last_change, marginals.single)
+            last_change = site_change
             moments = _parallel_moments(K, m0, marginals, new_tau, new_nu, single)
             if moments is None:
                 adapt.failed(n_iter, "the updated sites give no posterior (B not positive definite "
@@ -283,6 +299,21 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
                       f"and were handled by on_negative={on_negative!r}", NegativeSitesWarning,
                       stacklevel=4)
     return post, tau, nu, n_iter, converged, n_fixed, adapt.info()
+
+
+def single_precision(n, change, last_change, last_was_single):
+    """Whether the parallel schedule refactors in single precision after a sweep that moved the sites
+    by ``change`` (the one before by ``last_change``; ``last_was_single``: that one's precision).
+
+    Yes while the change is above SINGLE_PRECISION_ABOVE, and below it down to SINGLE_PRECISION_FLOOR
+    as long as single-precision sweeps keep shrinking the change by SINGLE_PRECISION_CONTRACTION: a
+    sweep that does not has met the rounding of the float32 marginals (~1e-4 relative, more when
+    B is ill-conditioned), and from then on every sweep is double precision.
+    """
+    if n < SINGLE_PRECISION_MIN_N:
+        return False
+    return change > SINGLE_PRECISION_ABOVE or (
+        last_was_single and SINGLE_PRECISION_FLOOR < change < SINGLE_PRECISION_CONTRACTION * last_change)
 
 
 def _parallel_moments(K, m0, marginals, tau, nu, single):

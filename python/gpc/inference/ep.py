@@ -20,8 +20,11 @@ keeps fits of non-log-concave likelihoods running; a NegativeSitesWarning counts
 Log-concave likelihoods (probit, logit) never produce negative sites without damping artefacts.
 """
 
+import functools
+
 import numpy as np
 
+from ..posterior import SitePosterior
 from ._result import InferenceResult
 from ._damping import DEFAULT_MIN_DAMPING, check_min_damping
 from ._sites import check_options, run_schedule
@@ -71,7 +74,15 @@ def run(K, y, likelihood, prior_mean, *, schedule="sequential", max_iter=None, t
     log_evidence = ep_log_evidence(post, y, likelihood, m0)
     return InferenceResult("ep", schedule, likelihood, post, log_evidence, n_iter, converged,
                            post.gradient_matrix,
-                           info={"n_negative_handled": n_fixed, **damping_info})
+                           info={"n_negative_handled": n_fixed, **damping_info},
+                           lower_gradient_matrix=lower_gradient_matrix(post))
+
+
+def lower_gradient_matrix(post):
+    """The lower-triangle-only gradient matrix of a SitePosterior (None for the signed one)."""
+    if isinstance(post, SitePosterior):
+        return functools.partial(post.gradient_matrix, lower=True)
+    return None
 
 
 def ep_log_evidence(post, y, likelihood, m0):

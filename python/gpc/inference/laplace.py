@@ -23,7 +23,8 @@ import numpy as np
 from scipy.linalg import blas
 
 from .. import _dense, _lapack
-from .._linalg import cho_solve_upper_f, cholesky_lower
+from .._parallel import over_rows
+from .._linalg import cholesky_lower
 from ..exceptions import ConvergenceWarning
 from ..posterior import SitePosterior
 from ._result import InferenceResult
@@ -53,7 +54,7 @@ def _factor(K, W):
 
     def build():
         B = np.empty_like(K)
-        _dense.fill_b(K, sW, B)
+        over_rows(_dense.fill_b, len(sW), K, sW, B)
         return B
 
     L, _ = cholesky_lower(build(), name="B = I + W^1/2 K W^1/2", overwrite=True, rebuild=build)
@@ -73,13 +74,9 @@ class _NewtonMatrix:
     def __init__(self, K, W, buffer):
         self.W = W
         self.sW = np.sqrt(W)
-        _dense.fill_b(K, self.sW, buffer)
+        over_rows(_dense.fill_b, len(W), K, self.sW, buffer)
         info = _lapack.cholesky_in_place(buffer)
-        if info == 0:
-            self.c = buffer.T                    # the factor as LAPACK's upper triangle
-        else:
-            _, L = _factor(K, W)
-            self.c = L.T
+        self.L = buffer if info == 0 else _factor(K, W)[1]
 
     def step(self, r, Kr):
         """Newton step δa = (I + W K)⁻¹ r = r − W^½ B⁻¹ W^½ K r for the gradient r = ∇ log p − a.
@@ -87,8 +84,8 @@ class _NewtonMatrix:
         (R&W Alg. 3.1 lines 4-8 written as a correction, so that the single-precision error of the
         solve shrinks with r instead of limiting the accuracy of a.)  ``Kr`` is K r.
         """
-        rhs = self.sW * Kr
-        x = cho_solve_upper_f(self.c, rhs.astype(self.c.dtype))
+        x = (self.sW * Kr).astype(self.L.dtype)
+        _lapack.cholesky_solve_in_place(self.L, x)
         return r - self.sW * x
 
 
@@ -119,20 +116,38 @@ def run(K, y, likelihood, prior_mean, *, schedule=None, max_iter=None, tol=None,
     max_iter = DEFAULT_MAX_ITER if max_iter is None else max_iter
     tol = DEFAULT_TOL if tol is None else tol
     n = K.shape[0]
+    a = None
+    if init is not None and init.method == "laplace" and init.info["a"].shape == (n,):
+        a = init.info["a"].copy()
     m0 = prior_mean
+    a, f, psi, (lp, d1, d2, d3), n_iter, converged = _mode(K, y, likelihood, m0, a, max_iter, tol,
+                                                          cold=init is None)
+    W = -d2
+    sW, L = _factor(K, W)
+    log_evidence = psi - float(np.sum(np.log(np.diag(L))))
+    posterior = _LaplacePosterior(K, W, W * f + d1, m0, sW, L, a, f)
+
+    gradient_matrix = functools.partial(_gradient_matrix, posterior, d1, d3)
+    return InferenceResult("laplace", None, likelihood, posterior, log_evidence, n_iter, converged,
+                           gradient_matrix, info={"a": a, "f": f},
+                           lower_gradient_matrix=functools.partial(gradient_matrix, lower=True))
+
+
+def _mode(K, y, likelihood, m0, a, max_iter, tol, cold):
+    """Newton's method for the mode of Ψ from a = K⁻¹(f − m0) (None: a cold start), as ``run``
+    describes.  Returns (a, f, Ψ, log p(y|f) and its three derivatives, steps, converged); the
+    single-precision Newton buffer is gone when it returns."""
+    n = K.shape[0]
     buffer = None
     refactor_rate = REFACTOR_RATE_LARGE if n >= REFACTOR_LARGE_N else REFACTOR_RATE
     window = ANDERSON_WINDOW if n >= REFACTOR_LARGE_N else 0
 
-    a = np.zeros(n)
-    if init is not None and init.method == "laplace" and init.info["a"].shape == (n,):
-        a = init.info["a"].copy()
-    elif n >= SUBSET_MIN_N:
-        a = _subset_start(K, y, likelihood, m0)
+    if a is None:
+        a = _subset_start(K, y, likelihood, m0) if n >= SUBSET_MIN_N else np.zeros(n)
     f = m0 + _symv(K, a)
     lp, d1, d2, d3 = likelihood.log_prob_derivatives(y, f)
     psi = -0.5 * a @ (f - m0) + lp.sum()
-    if init is None and np.any(a):
+    if cold and np.any(a):
         lp0 = likelihood.log_prob_derivatives(y, m0)
         if lp0[0].sum() > psi:                     # the subset's start is worse than f = m0
             a, f, psi = np.zeros(n), m0.copy(), lp0[0].sum()
@@ -178,16 +193,9 @@ def run(K, y, likelihood, prior_mean, *, schedule=None, max_iter=None, tol=None,
         grad_norm = new_norm
     if not converged:
         warnings.warn(f"Laplace: Newton's method did not converge in {max_iter} iterations "
-                      f"(last change of Ψ {change:.3g} > tol {tol:g})", ConvergenceWarning, stacklevel=3)
+                      f"(last change of Ψ {change:.3g} > tol {tol:g})", ConvergenceWarning, stacklevel=4)
 
-    W = -d2
-    sW, L = _factor(K, W)
-    log_evidence = psi - float(np.sum(np.log(np.diag(L))))
-    posterior = _LaplacePosterior(K, W, W * f + d1, m0, sW, L, a, f)
-
-    gradient_matrix = functools.partial(_gradient_matrix, posterior, d1, d3)
-    return InferenceResult("laplace", None, likelihood, posterior, log_evidence, n_iter, converged,
-                           gradient_matrix, info={"a": a, "f": f})
+    return a, f, psi, (lp, d1, d2, d3), n_iter, converged
 
 
 def _symv(K, v):
@@ -224,9 +232,11 @@ def _subset_start(K, y, likelihood, m0):
     S = np.arange(0, K.shape[0], SUBSET_STRIDE)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        sub = run(K[np.ix_(S, S)], y[S], likelihood, m0[S], tol=1e-6)
+        # the subset's mode only: no factor, evidence or posterior of it
+        a_S = _mode(K[np.ix_(S, S)], y[S], likelihood, m0[S], None, DEFAULT_MAX_ITER, 1e-6,
+                    cold=True)[0]
     a = np.zeros(K.shape[0])
-    a[S] = sub.info["a"]
+    a[S] = a_S
     return a
 
 
@@ -266,9 +276,10 @@ class _LaplacePosterior(SitePosterior):
         return L
 
 
-def _gradient_matrix(posterior, g, d3):
+def _gradient_matrix(posterior, g, d3, lower=False):
     """M of the module docstring; O(n³) through one dpotri in place on the posterior's factor,
-    no n x n x p tensor.  ``g``, ``d3``: ∇ log p(y|f̂) and ∇³ log p(y|f̂)."""
+    no n x n x p tensor.  ``g``, ``d3``: ∇ log p(y|f̂) and ∇³ log p(y|f̂); ``lower``: only M's
+    lower triangle is set."""
     K, W, sW, a = posterior.K, posterior.site_precision, posterior.sqrt_tau, posterior.alpha
     n = K.shape[0]
     Binv = posterior.take_factor()  # lower triangle: L, then B⁻¹ (LAPACK 'U' on the Fortran view)
@@ -289,5 +300,5 @@ def _gradient_matrix(posterior, g, d3):
         diag_sigma[idx] = K[idx, idx] - np.einsum("ij,ij->j", Kc, RKc)
     s2 = 0.5 * diag_sigma * d3
     u = s2 - sW * blas.dsymv(1.0, Binv.T, sW * _symv(K, s2), lower=0)      # (I − R K) s2
-    _dense.gaussian_site_gradient_matrix(Binv, sW, a, u, g)
+    over_rows(_dense.gaussian_site_gradient_matrix, n, Binv, sW, a, u, g, not lower)
     return Binv

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _dense, _lapack
-from .._multiclass import fill_b, prime_mean
+from .._multiclass import prime_mean
 from ..exceptions import NotPositiveDefiniteError
 
 #: below these Λ' the marginal variance takes the exact column ‖L⁻¹ S K eᵢ‖²: the rounding error of
@@ -155,7 +155,7 @@ class ClassBlock:
         s = np.sqrt(lam)
 
         L = self._buffer(dtype, "L")
-        fill_b(K, s, L)
+        _dense.fill_b(K, s, L)       # one thread: the blocks themselves run in threads
         if _lapack.cholesky_in_place(L) != 0:
             if dtype is np.float32:
                 raise _SinglePrecisionFailed

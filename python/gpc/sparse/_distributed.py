@@ -1,28 +1,89 @@
-"""Batch SEP on a distributed engine (SEP §2.3, Fig. 1 right): rows and sites on the workers.
+"""Sparse GP training on a distributed engine (SEP §2.3, Fig. 1 right): rows and sites on the workers.
 
-The master (the estimator) holds θ, Z and q; :mod:`gpc.distributed` holds the shards.  One batch
-iteration (:func:`gpc.sparse._train.batch_iteration`) is two rounds of pure shard tasks:
+The master (the estimator) holds θ, Z and q (or SVI's q(u) = N(μ, L_q L_qᵀ)); :mod:`gpc.distributed`
+holds the shards.  Every shard task is a pure function of the shard's rows and sites that calls the same
+per-block functions as the in-process fit (:mod:`gpc.sparse._passes`, :mod:`gpc.sparse._train`,
+:mod:`gpc.sparse.ep`, :func:`gpc.sparse.baselines.svi_parts`) and returns sums over its rows only (O(m²)):
 
-1. :func:`site_task` refines the shard's sites against q (SEP §2.2) and returns their change to
-   q's natural parameters, (Σ Δτ a aᵀ, Σ Δν a), O(m²);
-2. :func:`evidence_task` returns the shard's parts of log Z_q (eq. (3)) and of its gradient
-   (eq. (4)), O(m² + p).
+* SEP, one iteration (:func:`gpc.sparse._train.iteration`) is two rounds.  A batch iteration:
+  :func:`site_task` refines every site of the shard against q and returns their sums with the current
+  factor (q is rebuilt from them).  A minibatch: :func:`swap_task` refines the shard's share of the
+  minibatch along SEP eq. (6) and returns the change its sites make to q, each old site removed along
+  the direction it was added with (:func:`gpc.sparse._train.swap_block_sites`).  Then
+  :func:`evidence_task` returns the shard's parts of log Z_q (eq. (3)) and of its gradient (eq. (4),
+  (6)) at the new q, in the form the step names ("sites" or "cavity").
+* The sites' directions V (minibatch SEP: m float32 per row) live with their rows: each shard keeps
+  those of its own rows in its sites (:class:`ShardSites`), so nothing of size n x m crosses the
+  network per step.  When a fit starts minibatches on sites that have no directions (``partial_fit``
+  after a batch fit), :func:`directions_task` makes them and the sums that rebuild q
+  (:meth:`DistributedFit.start_minibatches`, the shards' ``SEPState.start_minibatches``).
+* Tied sites (one shared average site, beyond the SEP paper): :func:`tied_task` matches the
+  shard's rows of the minibatch against the tied cavity and returns their sums; the evidence round is
+  SEP's.  The shards keep those rows' matched sites between the two rounds.
+* SVI: :func:`svi_task` returns the shard's parts of the bound (8) and of its gradient, for batch
+  L-BFGS-B (all rows) or a minibatch Adadelta step (its share of the minibatch, scaled by n/|M|).
 
-The master adds the parts in shard order, updates q (or, when the sites' q has no factor, reverts
-the shards' sites with the engine) and takes the Adadelta step, exactly as in process: the shard
-tasks are the in-process passes (:mod:`gpc.sparse._passes`) run on a shard's rows, so a
-distributed fit equals the in-process one up to the order of the sums.
+The master adds the parts in shard order and updates its state exactly as in process, so a distributed
+fit equals the in-process one up to the order of the sums.
+
+Minibatches (:func:`minibatch_plan`): shard k of n_k rows is cut into blocks of ⌈b n_k / n⌉ rows, and
+minibatch j is block j of every shard, so each worker refines its share of every minibatch.  With one
+shard these are the in-process minibatches (blocks of b rows, in the same random order).
 
 One engine serves every one-vs-rest problem: the shards hold X, the K columns of ±1 labels and the
-K columns of sites; a task works on the column its problem names.  The first sites (zeros, or
-those of an earlier fit for ``partial_fit``) are sharded with the rows.
+K columns of first sites (zeros, or those of an earlier fit for ``partial_fit``); a shard's sites are
+one :class:`ShardSites` per problem, and a task works on the column its problem names.  A lost
+worker's shard gets its sites, directions included, back exactly from the engine's replay log
+(:mod:`gpc.distributed._dask`); a checkpoint of that log brings them to the master.
 """
 
 import copy
 
 import numpy as np
 
-from ._passes import evidence_parts, site_pass
+from ..exceptions import NotPositiveDefiniteError
+from ._passes import as_block, block_parts, block_ranges, evidence_parts, site_pass
+from ._train import site_directions, swap_block_sites, tied_block_sites
+from .baselines import svi_parts
+from .ep import NaturalPosterior, update_sites, whitened_sums
+
+
+class ShardSites:
+    """One problem's sites on one shard: τ and ν of its n_k rows and, for minibatch SEP, their
+    directions V (n_k x m, float32; None before minibatches start).
+
+    A step's new values for its rows wait in ``pending`` = (start, stop, τ, ν, V or None) and are
+    written into the arrays, in place, by the next step that changes the sites (:meth:`settled`).
+    By then the engine can no longer go back to the sites before them (it reverts one step only), and
+    every ShardSites a step returned still reads as the sites after that step; so no step copies the
+    shard's arrays (V alone is 800 MB at n_k = 10⁶, m = 200), and the engine's revert and replay
+    (steps as pure functions of the sites they are given) hold as they are.
+    """
+
+    def __init__(self, tau, nu, V=None, pending=None):
+        self.tau, self.nu, self.V, self.pending = tau, nu, V, pending
+
+    def settled(self):
+        """These sites with the pending rows written into the arrays: a new ShardSites, no pending."""
+        if self.pending is not None:
+            start, stop, tau, nu, V = self.pending
+            self.tau[start:stop], self.nu[start:stop] = tau, nu
+            if V is not None:
+                self.V[start:stop] = V
+        return ShardSites(self.tau, self.nu, self.V)
+
+    def rows(self, start=0, stop=None):
+        """(τ, ν) of rows start:stop (all of them by default) as they stand after the last step."""
+        stop = len(self.tau) if stop is None else stop
+        tau, nu = self.tau[start:stop], self.nu[start:stop]
+        if self.pending is not None:
+            a, b, p_tau, p_nu, _ = self.pending
+            lo, hi = max(a, start), min(b, stop)
+            if lo < hi:
+                tau, nu = tau.copy(), nu.copy()
+                tau[lo - start:hi - start] = p_tau[lo - a:hi - a]
+                nu[lo - start:hi - start] = p_nu[lo - a:hi - a]
+        return tau, nu
 
 
 def _no_sites(n_rows):
@@ -31,40 +92,164 @@ def _no_sites(n_rows):
 
 
 def _columns(T0, N0, sites):
-    return (T0, N0) if sites is None else sites
+    """The shard's sites: one :class:`ShardSites` per problem (the first ones copied from the
+    persisted columns, which the shard's recovery reads and no step may change)."""
+    if sites is None:
+        return [ShardSites(T0[:, k].copy(), N0[:, k].copy()) for k in range(T0.shape[1])]
+    return sites
+
+
+def _with(columns, column, sites):
+    """``columns`` with problem ``column``'s sites replaced: a new list, the others shared."""
+    columns = list(columns)
+    columns[column] = sites
+    return columns
+
+
+def _share(theta):
+    """(θ, rows of the shard): all of them (None) or a local (start, stop) of a minibatch."""
+    return theta if isinstance(theta[0], tuple) else (theta, None)
+
+
+def _scratch(name, shape):
+    return np.empty(shape)
+
+
+def _home(sites):
+    """The (τ, ν) pairs of a shard's sites, what :meth:`DistributedFit.finish` brings home (not V)."""
+    return None if sites is None else [column.rows() for column in sites]
 
 
 def site_task(X, Y, T0, N0, q, theta, sites):
-    """Round 1 of an iteration on one shard: new sites for column k and (dP, dh, skipped)."""
-    column, likelihood, factor, damping, block_rows = theta
-    T, N = _columns(T0, N0, sites)
-    tau, nu, dP, dh, skipped = site_pass(likelihood, X, Y[:, column], factor, q, T[:, column],
-                                         N[:, column], damping, block_rows)
-    T, N = T.copy(), N.copy()
-    T[:, column], N[:, column] = tau, nu
-    return (T, N), (dP, dh, skipped)
+    """Round 1 of a batch iteration on one shard: new sites for all its rows (or its share of a
+    minibatch of all n rows, which is all of them) and their sums (P - I, h) with the current factor
+    (SEP §2.2; q is rebuilt from them, so the sites follow their rows and have no kept directions)."""
+    (column, likelihood, factor, damping, block_rows), rows = _share(theta)
+    columns = _columns(T0, N0, sites)
+    tau, nu = columns[column].rows()
+    if rows is not None and rows != (0, len(tau)):
+        raise ValueError(f"a batch step covers every row of a shard, got rows {rows} of {len(tau)}")
+    tau, nu, dP, dh, _ = site_pass(likelihood, X, Y[:, column], factor, q, tau, nu, damping,
+                                   block_rows)
+    return _with(columns, column, ShardSites(tau, nu)), (dP, dh)
+
+
+def swap_task(X, Y, T0, N0, q, theta, sites):
+    """Round 1 of a minibatch step on one shard: its share of the minibatch refined along SEP eq. (6)
+    (:func:`gpc.sparse._train.swap_block_sites`) and (ΔP, Δh, rows that had no site), the change
+    their sites make to q.  The new sites and directions stay pending in the shard's sites."""
+    (column, likelihood, factor, damping), (start, stop) = theta
+    m = factor.m
+    if start == stop:
+        return sites, (np.zeros((m, m)), np.zeros(m), 0)
+    columns = _columns(T0, N0, sites)
+    current = columns[column].settled()
+    if current.V is None:
+        if np.any(current.tau) or np.any(current.nu):
+            raise RuntimeError("minibatch steps on sites without their directions: call "
+                               "DistributedFit.start_minibatches first")
+        current.V = np.zeros((len(current.tau), m), dtype=np.float32)
+    A, s = factor.whiten(as_block(X, start, stop))
+    dP, dh = np.zeros((m, m)), np.zeros(m)
+    tau, nu, V, n_fresh = swap_block_sites(
+        likelihood, Y[start:stop, column], A, s, q, current.tau[start:stop], current.nu[start:stop],
+        current.V[start:stop], factor, damping, dP, dh, _scratch)
+    current.pending = (start, stop, tau, nu, V.astype(np.float32))
+    return _with(columns, column, current), (dP, dh, n_fresh)
+
+
+def directions_task(X, Y, T0, N0, q, theta, sites):
+    """The shard's sites' directions with the current factor (kept in its sites) and (Σ τ a aᵀ, Σ ν a,
+    rows with a site) for q: :func:`gpc.sparse._train.site_directions` on the shard's rows."""
+    column, factor, block_rows = theta
+    m = factor.m
+    columns = _columns(T0, N0, sites)
+    current = columns[column].settled()
+    dP, dh = np.zeros((m, m)), np.zeros(m)
+    current.V = site_directions(X, factor, current.tau, current.nu, block_rows, dP, dh)
+    n_sited = int(np.count_nonzero((current.tau != 0.0) | (current.nu != 0.0)))
+    return _with(columns, column, current), (dP, dh, n_sited)
 
 
 def evidence_task(X, Y, T0, N0, q, theta, sites):
-    """Round 2 on one shard: its parts of log Z_q and of the gradient; the sites unchanged."""
-    column, likelihood, factor, gradient, block_rows = theta
-    T, N = _columns(T0, N0, sites)
-    parts = evidence_parts(likelihood, X, Y[:, column], factor, q, T[:, column], N[:, column],
-                           block_rows, gradient)
+    """Round 2 on one shard: its parts of log Z_q and of the gradient (eq. (3)-(4)) over its rows of
+    the step, in the form ``held`` (:func:`gpc.sparse.ep.block_evidence`); the sites are returned as
+    they are (the same object: nothing to log for recovery)."""
+    (column, likelihood, factor, gradient, block_rows, held), rows = _share(theta)
+    current = _columns(T0, N0, sites)[column]
+    if rows is None:
+        tau, nu = current.rows()
+        parts = evidence_parts(likelihood, X, Y[:, column], factor, q, tau, nu, block_rows, gradient,
+                               held)
+    elif rows[0] == rows[1]:
+        m, Z = factor.m, factor.Z
+        parts = (0.0, np.zeros(len(factor.kernel.theta)), np.zeros_like(Z), np.zeros((m, m)), 0)
+    else:
+        start, stop = rows
+        Xb = as_block(X, start, stop)
+        A, s, Kbu = factor.whiten(Xb, keep_cross=True)
+        tau, nu = current.rows(start, stop)
+        parts = block_parts(likelihood, Xb, Y[start:stop, column], A, s, factor, q, tau, nu, gradient,
+                            Kbu, held)
     if not gradient:                      # no None leaves: the engine adds every leaf
         parts = (parts[0], parts[4])
-    return (T, N), parts
+    return sites, parts
+
+
+def tied_task(X, Y, T0, N0, q, theta, sites):
+    """Round 1 of a tied-site step on one shard: its rows of the minibatch matched against the tied
+    cavity ``q`` (:func:`gpc.sparse._train.tied_block_sites`) and their sums.  The matched sites wait
+    in the shard's sites, where round 2 (:func:`evidence_task`) reads them."""
+    (column, likelihood, factor), (start, stop) = theta
+    if start == stop:
+        return sites, (np.zeros((factor.m, factor.m)), np.zeros(factor.m))
+    A, s = factor.whiten(as_block(X, start, stop))
+    matched = tied_block_sites(likelihood, Y[start:stop, column], A, s, q)
+    columns = _columns(T0, N0, sites)
+    current = columns[column].settled()
+    current.pending = (start, stop, *matched, None)
+    return _with(columns, column, current), whitened_sums(A, *matched)
+
+
+def svi_task(X, Y, T0, N0, q, theta, sites):
+    """The shard's parts of SVI's bound (8) and its gradient, over all its rows or its share of a
+    minibatch (:func:`gpc.sparse.baselines.svi_parts`); ``q`` is (μ, L_q)."""
+    (column, likelihood, factor, block_rows), rows = _share(theta)
+    mean, Lq = q
+    start, stop = (0, X.shape[0]) if rows is None else rows
+    if start == stop:
+        m = factor.m
+        return sites, (0.0, np.zeros(len(factor.kernel.theta)), np.zeros_like(factor.Z),
+                       np.zeros((m, m)), np.zeros(m), np.zeros((m, m)))
+    return sites, svi_parts(likelihood, X[start:stop], Y[start:stop, column], factor, mean, Lq,
+                            block_rows if rows is None else stop - start)
 
 
 def _light(q, factor):
     """q and the factor without what the shards do not read (P, K_uu): less to send per step."""
     q, factor = copy.copy(q), copy.copy(factor)
-    q.P, factor.Kuu = None, None
+    if q is not None:
+        q.P = None
+    factor.Kuu = None
     return q, factor
 
 
+def minibatch_plan(bounds, batch_size):
+    """Each shard's local rows of each minibatch: ``plan[j][k] = (start, stop)`` (maybe empty).
+
+    Shard k of n_k rows is cut into blocks of ⌈b n_k / n⌉ rows (b = ``batch_size``); minibatch j is
+    block j of every shard.  One shard gives the in-process blocks of b rows."""
+    sizes = np.diff(np.asarray(bounds)).astype(int)
+    n = int(sizes.sum())
+    blocks = [block_ranges(int(n_k), max(1, -(-batch_size * int(n_k) // n))) for n_k in sizes]
+    n_batches = max(len(b) for b in blocks)
+    return [[b[j] if j < len(b) else (0, 0) for b in blocks] for j in range(n_batches)]
+
+
 class ShardedRows:
-    """The rows of problem ``column`` on an engine; the interface of ``_train.LocalRows``.
+    """The rows of problem ``column`` covered by one step on an engine: all of them, or one minibatch
+    (``batch``, a row of :func:`minibatch_plan`).  The interface of ``_train.LocalRows`` and
+    ``_train.LocalBatch``.
 
     Parameters
     ----------
@@ -72,17 +257,32 @@ class ShardedRows:
     column : int, the one-vs-rest problem
     likelihood : gpc.likelihoods.Likelihood
     block_rows : int, rows per block inside a shard task
+    batch : list of (start, stop) per shard, or None for every row
     """
 
-    def __init__(self, engine, column, likelihood, block_rows):
-        self.engine, self.column, self.likelihood, self.block_rows = (
-            engine, column, likelihood, block_rows)
+    def __init__(self, engine, column, likelihood, block_rows, batch=None):
+        self.engine, self.column, self.likelihood, self.block_rows, self.batch = (
+            engine, column, likelihood, block_rows, batch)
+        self.size = engine.n_rows if batch is None else sum(stop - start for start, stop in batch)
 
     def update_sites(self, factor, q, damping):
+        """All n rows: every site refined, their sums with the current factor (:func:`site_task`)."""
         q, factor = _light(q, factor)
-        dP, dh, _ = self.engine.step(site_task, q, (self.column, self.likelihood, factor,
-                                                    damping, self.block_rows))
-        return dP, dh
+        return self.engine.step(site_task, q, (self.column, self.likelihood, factor, damping,
+                                               self.block_rows), self.batch)
+
+    def swap_sites(self, factor, q, damping):
+        """A minibatch: the shards' shares refined and swapped (:func:`swap_task`); q's new natural
+        parameters (P, h) and the rows that had no site."""
+        light, light_factor = _light(q, factor)
+        dP, dh, n_fresh = self.engine.step(swap_task, light, (self.column, self.likelihood,
+                                                              light_factor, damping), self.batch)
+        return q.P + dP, q.h + dh, int(n_fresh)
+
+    def match_sites(self, factor, cavity):
+        """Tied sites: each row of the minibatch matched against the cavity, their sums."""
+        cavity, factor = _light(cavity, factor)
+        return self.engine.step(tied_task, cavity, (self.column, self.likelihood, factor), self.batch)
 
     def commit(self):
         """The new sites are already the shards' current ones."""
@@ -90,11 +290,18 @@ class ShardedRows:
     def revert(self):
         self.engine.revert()
 
-    def evidence_parts(self, factor, q, gradient):
+    def evidence_parts(self, factor, q, gradient, held):
         q, factor = _light(q, factor)
         parts = self.engine.step(evidence_task, q, (self.column, self.likelihood, factor,
-                                                    bool(gradient), self.block_rows))
+                                                    bool(gradient), self.block_rows, held),
+                                 self.batch)
         return parts if gradient else (parts[0], None, None, None, parts[1])
+
+    def svi_parts(self, factor, mean, Lq):
+        """SVI's summed parts over these rows (the rows object ``SVIState.objective`` accepts)."""
+        _, factor = _light(None, factor)
+        return self.engine.step(svi_task, (mean, Lq), (self.column, self.likelihood, factor,
+                                                       self.block_rows), self.batch)
 
 
 class DistributedFit:
@@ -102,10 +309,10 @@ class DistributedFit:
 
     Parameters
     ----------
-    client : dask.distributed.Client
+    client : dask.distributed.Client, or an engine of :mod:`gpc.distributed`
     X : (n, d) NumPy, memmap or Dask array
     targets : list of (n,) ±1 label vectors, one per one-vs-rest problem
-    states : list of ``_train.SEPState``, whose per-row sites start the shards
+    states : list of states; ``SEPState`` sites (``tau``, ``nu``) start the shards
     timeout : float, seconds any wait on the cluster may take
     """
 
@@ -113,23 +320,64 @@ class DistributedFit:
         from ..distributed import make_engine
 
         self.engine = make_engine(client, timeout=timeout)
+        self._directed = set()      # problems whose shards hold their sites' directions
         Y = np.column_stack(targets)
-        T0 = np.column_stack([s.tau for s in states])
-        N0 = np.column_stack([s.nu for s in states])
+        n = Y.shape[0]
+        T0 = np.column_stack([getattr(s, "tau", None) if getattr(s, "tau", None) is not None
+                              else np.zeros(n) for s in states])
+        N0 = np.column_stack([getattr(s, "nu", None) if getattr(s, "nu", None) is not None
+                              else np.zeros(n) for s in states])
         self.engine.load((X, Y, T0, N0), _no_sites)
+        self.targets = targets
 
-    def rows(self, column, likelihood, block_rows):
-        return ShardedRows(self.engine, column, likelihood, block_rows)
+    def rows(self, column, likelihood, block_rows, batch=None):
+        return ShardedRows(self.engine, column, likelihood, block_rows, batch)
+
+    def plan(self, batch_size):
+        return minibatch_plan(self.engine.bounds, batch_size)
+
+    def batch_labels(self, column, batch):
+        """The ±1 labels of a minibatch's rows, shard by shard (for SVI's ``len(yb)``)."""
+        y, bounds = self.targets[column], self.engine.bounds
+        return np.concatenate([y[bounds[k] + a:bounds[k] + b] for k, (a, b) in enumerate(batch)])
+
+    def start_minibatches(self, state, column, block_rows):
+        """``SEPState.start_minibatches`` on the shards, once per fit: sites without directions (from
+        the state the shards were loaded with) get them on their shards (:func:`directions_task`),
+        and q is rebuilt from the sites with the current factor (kept if that q has no factor).  Zero
+        sites need nothing: a shard starts their directions at its first minibatch step."""
+        if column in self._directed:
+            return
+        self._directed.add(column)
+        state.V = None              # the master keeps no directions: the shards do
+        state.n_sited = 0
+        if not (np.any(state.tau) or np.any(state.nu)):
+            return
+        _, factor = _light(None, state.factor)
+        dP, dh, n_sited = self.engine.step(directions_task, None, (column, factor, block_rows))
+        state.n_sited = int(n_sited)
+        dP.flat[:: factor.m + 1] += 1.0
+        try:
+            state.q = NaturalPosterior(dP, dh)
+        except NotPositiveDefiniteError:
+            state.skipped_passes += 1
 
     def finish(self, states):
         """Bring the sites home into ``states`` (O(n), once, so that the model can be continued
-        in process or on another cluster) and release the shards."""
+        in process or on another cluster) and release the shards.  The directions of minibatch
+        SEP stay behind (n x m): a continued minibatch fit makes them afresh from the sites
+        (``SEPState.start_minibatches``)."""
         try:
-            shards = self.engine.sites()
-            if all(s is not None for s in shards):
-                T = np.concatenate([s[0] for s in shards])
-                N = np.concatenate([s[1] for s in shards])
-                for k, state in enumerate(states):
-                    state.tau, state.nu = T[:, k].copy(), N[:, k].copy()
+            with_sites = [k for k, state in enumerate(states) if getattr(state, "tau", None) is not None]
+            shards = self.engine.sites(_home) if with_sites else []   # SVI and tied sites have none
+            bounds = self.engine.bounds
+            for k in with_sites:
+                state = states[k]
+                # a shard that never changed its sites (None) still has the ones it was given
+                parts = [(state.tau[lo:hi], state.nu[lo:hi]) if s is None else s[k]
+                         for s, lo, hi in zip(shards, bounds[:-1], bounds[1:])]
+                state.tau = np.concatenate([tau for tau, _ in parts])
+                state.nu = np.concatenate([nu for _, nu in parts])
+                state.V = None
         finally:
             self.engine.close()

@@ -8,7 +8,7 @@ distributed fit sends back (:mod:`gpc.sparse._distributed`).
 
 import numpy as np
 
-from .ep import NaturalPosterior, block_evidence, update_sites, whitened_sums
+from .ep import NaturalPosterior, block_evidence, prior_term, update_sites, whitened_sums
 
 
 def as_block(X, start, stop):
@@ -64,12 +64,14 @@ def natural_sums(X, factor, tau, nu, block_rows):
     return P, h
 
 
-def block_parts(likelihood, Xb, y, A, s, factor, q, tau, nu, gradient=True, Kbu=None):
-    """One block's share of log Z_q and of its gradient: (log_z, g_theta, g_Z, AtG, n_bad)."""
-    ev = block_evidence(likelihood, y, A, s, q, tau, nu, gradient=gradient)
+def block_parts(likelihood, Xb, y, A, s, factor, q, tau, nu, gradient=True, Kbu=None,
+                held="sites"):
+    """One block's share of log Z_q and of its gradient: (log_z, g_theta, g_Z, AtG, n_bad);
+    ``held`` as in :func:`ep.block_evidence`."""
+    ev = block_evidence(likelihood, y, A, s, q, tau, nu, gradient=gradient, held=held)
     if not gradient:
         return ev.log_z, None, None, None, ev.n_bad
-    g_theta, g_Z = factor.block_gradient(Xb, ev.G_A, ev.g_s, Kbu)
+    g_theta, g_Z = factor.block_gradient(Xb, ev.G_A, ev.g_s, Kbu, overwrite=True)
     return ev.log_z, g_theta, g_Z, ev.AtG, ev.n_bad
 
 
@@ -80,39 +82,49 @@ def add_parts(total, part):
     return tuple(None if a is None else a + b for a, b in zip(total, part))
 
 
-def evidence_parts(likelihood, X, y, factor, q, tau, nu, block_rows, gradient=True):
+def evidence_parts(likelihood, X, y, factor, q, tau, nu, block_rows, gradient=True,
+                   held="sites"):
     """The summed block parts of log Z_q over all rows of X (before :func:`finish_evidence`)."""
     parts = None
     for start, stop in block_ranges(len(y), block_rows):
         Xb = as_block(X, start, stop)
         A, s, Kbu = factor.whiten(Xb, keep_cross=True)
         parts = add_parts(parts, block_parts(likelihood, Xb, y[start:stop], A, s, factor, q,
-                                             tau[start:stop], nu[start:stop], gradient, Kbu))
+                                             tau[start:stop], nu[start:stop], gradient, Kbu,
+                                             held))
     return parts
 
 
-def finish_evidence(factor, q, parts, scale=1.0):
+def finish_evidence(factor, q, parts, scale=1.0, held="sites"):
     """From the summed block parts add the K_uu part: (log_z, g_theta, g_Z, n_bad).
 
-    ``scale`` multiplies the data terms (n/|M| for a minibatch, SEP eq. (6)).  The prior part of
-    the gradient is carried by the same per-row terms (see ``block_evidence``), so it is scaled
-    with them; the full-data value is recovered when the minibatch is all the data.
+    ``scale`` multiplies the data terms (n/|M| for a minibatch, SEP eq. (6)).  With ``held`` =
+    "sites" (:func:`ep.block_evidence`) the prior's part rides on the per-row terms and is scaled
+    with them; with "cavity" it is eq. (4)'s prior term, from q alone and not scaled.  Either
+    way a minibatch of all the data gives the batch value.
     """
     log_z, g_theta, g_Z, AtG, n_bad = parts
     log_z = q.log_normaliser_ratio() + scale * log_z
     if g_theta is None:
         return log_z, None, None, n_bad
-    gt, gz = factor.uu_gradient(scale * AtG)
+    if held == "sites":
+        gt, gz = factor.uu_gradient(scale * AtG)
+    else:
+        G = prior_term(q)
+        G += (0.5 * scale) * AtG
+        G += (0.5 * scale) * AtG.T
+        gt, gz = factor.uu_gradient_whitened(G, overwrite=True)
     return log_z, scale * g_theta + gt, scale * g_Z + gz, n_bad
 
 
-def evidence(likelihood, X, y, factor, q, tau, nu, block_rows, gradient=True):
-    """log Z_q (SEP eq. (3)) and, with ``gradient``, its derivative in log θ and in Z.
+def evidence(likelihood, X, y, factor, q, tau, nu, block_rows, gradient=True, held="sites"):
+    """log Z_q (SEP eq. (3)) and, with ``gradient``, its derivative in log θ and in Z (the sites
+    ``held`` as in :func:`ep.block_evidence`).
 
     Returns (log_z, g_theta, g_Z, n_bad), n_bad counting rows without a proper cavity.
     """
     return finish_evidence(factor, q, evidence_parts(likelihood, X, y, factor, q, tau, nu,
-                                                     block_rows, gradient))
+                                                     block_rows, gradient, held), held=held)
 
 
 def run_ep(likelihood, X, y, factor, tau, nu, damping=0.5, max_iter=200, tol=1e-9,

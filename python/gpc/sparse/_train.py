@@ -2,22 +2,23 @@
 
 Each step updates sites first, then q, and then moves the free log hyperparameters and Z along
 the gradient of log Z_q (eq. (4); for a minibatch M its stochastic form eq. (6), data terms scaled
-by n/|M|) with Adadelta.  A step that leaves q without a factor or a non-finite value is reverted,
-and the learning rate is halved; the trainer records it.  With batch_size = n a minibatch step is
-the batch step (same sites, same q, same gradient): tested.
+by the rows q holds over |M|) with Adadelta.  A step that leaves q without a factor or a
+non-finite value is reverted, and the learning rate is halved; the trainer records it.  With
+batch_size = n a minibatch step is the batch step (same sites, same q, same gradient): tested.
 
-Cost of a minibatch step of b rows (m inducing points): the kernel block K_bm, five b x m x m
-triangular solves or products (whitening, the cavity marginals, the site sums, the marginals and
-A Σ_w at the new q), one b x m x m product for the K_uu part of the gradient, and O(m³) for the
-new q (one Cholesky factor) and for moving q to the new θ and Z (:func:`ep.transform_natural`).
+A minibatch step of b rows (m inducing points) costs the kernel blocks K_bm and K_uu and about
+twenty BLAS-3 and LAPACK calls of b x m x m or m x m x m size, 8.2 (first epoch) to 9.7 products'
+worth at b = m (docs/sparse.md, "One minibatch step").
 """
 
 import numpy as np
 
+from .. import _sparse
+from .._sparse import SiteRule
 from ..exceptions import NotPositiveDefiniteError, NumericalError
 from ._inducing import InducingFactor
-from ._passes import block_parts, evidence_parts, finish_evidence, natural_sums, site_pass
-from .ep import NaturalPosterior, matched_site, transform_natural, update_sites, whitened_sums
+from ._passes import as_block, block_parts, block_ranges, evidence_parts, finish_evidence, site_pass
+from .ep import NaturalPosterior, refine_sites, transform_natural, update_sites, whitened_sums
 
 
 class Adadelta:
@@ -39,9 +40,15 @@ class SEPState:
     """Everything a fit carries between steps: θ, Z, the sites, q, the optimiser.
 
     ``tau``/``nu`` hold two scalars per training row; q holds their sums as its natural
-    parameters (P, h) in the current whitened coordinates (:class:`ep.NaturalPosterior`).  With
-    ``tied`` there are no per-row sites: (P - I, h) are n times one shared average site
-    (stochastic EP, Li, Hernández-Lobato & Turner 2015), so the state is O(m²) whatever n is.
+    parameters (P, h) in the current whitened coordinates (:class:`ep.NaturalPosterior`).  A
+    site is fixed in u-space (SEP §2.3, q is "reconstructed" after a θ or Z step), along
+    v_i = K_uu⁻¹k_i at its last refinement; minibatch training keeps these directions, ``V``
+    (n x m, float32, SEP §2.3: "m + 1 parameters per approximate factor"), so that a refined
+    site is swapped out of q along the direction it was added with (on an engine each shard
+    keeps the directions of its own rows and ``V`` stays None here:
+    :mod:`gpc.sparse._distributed`).  With ``tied`` there are no
+    per-row sites: (P - I, h) are n times one shared average site (stochastic EP, Li,
+    Hernández-Lobato & Turner 2015), so the state is O(m²) whatever n is.
     """
 
     def __init__(self, kernel, Z, n, jitter, optimize_inducing, lr, tied=False):
@@ -49,6 +56,8 @@ class SEPState:
         self.optimize_inducing = optimize_inducing
         self.tied, self.n = tied, n
         self.tau, self.nu = (None, None) if tied else (np.zeros(n), np.zeros(n))
+        self.V = None               # the sites' u-space directions (minibatch training)
+        self.n_sited = 0            # rows whose site q holds
         m = self.Z.shape[0]
         self.factor = InducingFactor(kernel, self.Z, jitter)
         self.q = NaturalPosterior(np.eye(m), np.zeros(m))
@@ -58,6 +67,33 @@ class SEPState:
         self.log_z = np.nan
         self.reverted = 0          # parameter steps undone (rate halved)
         self.skipped_passes = 0    # site updates dropped because q lost its factor
+        self._work = {}
+
+    def workspace(self, name, shape):
+        """A scratch array kept between steps under ``name``."""
+        buf = self._work.get(name)
+        if buf is None or buf.shape != shape:
+            buf = self._work[name] = np.empty(shape)
+        return buf
+
+    def start_minibatches(self, X, block_rows):
+        """Get ready for minibatch steps on the rows of X: the sites' directions V, and q rebuilt
+        from the sites with the current factor when they are not zero (one pass over X, when a
+        batch fit or a distributed one left sites but no directions)."""
+        if self.tied or self.V is not None:
+            return
+        self.V = np.zeros((self.n, self.factor.m), dtype=np.float32)
+        sited = (self.tau != 0.0) | (self.nu != 0.0)
+        self.n_sited = int(np.count_nonzero(sited))
+        if not self.n_sited:
+            return
+        m = self.factor.m
+        P, h = np.eye(m), np.zeros(m)
+        self.V = site_directions(X, self.factor, self.tau, self.nu, block_rows, P, h)
+        try:
+            self.q = NaturalPosterior(P, h)
+        except NotPositiveDefiniteError:
+            self.skipped_passes += 1
 
     @property
     def learns(self):
@@ -71,17 +107,17 @@ class SEPState:
         k = len(self._theta)
         bounds = self._bounds
         theta = np.clip(p[:k], bounds[:, 0], bounds[:, 1]) if k else p[:k]
+        fast = self.factor.fast
         if not k:
             kernel = self.kernel
-        elif self.factor.fast is not None:
-            kernel = self.factor.fast.with_theta(self.kernel, theta)
+        elif fast is not None:
+            kernel = fast.with_theta(self.kernel, theta)
+            fast = fast.at(kernel)
         else:
             kernel = self.kernel.clone_with_theta(theta)
         Z = p[k:].reshape(self.Z.shape) if self.optimize_inducing else self.Z
-        factor = InducingFactor(kernel, Z, self.jitter)
-        q = NaturalPosterior(*transform_natural(self.q.P, self.q.h, self.factor.L, factor.L))
-        if not (np.all(np.isfinite(q.mean)) and np.isfinite(q.logdet)):
-            raise NotPositiveDefiniteError("q is not finite")
+        factor = InducingFactor(kernel, Z, self.jitter, fast)
+        q = NaturalPosterior(*transform_natural(self.q.P, self.q.h, self.factor.Li, factor.L))
         self.kernel, self.Z, self.factor, self.q = kernel, np.array(Z), factor, q
         self._theta = theta
 
@@ -97,6 +133,8 @@ class SEPState:
         P += dP
         try:
             self.q = NaturalPosterior(0.5 * (P + P.T), shrink * self.q.h + dh)
+            if shrink == 0.0:                # a rebuild with the current factor: no directions
+                self.V = None
         except NotPositiveDefiniteError:     # negative sites made q improper: keep the old sites
             self.skipped_passes += 1
             return False
@@ -121,20 +159,39 @@ class SEPState:
         return True
 
 
+def site_directions(X, factor, tau, nu, block_rows, P, h):
+    """The directions v_i = L⁻ᵀa_i (n x m, float32) of the sites of X's rows with the current
+    factor; their sums Σ τ_i a_i a_iᵀ, Σ ν_i a_i are added to (P, h) in place.  One pass over X:
+    the start of minibatch training on sites that a batch or distributed fit left without
+    directions (:meth:`SEPState.start_minibatches`, and a shard's share of it)."""
+    V = np.zeros((len(tau), factor.m), dtype=np.float32)
+    for start, stop in block_ranges(len(tau), block_rows):
+        A, _ = factor.whiten(as_block(X, start, stop))
+        dP, dh = whitened_sums(A, tau[start:stop], nu[start:stop])
+        P += dP
+        h += dh
+        _sparse.rows_times_lower(factor.Li, A, False)                 # v_i = L⁻ᵀ a_i
+        V[start:stop] = A
+    return V
+
+
 class LocalRows:
     """The training rows of one binary problem in this process, their sites in ``state``.
 
-    The interface a batch iteration needs (:func:`batch_iteration`); the distributed twin is
+    The interface a batch iteration needs (:func:`iteration` with all n rows): ``size``,
+    ``update_sites``, ``commit``, ``revert``, ``evidence_parts``; the distributed twin is
     :class:`gpc.sparse._distributed.ShardedRows`.
     """
 
     def __init__(self, state, likelihood, X, y, block_rows):
         self.state, self.likelihood, self.X, self.y, self.block_rows = (
             state, likelihood, X, y, block_rows)
+        self.size = len(y)
         self._pending = None
 
     def update_sites(self, factor, q, damping):
-        """Refine every site from q (SEP §2.2); returns (dP, dh), kept pending until commit."""
+        """Refine every site from q (SEP §2.2); returns their sums (P - I, h) with the current
+        factor (q is rebuilt from them), the new sites pending until commit."""
         tau, nu, dP, dh, _ = site_pass(self.likelihood, self.X, self.y, factor, q, self.state.tau,
                                        self.state.nu, damping, self.block_rows)
         self._pending = tau, nu
@@ -147,20 +204,135 @@ class LocalRows:
     def revert(self):
         self._pending = None
 
-    def evidence_parts(self, factor, q, gradient):
+    def evidence_parts(self, factor, q, gradient, held):
         return evidence_parts(self.likelihood, self.X, self.y, factor, q, self.state.tau,
-                              self.state.nu, self.block_rows, gradient)
+                              self.state.nu, self.block_rows, gradient, held)
 
 
-def batch_iteration(state, rows, damping):
-    """One batch iteration: a parallel site pass over all rows, q updated, one inner step."""
-    dP, dh = rows.update_sites(state.factor, state.q, damping)
-    if state.add_sites(dP, dh, shrink=0.0):        # q rebuilt from the new sites (site_pass)
-        rows.commit()
-    else:
+class LocalBatch:
+    """Rows ``rows`` (a slice) of one binary problem in this process, as one block: a minibatch.
+
+    The interface of :class:`LocalRows`, and for fewer than n rows :meth:`swap_sites` in place
+    of ``update_sites``; the whitened block is kept between the site update and the evidence
+    parts.  With tied sites (``rows`` None) :meth:`match_sites` replaces both and the evidence
+    uses the rows' matched sites."""
+
+    def __init__(self, state, likelihood, Xb, yb, rows):
+        self.state, self.likelihood, self.Xb, self.yb, self.rows = state, likelihood, Xb, yb, rows
+        self.size = len(yb)
+        self._pending = self._matched = None
+
+    def _whiten(self, factor):
+        self._whitened = factor.whiten(self.Xb, keep_cross=True)
+        return self._whitened
+
+    def match_sites(self, factor, cavity):
+        """Each row's site matched against the tied cavity; their sums (Σ τ a aᵀ, Σ ν a)."""
+        A, s, _ = self._whiten(factor)
+        self._matched = tied_block_sites(self.likelihood, self.yb, A, s, cavity)
+        return whitened_sums(A, *self._matched)
+
+    def update_sites(self, factor, q, damping):
+        """All n rows: :meth:`LocalRows.update_sites` on one block."""
+        A, s, _ = self._whiten(factor)
+        up = update_sites(self.likelihood, self.yb, A, s, q, self.state.tau[self.rows],
+                          self.state.nu[self.rows], damping, sums="new")
+        self._pending = up.tau, up.nu, None
+        return up.dP, up.dh
+
+    def swap_sites(self, factor, q, damping):
+        """Refine the rows' sites and swap them in q (:func:`swap_block_sites`): returns q's new
+        natural parameters (P, h) and the rows that had no site; the sites and their new
+        directions pending until commit."""
+        state = self.state
+        if state.V is None:
+            if np.any(state.tau) or np.any(state.nu):
+                raise RuntimeError("minibatch steps on sites without their directions: call "
+                                   "SEPState.start_minibatches first")
+            state.V = np.zeros((state.n, factor.m), dtype=np.float32)
+        A, s, _ = self._whiten(factor)
+        P, h = q.P.copy(), q.h.copy()
+        t_new, n_new, V_new, n_fresh = swap_block_sites(
+            self.likelihood, self.yb, A, s, q, state.tau[self.rows], state.nu[self.rows],
+            state.V[self.rows], factor, damping, P, h, state.workspace)
+        self._pending = t_new, n_new, V_new
+        return P, h, n_fresh
+
+    def commit(self):
+        tau, nu, V = self._pending
+        self.state.tau[self.rows], self.state.nu[self.rows] = tau, nu
+        if V is not None:
+            self.state.V[self.rows] = V
+        self._pending = None
+
+    def revert(self):
+        self._pending = None
+
+    def evidence_parts(self, factor, q, gradient, held):
+        A, s, Kbu = self._whitened
+        tau, nu = (self._matched if self._matched is not None
+                   else (self.state.tau[self.rows], self.state.nu[self.rows]))
+        return block_parts(self.likelihood, self.Xb, self.yb, A, s, factor, q, tau, nu, gradient,
+                           Kbu, held)
+
+
+def iteration(state, rows, damping):
+    """One step on the rows that ``rows`` covers, SEP §2.3 in its order: their sites refined
+    against their cavities, q updated, then one "inner" step of θ and Z (eq. (4) or (6)) after
+    which q is reconstructed for the new factor.  ``rows`` is a :class:`LocalRows` or
+    :class:`LocalBatch` in process, a :class:`gpc.sparse._distributed.ShardedRows` on an engine.
+
+    All n rows (a batch iteration): a parallel pass, q rebuilt from the new sites, each site
+    following its row (the gradient's "sites" form, :func:`ep.block_evidence`).
+
+    A minibatch M of fewer rows (SEP eq. (6) literally): a site held by q lies along its
+    direction at its last refinement, a'_i = Lᵀv_i with the current factor L (v_i kept in
+    ``state.V``, or on the shards); the cavity removes it along a'_i, and q swaps it for the
+    refined site along the current a_i: P + Σ τ_new a aᵀ - Σ τ_old a'a'ᵀ
+    (:func:`swap_block_sites`).  q therefore stays the sum of its sites.  The gradient takes the
+    "cavity" form, its data terms scaled by (rows q holds) / |M|: during the first pass q holds
+    only the rows seen so far, and the prior term of eq. (4), computed from q, is that of those
+    rows (scaled by n / |M| from the first step, the data terms outweighed the prior term and the
+    amplitude grew without bound).
+
+    Returns log Z_q (eq. (3)), or for a minibatch its estimate over all n rows (data terms
+    scaled by n / |M|).
+    """
+    if rows.size == state.n:
+        dP, dh = rows.update_sites(state.factor, state.q, damping)
+        if state.add_sites(dP, dh, shrink=0.0):        # q rebuilt from the new sites
+            rows.commit()
+            state.n_sited = state.n
+        else:
+            rows.revert()
+        return _inner_step(state, rows, state.n, "sites")
+    _refine_minibatch(state, rows, damping)
+    return _inner_step(state, rows, max(state.n_sited, rows.size), "cavity")
+
+
+def _refine_minibatch(state, rows, damping):
+    """The site update of :func:`iteration` for a minibatch: the rows' sites refined and swapped
+    in q (``rows.swap_sites``), kept if that q has a factor."""
+    P, h, n_fresh = rows.swap_sites(state.factor, state.q, damping)
+    try:
+        state.q = NaturalPosterior(P, h)
+    except NotPositiveDefiniteError:         # negative sites made q improper: keep the old sites
+        state.skipped_passes += 1
         rows.revert()
-    parts = rows.evidence_parts(state.factor, state.q, state.learns)
-    log_z, g_theta, g_Z, _ = finish_evidence(state.factor, state.q, parts)
+    else:
+        rows.commit()
+        state.n_sited = min(state.n, state.n_sited + n_fresh)
+
+
+def _inner_step(state, rows, n_held, held):
+    """The "inner" step after a site update: log Z_q's parts over the rows at the new q, then one
+    Adadelta step on its gradient, data terms scaled by ``n_held`` / |M| (eq. (4), (6)); ``held``
+    as in :func:`ep.block_evidence`.  Returns the estimate of log Z_q over all n rows."""
+    b = rows.size
+    parts = rows.evidence_parts(state.factor, state.q, state.learns, held)
+    _, g_theta, g_Z, _ = finish_evidence(state.factor, state.q, parts, scale=n_held / b,
+                                         held=held)
+    log_z = state.q.log_normaliser_ratio() + state.n / b * parts[0]
     state.log_z = log_z
     if state.learns:
         state.gradient_step(g_theta, g_Z)
@@ -168,68 +340,103 @@ def batch_iteration(state, rows, damping):
 
 
 def batch_step(state, likelihood, X, y, damping, block_rows):
-    """:func:`batch_iteration` over the rows of X in this process."""
-    return batch_iteration(state, LocalRows(state, likelihood, X, y, block_rows), damping)
-
-
-def _minibatch_gradient_step(state, likelihood, Xb, yb, A, s, Kbu, tau, nu, n):
-    """The stochastic step (eq. (6)) of a minibatch at the current q; returns the estimate."""
-    parts = block_parts(likelihood, Xb, yb, A, s, state.factor, state.q, tau, nu, state.learns,
-                        Kbu)
-    log_z, g_theta, g_Z, _ = finish_evidence(state.factor, state.q, parts, scale=n / len(yb))
-    state.log_z = log_z
-    if state.learns:
-        state.gradient_step(g_theta, g_Z)
-    return log_z
-
-
-def rebuild_q(state, X, block_rows):
-    """q from every row's site with the current factor (one O(n m²) pass).
-
-    A minibatch step refreshes only its rows' share of q, so after θ and Z have moved the other
-    rows' shares are the ones made with earlier factors; rebuilding once per epoch bounds that
-    drift to one epoch.  q is kept if the rebuilt one has no factor."""
-    try:
-        state.q = NaturalPosterior(*natural_sums(X, state.factor, state.tau, state.nu, block_rows))
-    except NotPositiveDefiniteError:
-        state.skipped_passes += 1
+    """:func:`iteration` over all the rows of X in this process."""
+    return iteration(state, LocalRows(state, likelihood, X, y, block_rows), damping)
 
 
 def minibatch_step(state, likelihood, Xb, yb, rows, n, damping):
-    """Refine the sites of rows ``rows`` (a slice), update q, then a stochastic step (eq. (6)).
+    """Refine the sites of rows ``rows`` (a slice), update q, then a stochastic step (eq. (6)):
+    :func:`iteration` on a :class:`LocalBatch`; ``n`` must be the state's.
 
-    Returns the minibatch estimate of log Z_q (data terms scaled by n/|M|).  A minibatch of all
-    n rows rebuilds q from its sites, as a batch pass does (:func:`batch_iteration`); a smaller
-    one swaps its rows' shares, and the epoch's end rebuilds q (:func:`rebuild_q`).
+    A minibatch of all n rows is a batch pass (q rebuilt from its sites); a smaller one swaps
+    its rows' sites in q along their kept directions.  The kernel block K_bu is computed once and
+    serves the whitening and the gradient.
     """
-    A, s, Kbu = state.factor.whiten(Xb, keep_cross=True)
-    every_row = len(yb) == state.n
-    up = update_sites(likelihood, yb, A, s, state.q, state.tau[rows], state.nu[rows], damping,
-                      sums="new" if every_row else "change")
-    if state.add_sites(up.dP, up.dh, shrink=0.0 if every_row else 1.0):
-        state.tau[rows], state.nu[rows] = up.tau, up.nu
-    return _minibatch_gradient_step(state, likelihood, Xb, yb, A, s, Kbu, state.tau[rows],
-                                    state.nu[rows], n)
+    if n != state.n:
+        raise ValueError(f"n = {n} is not the state's number of rows, {state.n}")
+    return iteration(state, LocalBatch(state, likelihood, Xb, yb, rows), damping)
 
 
-def tied_minibatch_step(state, likelihood, Xb, yb, damping):
+def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P, h, workspace):
+    """A minibatch block's sites refined along SEP eq. (6) and swapped into (P, h), in place.
+
+    ``A`` (b x m) holds the rows' current directions a_i = L⁻¹k_i, ``V_old`` their kept u-space
+    directions v_i (zero rows for rows without a site).  The old site lies along a'_i = Lᵀv_i; the
+    cavity removes it there (:meth:`gpc._sparse.SiteRule.refine_moved`; a block without old sites
+    refines against q itself), and (P, h) gains Σ τ_new a aᵀ - Σ τ_old a'a'ᵀ, Σ ν_new a - Σ ν_old a'
+    (P's lower triangle mirrored).  ``workspace(name, shape)`` gives scratch arrays
+    (:meth:`SEPState.workspace`).  The same code serves the in-process step (P, h a copy of q's)
+    and a shard's share of a minibatch ((P, h) zero: the shard's sums).
+
+    Returns (τ_new, ν_new, V_new, n_fresh): V_new (b x m, scratch memory) holds the rows' new
+    directions v_i = L⁻ᵀa_i, n_fresh the rows that had no site.
+    """
+    b, m = A.shape
+    fresh = (tau == 0.0) & (nu == 0.0)
+    n_fresh = int(np.count_nonzero(fresh))
+    W = workspace("rows", (2 * b, m))              # [A; A'], the new and the old directions
+    W[:b] = A
+    B = workspace("solved", (b, m))
+    mean, var = q.marginals(A, out=B)
+    t_new, n_new = np.empty(b), np.empty(b)
+    rule = SiteRule(likelihood)
+    if n_fresh == b:                               # no old site: the cavity is q itself
+        rule.refine(_f64(yb), mean, var, s, _f64(tau), _f64(nu), float(damping), t_new, n_new)
+        weights, rows_used = t_new, W[:b]
+        dh = n_new
+    else:
+        A_old = W[b:]
+        np.copyto(A_old, V_old)
+        _sparse.rows_times_lower(factor.L, A_old, False)              # a'_i = Lᵀ v_i
+        B_old = workspace("solved_old", (b, m))
+        mean_old, var_old = q.marginals(A_old, out=B_old)
+        cross = np.empty(b)
+        _sparse.row_dots(B, B_old, cross)                              # a_iᵀ Σ a'_i
+        rule.refine_moved(_f64(yb), mean, var, mean_old, var_old, cross, s, _f64(tau), _f64(nu),
+                          float(damping), t_new, n_new)
+        weights, rows_used = np.concatenate([t_new, -tau]), W
+        dh = np.concatenate([n_new, -nu])
+    # P + Σ τ_new a aᵀ - Σ τ_old a'a'ᵀ, h + Σ ν_new a - Σ ν_old a'
+    _sparse.add_weighted_gram(P, rows_used, weights, workspace("scaled", rows_used.shape))
+    _sparse.mirror_lower(P)
+    _sparse.add_transpose_dot(rows_used, dh, h)
+    V_new = W[:b]                                                      # A' is no longer needed
+    _sparse.rows_times_lower(factor.Li, V_new, False)                  # v_i = L⁻ᵀ a_i
+    return t_new, n_new, V_new, n_fresh
+
+
+def _f64(v):
+    return np.ascontiguousarray(v, dtype=np.float64)
+
+
+def tied_block_sites(likelihood, y, A, s, cavity):
+    """The sites (τ, ν) of a block's rows matched against the tied cavity: a refinement from zero
+    sites, undamped (rows whose likelihood integral fails keep the zero site)."""
+    zero = np.zeros(len(y))
+    tau, nu, _ = refine_sites(likelihood, y, A, s, cavity, zero, zero, 1.0)
+    return tau, nu
+
+
+def tied_iteration(state, rows, damping):
     """Minibatch step with one tied site (stochastic EP; beyond the SEP paper).
 
     Each row's cavity removes one average site, q^{\\i} ∝ p(u) f̄^{n-1}: in the natural
     parameters, (1 - 1/n)(P - I, h).  Every row of M matches its rank-one site t_i against that
     cavity and replaces its 1/n share, damped: S ← (1 - δ|M|/n) S + δ Σ_M t_i.  The stochastic
-    gradient step (eq. (6)) then uses the rows' matched sites in place of stored ones, the same
-    "inner" approximation as the untied step.  Returns the minibatch estimate of log Z_q.
+    gradient step (eq. (6)) then uses the rows' matched sites in place of stored ones, in the
+    "cavity" form as the untied minibatch step.  ``rows`` has the interface of
+    :class:`LocalBatch` (``match_sites``, ``evidence_parts``, ``size``).  Returns the minibatch
+    estimate of log Z_q.
     """
     n, m = state.n, state.factor.m
-    A, s, Kbu = state.factor.whiten(Xb, keep_cross=True)
     keep = 1.0 - 1.0 / n
     P_cav = keep * state.q.P
     P_cav.flat[:: m + 1] += 1.0 - keep
-    cmean, cvar = NaturalPosterior(P_cav, keep * state.q.h).marginals(A)
-    _, tau, nu, _ = matched_site(likelihood, yb, cmean, cvar, s)
-    good = np.isfinite(tau) & np.isfinite(nu)
-    tau, nu = np.where(good, tau, 0.0), np.where(good, nu, 0.0)
-    dP, dh = whitened_sums(A, tau, nu)
-    state.add_sites(damping * dP, damping * dh, shrink=1.0 - damping * len(yb) / n)
-    return _minibatch_gradient_step(state, likelihood, Xb, yb, A, s, Kbu, tau, nu, n)
+    dP, dh = rows.match_sites(state.factor, NaturalPosterior(P_cav, keep * state.q.h))
+    state.add_sites(damping * dP, damping * dh, shrink=1.0 - damping * rows.size / n)
+    return _inner_step(state, rows, n, "cavity")
+
+
+def tied_minibatch_step(state, likelihood, Xb, yb, damping):
+    """:func:`tied_iteration` on the rows of Xb in this process."""
+    return tied_iteration(state, LocalBatch(state, likelihood, Xb, yb, None), damping)

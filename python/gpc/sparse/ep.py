@@ -5,7 +5,8 @@ Model (SEP eq. (1)): q(u) ∝ p(u | Z) Π_i φ̃_i(u) with rank-one sites, SEP e
     φ̃_i(u) ∝ exp(-½ τ_i (v_iᵀu)² + ν_i v_iᵀu),    v_i = K_uu⁻¹ k_i,
 
 approximating φ_i(u) = ∫ p(y_i | f) N(f | v_iᵀu, s_i) df (Φ(y_i v_iᵀu / √(1 + s_i)) for probit).
-SEP's (ν̃_i, μ̃_i) are our (τ_i, ν_i).  Per datum only the two scalars are kept.
+SEP's (ν̃_i, μ̃_i) are our (τ_i, ν_i).  Per datum the two scalars are kept (and, for minibatch
+training, the site's direction v_i: gpc.sparse._train).
 
 Everything is computed whitened: u = L w with K_uu = L Lᵀ, so p(w) = N(0, I), v_iᵀu = a_iᵀw with
 a_i = L⁻¹ k_i, and q(w) ∝ exp(-½ wᵀPw + hᵀw) with the natural parameters
@@ -13,10 +14,12 @@ a_i = L⁻¹ k_i, and q(w) ∝ exp(-½ wᵀPw + hᵀw) with the natural paramete
     P = I + Σ_i τ_i a_i a_iᵀ,    h = Σ_i ν_i a_i
 
 (the u-space sums S2 = Σ τ_i v_i v_iᵀ = L⁻ᵀ(P - I)L⁻¹ and S1 = L⁻ᵀh that q needs, seen through
-the current factor).  q is held by the Cholesky factor of P ⪰ I alone (never K_uu⁻¹, never P⁻¹):
-refining a block of sites adds Aᵀ diag(Δτ) A and Aᵀ Δν to (P, h), an O(b m²) product, and a step
-of θ or Z from L to L' keeps the sites (SEP §2.3: q is "reconstructed") by
-:func:`transform_natural`, P' = I + Mᵀ(P - I)M with M = L⁻¹L', O(m³).
+the current factor).  q is held by the inverse of the Cholesky factor of P ⪰ I alone (never
+K_uu⁻¹, never P⁻¹): refining a block of sites adds Aᵀ diag(Δτ) A and Aᵀ Δν to (P, h), an
+O(b m²) product, and a step of θ or Z from L to L' keeps the sites (SEP §2.3: q is
+"reconstructed") by :func:`transform_natural`, P' = I + Mᵀ(P - I)M with M = L⁻¹L', O(m³).
+The BLAS-3 products run through gpc._sparse (scipy's cython_blas), the per-row algebra through
+its SiteRule.
 
 The functions below are pure: a block of rows, the posterior q, the factor of K_uu and the rows'
 sites in; new sites, their sums, and the block's log Z and gradient parts out (sums taken in row
@@ -26,8 +29,9 @@ order), so that a distributed engine can call them per shard and add the parts.
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.linalg import blas, lapack
 
+from .. import _lapack, _sparse
+from .._sparse import SiteRule
 from ..exceptions import NotPositiveDefiniteError
 
 
@@ -50,7 +54,9 @@ class Posterior:
 
 
 class NaturalPosterior:
-    """q(w) ∝ exp(-½ wᵀPw + hᵀw) from its natural parameters, held by P = R Rᵀ (R lower).
+    """q(w) ∝ exp(-½ wᵀPw + hᵀw) from its natural parameters, held by the inverse R⁻¹ of P's
+    Cholesky factor (P = R Rᵀ, R lower): products with it are triangular multiplies (dtrmm), which
+    run at twice the speed of triangular solves (dtrsm) at m = 200.
 
     Raises NotPositiveDefiniteError when P (negative sites) has no Cholesky factor or the
     parameters are not finite.
@@ -62,36 +68,55 @@ class NaturalPosterior:
     """
 
     def __init__(self, P, h):
-        if not (np.all(np.isfinite(P)) and np.all(np.isfinite(h))):
-            raise NotPositiveDefiniteError("the site sums are not finite")
-        R, info = lapack.dpotrf(P, lower=True, clean=True)
-        if info != 0:
+        Ri = np.array(P, dtype=np.float64, order="C")
+        if _lapack.cholesky_in_place(Ri) != 0:
             raise NotPositiveDefiniteError("q(u)'s precision I + Σ τ_i a_i a_iᵀ is not positive "
                                            "definite")
-        self.P, self.h, self.R = P, h, R
-        self.mean, _ = lapack.dpotrs(R, h, lower=True)
-        self.logdet = 2.0 * float(np.sum(np.log(np.diag(R))))
+        self.logdet = 2.0 * float(np.sum(np.log(np.diag(Ri))))
+        _sparse.lower_inverse_in_place(Ri)                         # R := R⁻¹
+        v, mean = np.empty(len(Ri)), np.zeros(len(Ri))
+        _sparse.rows_dot(Ri, _vector(h), v)
+        _sparse.add_transpose_dot(Ri, v, mean)                     # P⁻¹ h = R⁻ᵀ R⁻¹ h
+        # a non-finite P or h leaves its trace in the factor's diagonal or in the mean
+        if not (np.isfinite(self.logdet) and np.all(np.isfinite(mean))):
+            raise NotPositiveDefiniteError("the site sums are not finite")
+        self.P, self.h, self.Ri, self.mean = P, h, Ri, mean
 
-    def solve_rows(self, A):
-        """B = R⁻¹Aᵀ (m x b), so that |B[:, i]|² = a_iᵀ P⁻¹ a_i."""
-        return blas.dtrsm(1.0, self.R, A.T, lower=1)
+    def solve_rows(self, A, out=None):
+        """B = A R⁻ᵀ (b x m): rows R⁻¹ a_i, so that |B[i]|² = a_iᵀ P⁻¹ a_i (``out``: scratch for
+        B, may be A)."""
+        if out is None:
+            out = np.array(A, dtype=np.float64, order="C")
+        elif out is not A:
+            np.copyto(out, A)
+        _sparse.rows_times_lower(self.Ri, out, True)
+        return out
 
-    def marginals(self, A):
-        """Mean and variance of a_iᵀw for the rows a_i of A (one triangular solve)."""
-        B = self.solve_rows(A)
-        return A @ self.mean, np.einsum("ij,ij->j", B, B)
+    def marginals(self, A, out=None):
+        """Mean and variance of a_iᵀw for the rows a_i of A (one triangular product; ``out``,
+        b x m, is scratch)."""
+        B = self.solve_rows(A, out)
+        mean, var = np.empty(len(B)), np.empty(len(B))
+        _sparse.rows_dot(A, self.mean, mean)
+        _sparse.row_dots(B, B, var)
+        return mean, var
 
-    def moments(self, A):
-        """(marginal means, variances, A Σ_w) for the rows of A: two triangular solves."""
-        B = self.solve_rows(A)
-        return A @ self.mean, np.einsum("ij,ij->j", B, B), blas.dtrsm(1.0, self.R, B, lower=1,
-                                                                       trans_a=1).T
+    def moments(self, A, out=None):
+        """(marginal means, variances, A Σ_w) for the rows of A: two triangular products
+        (``out``, b x m, may hold A Σ_w)."""
+        B = self.solve_rows(A, out)
+        mean, var = np.empty(len(B)), np.empty(len(B))
+        _sparse.rows_dot(A, self.mean, mean)
+        _sparse.row_dots(B, B, var)
+        _sparse.rows_times_lower(self.Ri, B, False)              # rows R⁻ᵀ R⁻¹ a_i = Σ_w a_i
+        return mean, var, B
 
     @property
     def cov(self):
-        """Σ_w = P⁻¹ (formed on demand; training never needs it)."""
-        C, _ = lapack.dpotri(self.R, lower=True)
-        return np.tril(C) + np.tril(C, -1).T
+        """Σ_w = P⁻¹ = R⁻ᵀ R⁻¹ (formed on demand, a new array: the prior term of the gradient)."""
+        C = np.empty_like(self.Ri)
+        _sparse.lower_gram(self.Ri, C)
+        return C
 
     def log_normaliser_ratio(self):
         """g(θ) - g(θ_prior) of SEP eq. (3): ½ hᵀ P⁻¹ h - ½ log|P| (in w, where g(θ_prior) is that
@@ -99,40 +124,41 @@ class NaturalPosterior:
         return 0.5 * float(self.h @ self.mean) - 0.5 * self.logdet
 
 
-def whitened_sums(A, tau, nu):
-    """(Aᵀ diag(τ) A, Aᵀ ν): a block's share of (P - I, h)."""
-    return (A.T * tau) @ A, A.T @ nu
+def whitened_sums(A, tau, nu, work=None):
+    """(Aᵀ diag(τ) A, Aᵀ ν): a block's share of (P - I, h) (two dsyrk, by the sign of τ)."""
+    m = A.shape[1]
+    dP = np.zeros((m, m))
+    _sparse.add_weighted_gram(dP, A, np.ascontiguousarray(tau, dtype=np.float64),
+                              np.empty_like(A) if work is None else work)
+    _sparse.mirror_lower(dP)
+    dh = np.zeros(m)
+    _sparse.add_transpose_dot(A, np.ascontiguousarray(nu, dtype=np.float64), dh)
+    return dP, dh
 
 
-def transform_natural(P, h, L_old, L_new):
+def transform_natural(P, h, Li_old, L_new):
     """(P', h') for the same sites seen from a new factor L' of K_uu (after a θ or Z step).
 
     The sites are fixed in u-space (S2 = L⁻ᵀ(P - I)L⁻¹, S1 = L⁻ᵀh), so with M = L⁻¹L'
-    (lower triangular) P' = I + Mᵀ(P - I)M and h' = Mᵀh: one triangular solve and two
-    triangular products, O(m³), no inverse.
+    (lower triangular) P' = I + Mᵀ(P - I)M and h' = Mᵀh: three triangular multiplies (dtrmm)
+    with the explicit L⁻¹ (``Li_old``), O(m³), no solve.
     """
     m = P.shape[0]
-    M = blas.dtrsm(1.0, L_old, L_new, lower=1)
-    S = P.copy()
+    M = np.array(L_new, dtype=np.float64, order="C")
+    _sparse.lower_times(Li_old, M)                             # M = L⁻¹ L'
+    S = np.array(P, dtype=np.float64, order="C")
     S.flat[:: m + 1] -= 1.0
-    S = blas.dtrmm(1.0, M, blas.dtrmm(1.0, M, S, side=1, lower=1), side=0, lower=1, trans_a=1)
-    S = 0.5 * (S + S.T)
+    _sparse.congruence(M, S)
+    _sparse.symmetrise(S)
     S.flat[:: m + 1] += 1.0
     return S, M.T @ h
 
 
-def cavity(mean, var, tau, nu):
-    """Cavity of x_i = a_iᵀw: q / φ̃_i; returns (mean, var, ok) with ok where its precision is > 0."""
-    prec = 1.0 / var - tau
-    ok = prec > 0
-    safe = np.where(ok, prec, 1.0)
-    cvar = 1.0 / safe
-    cmean = cvar * (mean / var - nu)
-    return cmean, cvar, ok
-
-
 def matched_site(likelihood, y, cmean, cvar, s):
     """Moment matching for φ_i (SEP eq. (1)): the f-integral widens the cavity by s_i.
+
+    The reference of the compiled rule (:class:`gpc._sparse.SiteRule`, which trains; tested
+    against this).
 
     With Z_i = ∫ p(y|f) N(f | c, v + s) df, d1 = ∂ log Z_i/∂c and d2 = ∂² log Z_i/∂c², the new
     site is τ = -d2 / (1 + d2 v), ν = (d1 - c d2) / (1 + d2 v) (R&W eq. (3.58)-(3.59) in
@@ -158,6 +184,24 @@ class SiteUpdate:
     n_skipped: int           # rows whose cavity had no positive precision (left unchanged)
 
 
+def refine_sites(likelihood, y, A, s, q, tau, nu, damping):
+    """Damped EP refinement of a block's sites against q (SEP §2.2): (τ_new, ν_new, n_skipped).
+
+    The cavity of each row (q less its site) is moment-matched with φ_i (:func:`matched_site`'s
+    algebra, compiled in :class:`gpc._sparse.SiteRule`).  Rows whose cavity has no positive
+    precision, whose likelihood integral fails or whose matched site is not finite keep their
+    sites (counted in ``n_skipped``)."""
+    mean, var = q.marginals(A)
+    t_new, n_new = np.empty(len(y)), np.empty(len(y))
+    skipped = SiteRule(likelihood).refine(_vector(y), mean, var, _vector(s), _vector(tau),
+                                          _vector(nu), float(damping), t_new, n_new)
+    return t_new, n_new, skipped
+
+
+def _vector(v):
+    return np.ascontiguousarray(v, dtype=np.float64)
+
+
 def update_sites(likelihood, y, A, s, q, tau, nu, damping, sums="change"):
     """Parallel damped EP update of one block's sites (SEP §2.2).
 
@@ -174,66 +218,99 @@ def update_sites(likelihood, y, A, s, q, tau, nu, damping, sums="change"):
         (a minibatch step adds it to q), or the block's share of (P - I, h) for its new sites with
         the current factor (a batch pass sums these into q afresh: :func:`_passes.site_pass`).
     """
-    mean, var = q.marginals(A)
-    cmean, cvar, ok = cavity(mean, var, tau, nu)
-    _, t_new, n_new, _ = matched_site(likelihood, y, cmean, cvar, s)
-    good = ok & np.isfinite(t_new) & np.isfinite(n_new)
-    t_new = np.where(good, damping * t_new + (1.0 - damping) * tau, tau)
-    n_new = np.where(good, damping * n_new + (1.0 - damping) * nu, nu)
+    t_new, n_new, skipped = refine_sites(likelihood, y, A, s, q, tau, nu, damping)
     if sums == "new":
         dP, dh = whitened_sums(A, t_new, n_new)
     else:
         dP, dh = whitened_sums(A, t_new - tau, n_new - nu)
-    return SiteUpdate(tau=t_new, nu=n_new, dP=dP, dh=dh, n_skipped=int(np.count_nonzero(~good)))
+    return SiteUpdate(tau=t_new, nu=n_new, dP=dP, dh=dh, n_skipped=skipped)
 
 
 @dataclass
 class BlockEvidence:
-    """A block's parts of log Z_q (SEP eq. (3)) and of its gradient."""
+    """A block's parts of log Z_q (SEP eq. (3)) and of its gradient (eq. (4))."""
 
     log_z: float          # Σ_b log Z̃_i
-    G_A: np.ndarray       # ∂F/∂A_b (b x m), for InducingFactor.block_gradient
-    g_s: np.ndarray       # ∂F/∂s_b
-    AtG: np.ndarray       # A_bᵀ G_A (m x m), summed over blocks for InducingFactor.uu_gradient
+    G_A: np.ndarray       # the K_bu part, ∂/∂A_b (b x m), for InducingFactor.block_gradient
+    g_s: np.ndarray       # ∂/∂s_b
+    AtG: np.ndarray       # the K_uu part (m x m), summed over blocks (see block_evidence)
     n_bad: int            # rows with a non-positive cavity (their terms are left out)
 
 
-def block_evidence(likelihood, y, A, s, q, tau, nu, gradient=True):
-    """Σ_b log Z̃_i of SEP eq. (3) and the block's gradient parts.
+def block_evidence(likelihood, y, A, s, q, tau, nu, gradient=True, held="sites"):
+    """Σ_b log Z̃_i of SEP eq. (3) and the block's parts of its gradient, eq. (4).
 
     log Z̃_i = log Z_i + g(θ^{\\i}) - g(θ) = log Z_i + ½ log(1 + τ_i v_c) + ½ c²/v_c - ½ μ²/σ²
     for the cavity N(c, v_c) and the marginal N(μ, σ²) of a_iᵀw.
 
-    Gradient.  With Q = A Aᵀ (the Nyström matrix K_fu K_uu⁻¹ K_uf) and sites held fixed, log Z_q is
-    exact EP's evidence for the prior N(0, Q) and the likelihoods φ_i, whose noise s_i enters
-    through Z_i only.  At an EP fixed point the cavity terms are stationary, so (R&W eq. (5.27))
+    The gradient holds the sites while θ and Z move; ``held`` says how, and both forms agree at
+    an EP fixed point (tested against finite differences):
+
+    ``"sites"``: each site follows its row, along a_i = L⁻¹k_i of the current factor, as in a
+    batch pass, which rebuilds q from the sites every time.  With Q = A Aᵀ, log Z_q is exact
+    EP's evidence for the prior N(0, Q) and the likelihoods φ_i, whose noise s_i enters through
+    Z_i only; at a fixed point the cavity terms are stationary, so (R&W eq. (5.27))
 
         dF = tr(M_Q dQ) + Σ_i g_s,i ds_i,   M_Q = ½ (β βᵀ - (Q + T⁻¹)⁻¹),   β = ν - T μ,
 
     and by Woodbury (Q + T⁻¹)⁻¹ A = T A Σ_w and Aᵀβ = μ_w.  With s_i = k_ii - |a_i|²,
+    G_A = ∂F/∂A = β μ_wᵀ - T A Σ_w - 2 diag(g_s) A, and AtG = Aᵀ G_A for
+    InducingFactor.uu_gradient.  Every row's term carries its own site (β_i), so the rows must
+    all be equally fresh: right for a batch pass.
 
-        G_A = ∂F/∂A = β μ_wᵀ - T A Σ_w - 2 diag(g_s) A,
+    ``"cavity"``: each site is fixed in u-space (SEP §2.3, q "reconstructed"), as minibatches
+    keep them.  SEP eq. (4) proper: the prior term (η - η_prior)ᵀ ∂θ_prior/∂ξ
+    (:func:`prior_term`, from q alone) plus Σ_i ∂ log Z_i/∂ξ with each cavity q^{\\i}(u) held.
+    log Z_i = log ∫ p(y_i|f) N(f | v_iᵀm_c, v_iᵀV_c v_i + s_i) df depends on ξ through
+    v_i = K_uu⁻¹k_i and s_i = k_ii - k_iᵀK_uu⁻¹k_i; with d1 = ∂ log Z_i/∂c, g_s = ∂ log Z_i/∂s_i
+    and γ_i = d1 μ_c + 2 g_s Σ_c a_i (the cavity's whitened mean and covariance),
 
-    O(b m²) per block (A Σ_w by two triangular solves with P's factor).  This is SEP eq. (4) at a
-    fixed point; during training it is used before convergence, as SEP §2.3 does with eq. (4)
-    ("inner" updates).
+        ∂ log Z_i/∂k_i = L⁻ᵀ(γ_i - 2 g_s a_i),
+        ∂ log Z_i/∂K_uu = L⁻ᵀ(g_s a_i a_iᵀ - γ_i a_iᵀ)L⁻¹,   ∂ log Z_i/∂k_ii = g_s.
+
+    The cavity is q less the row's site, Σ_c a_i = Σ_w a_i v_c/σ² and μ_c = μ_w + Σ_w a_i (τμ_i -
+    ν_i) v_c/σ², so γ_i = d1 μ_w + e_i Σ_w a_i (e_i from :meth:`gpc._sparse.SiteRule.evidence`).
+    G_A has rows γ_i - 2 g_s a_i and AtG = Σ_b (g_s a_i - γ_i) a_iᵀ, the w-space K_uu part for
+    :func:`gpc.sparse._passes.finish_evidence`.  The rows' terms depend on their cavities, not
+    on their own sites, so a minibatch refined just before the gradient is a fair sample of all
+    rows (the "sites" form weighted them by their fresh sites: the mean over minibatches was +550
+    in log c where the converged gradient was +20, and the amplitude ran away).
+
+    Either form costs A Σ_w (two triangular products with R⁻¹) and one m x b x m product.
     """
+    if held not in ("sites", "cavity"):
+        raise ValueError(f"held must be 'sites' or 'cavity', got {held!r}")
     if gradient:
-        mean, var, A_cov = q.moments(A)
+        mean, var, G_A = q.moments(A)
     else:
         mean, var = q.marginals(A)
-    cmean, cvar, ok = cavity(mean, var, tau, nu)
-    log_z, _, _, g_s = matched_site(likelihood, y, cmean, cvar, s)
-    terms = (log_z + 0.5 * np.log1p(tau * cvar) + 0.5 * cmean ** 2 / cvar
-             - 0.5 * mean ** 2 / var)
-    n_bad = int(np.count_nonzero(~ok))
-    total = float(np.sum(terms[ok])) if n_bad else float(np.sum(terms))
+    b = len(y)
+    tau, nu = _vector(tau), _vector(nu)
+    g_s, d1, e = np.empty(b), np.empty(b), np.empty(b)
+    total, n_bad = SiteRule(likelihood).evidence(_vector(y), mean, var, _vector(s), tau, nu, g_s,
+                                                 d1, e)
     if not gradient:
         return BlockEvidence(total, None, None, None, n_bad)
-    g_s = np.where(ok, g_s, 0.0)
-    beta = nu - tau * mean
-    G_A = np.outer(beta, q.mean) - tau[:, None] * A_cov - 2.0 * g_s[:, None] * A
-    return BlockEvidence(total, G_A, g_s, A.T @ G_A, n_bad)
+    AtG = np.empty((A.shape[1], A.shape[1]))
+    if held == "sites":
+        _sparse.site_rows_gradient(G_A, A, nu - tau * mean, q.mean, tau, g_s)
+        _sparse.transpose_times(A, G_A, AtG)
+    else:
+        Y = np.empty_like(G_A)
+        _sparse.cavity_rows_gradient(G_A, Y, A, d1, q.mean, e, g_s)
+        _sparse.transpose_times(Y, A, AtG)                   # Σ_b (γ_i - g_s a_i) a_iᵀ
+        AtG *= -1.0
+    return BlockEvidence(total, G_A, g_s, AtG, n_bad)
+
+
+def prior_term(q):
+    """The prior term of SEP eq. (4), (η - η_prior)ᵀ ∂θ_prior/∂ξ, as a w-space K_uu derivative:
+    ∂/∂K_uu = L⁻ᵀ G L⁻¹ with G = ½(Σ_w + μ_w μ_wᵀ - I), the u-space ½ K⁻¹(E_q[uuᵀ] - K)K⁻¹."""
+    G = q.cov
+    G += np.outer(q.mean, q.mean)
+    G.flat[:: len(G) + 1] -= 1.0
+    G *= 0.5
+    return G
 
 
 def posterior_predict(A, s, q):

@@ -16,7 +16,7 @@ from ..classifier import GaussianProcessClassifier, NotFittedError, _Base, _Clas
 from ..kernels import RBF, ConstantKernel, as_kernel
 from ..likelihoods import get_likelihood
 from ._passes import as_block, block_ranges
-from ._train import (SEPState, batch_iteration, batch_step, minibatch_step, rebuild_q,
+from ._train import (SEPState, batch_step, iteration, minibatch_step, tied_iteration,
                      tied_minibatch_step)
 from .baselines import GFITCState, SVIState, _LBFGSState
 from .ep import posterior_predict
@@ -110,7 +110,9 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
     φ_i(u) = ∫ p(y_i|f) N(f | k_iᵀK_uu⁻¹u, s_i) df with the FITC variance s_i (SEP eq. (1)), and EP
     approximates q(u) with rank-one sites (eq. (2)).  Hyperparameters and Z follow the gradient
     (eq. (4), minibatch eq. (6)) of log Z_q (eq. (3)) with Adadelta after each site pass or
-    minibatch (SEP §2.3).  Time O(n m²) per epoch; memory two scalars per row plus O(m²).
+    minibatch (SEP §2.3).  Time O(n m²) per epoch; memory two scalars per row plus O(m²), and for
+    minibatch training m float32 per row (each site's direction, so that q stays the sum of its
+    sites; 800 MB at n = 10⁶, m = 200).
 
     Parameters
     ----------
@@ -136,9 +138,16 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         SVI) it is the number of objective evaluations (for GFITC each one a converged EP).
     learning_rate : float, default 1.0
         Adadelta's step multiplier (ρ = 0.9, ε = 1e-5).  A step that fails is undone and this is
-        halved (counted in ``history_``).
-    damping : float in (0, 1], default 0.5
-        New site = damping · matched + (1 - damping) · old.
+        halved (counted in ``history_``).  Under minibatch noise Adadelta's steps grow with the
+        number of steps, so runs of thousands of minibatches per epoch end nearer the optimum
+        with 0.1 (the sparse guide); short runs learn faster with 1.
+    damping : float in (0, 1] or None, default None
+        New site = damping · matched + (1 - damping) · old.  None: 1 for minibatches with per-row
+        sites, 0.5 otherwise.  A batch pass moves every site at once from the same q, which
+        damping steadies; a minibatch refines each row once per epoch against a q that its
+        b - 1 companions barely move, and the gradient (eq. (4)) taken right after assumes the
+        refined sites' moments match (damped, the amplitude grew without bound).  The tied site
+        is a running average, which damping smooths.
     optimize_inducing : bool, default True
         Move Z along the gradient too.  With every kernel bound "fixed" and this False, ``fit``
         runs the site updates alone.
@@ -158,15 +167,18 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         Seeds the inducing-point initialisation and the minibatch order.
     verbose : bool, default False
         Print one line per epoch.
-    client : dask.distributed.Client or None, default None
+    client : dask.distributed.Client, a gpc.distributed engine, or None, default None
         Train on a Dask cluster (SEP §2.3, Fig. 1 right; see the distributed guide): the rows
-        and their sites are split into one shard per worker (a Dask array keeps its row chunks)
-        and stay there; each iteration sends q and θ out and gets O(m²) sums back.  The fit
-        equals the in-process one up to the order of the sums.  Batch ``method="ep"`` only:
-        GFITC's evidence is not a sum over the data (SEP §3), and SVI, minibatches and tied
-        sites are not distributed yet; they raise a ValueError.  Needs the ``distributed``
-        extra (``pip install "gpc[distributed]"``).  Clones share the client; a pickled model
-        drops it (``client=None`` after unpickling).
+        and their sites (for minibatch SEP also the sites' directions) are split into one
+        shard per worker (a Dask array keeps its row chunks) and stay there; each step sends q
+        and θ out and gets O(m²) sums back.  Batch and minibatch SEP, tied sites and SVI (batch
+        and minibatch) all run there; each worker takes its share of every minibatch.
+        ``method="gfitc"`` raises a ValueError: GFITC's evidence is not a sum over the data
+        (SEP §3).  A batch fit equals the in-process one up to the order of the sums;
+        ``client=gpc.distributed.InProcessEngine(n_shards=K)`` runs the same shards in this
+        process, which reproduces a minibatch fit on K workers.  A Dask client needs the
+        ``distributed`` extra (``pip install "gpc[distributed]"``).  Clones share the client; a
+        pickled model drops it (``client=None`` after unpickling).
 
     Attributes
     ----------
@@ -203,7 +215,7 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
 
     def __init__(self, kernel=None, n_inducing=100, inducing_points="kmeans", method="ep",
                  likelihood="probit", batch_size=None, max_iter=100, learning_rate=1.0,
-                 damping=0.5, optimize_inducing=True, tied_sites=False, jitter=1e-8,
+                 damping=None, optimize_inducing=True, tied_sites=False, jitter=1e-8,
                  validation_data=None,
                  progress=True, random_state=None, verbose=False, client=None):
         self.kernel = kernel
@@ -271,22 +283,22 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         if self.client is not None:
             self._check_distributable()
         check_positive_float(self.jitter, "jitter", allow_zero=True)
-        d = check_positive_float(self.damping, "damping")
-        if d > 1:
-            raise ValueError(f"damping must be in (0, 1], got {self.damping!r}")
+        if self.damping is not None:
+            d = check_positive_float(self.damping, "damping")
+            if d > 1:
+                raise ValueError(f"damping must be in (0, 1], got {self.damping!r}")
         return get_likelihood(self.likelihood)
+
+    def _damping(self, per_row_minibatch):
+        if self.damping is not None:
+            return self.damping
+        return 1.0 if per_row_minibatch else 0.5
 
     def _check_distributable(self):
         if self.method == "gfitc":
             raise ValueError("client= cannot run method='gfitc': GFITC's evidence is not a sum over "
                              "the data (SEP §3), so it does not split over workers; use "
-                             "method='ep' or client=None")
-        if self.method == "svi":
-            raise ValueError("client= runs method='ep' only; distributed SVI is not implemented: use "
-                             "method='ep' or client=None")
-        if self.batch_size is not None or self.tied_sites:
-            raise ValueError("client= trains batch SEP only (batch_size=None, tied_sites=False); "
-                             "minibatches and tied sites run in process (client=None)")
+                             "method='ep' or 'svi', or client=None")
 
     def _rng(self):
         rs = self.random_state
@@ -329,7 +341,8 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
 
     def _new_state(self, kernel, Z, n):
         if self.method == "gfitc":
-            return GFITCState(kernel, Z, n, self.jitter, self.optimize_inducing, self.damping)
+            return GFITCState(kernel, Z, n, self.jitter, self.optimize_inducing,
+                              self._damping(False))
         if self.method == "svi":
             return SVIState(kernel, Z, n, self.jitter, self.optimize_inducing)
         return SEPState(kernel, Z, n, self.jitter, self.optimize_inducing, self.learning_rate,
@@ -379,8 +392,9 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
                 from ._distributed import DistributedFit
                 shards = DistributedFit(self.client, X, [yy for _, yy in self._problems], states)
             if isinstance(states[0], _LBFGSState) and not minibatch:
-                for model, yy in self._problems:
-                    model.state.run(model.likelihood, X, yy, epochs,
+                for k, (model, yy) in enumerate(self._problems):
+                    data = X if shards is None else shards.rows(k, model.likelihood, rows)
+                    model.state.run(model.likelihood, data, yy, epochs,
                                     lambda value: (bar.update(), self._record(value)), rows)
                 epochs = 0
             for _ in range(epochs):
@@ -389,9 +403,7 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
                     if shards is None:
                         objective += self._epoch(model, X, yy, minibatch, blocks, rows, bar)
                     else:
-                        objective += batch_iteration(model.state, shards.rows(k, model.likelihood,
-                                                                              rows), self.damping)
-                        bar.update()
+                        objective += self._shard_epoch(shards, k, model, minibatch, rows, bar)
                 self._record(objective)
         except KeyboardInterrupt:
             interrupted = True
@@ -404,43 +416,82 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
             warnings.warn("fit interrupted: the model keeps its last completed step",
                           RuntimeWarning, stacklevel=3)
 
+    def _shard_epoch(self, shards, k, model, minibatch, rows, bar):
+        """One epoch of problem k on the engine's shards (``client=``): the in-process epoch's steps,
+        each worker taking its share of every minibatch (``_distributed.minibatch_plan``) and
+        keeping the directions of its own rows' sites."""
+        state, lik = model.state, model.likelihood
+        if not minibatch and not getattr(state, "tied", False):
+            value = iteration(state, shards.rows(k, lik, rows), self._damping(False))
+            bar.update()
+            return value
+        plan = shards.plan(rows)
+        if isinstance(state, SEPState) and not state.tied:
+            shards.start_minibatches(state, k, 4096)
+        values = []
+        for j in self._rng_.permutation(len(plan)):
+            batch = shards.rows(k, lik, rows, plan[j])
+            if isinstance(state, SVIState):
+                values.append(state.minibatch_step(lik, batch, shards.batch_labels(k, plan[j]),
+                                                   shards.engine.n_rows, self.learning_rate))
+            elif state.tied:
+                values.append(tied_iteration(state, batch, self._damping(False)))
+            else:
+                values.append(iteration(state, batch, self._damping(True)))
+            bar.update()
+        return float(np.mean(values))
+
     def _epoch(self, model, X, y, minibatch, blocks, rows, bar):
         state, n, lik = model.state, len(y), model.likelihood
         if getattr(state, "tied", False):
             def step(Xb, start, stop):
-                return tied_minibatch_step(state, lik, Xb, y[start:stop], self.damping)
+                return tied_minibatch_step(state, lik, Xb, y[start:stop], self._damping(False))
         elif not minibatch:
-            value = batch_step(state, lik, X, y, self.damping, rows)
+            value = batch_step(state, lik, X, y, self._damping(False), rows)
             bar.update()
             return value
         elif isinstance(state, SVIState):
             def step(Xb, start, stop):
                 return state.minibatch_step(lik, Xb, y[start:stop], n, self.learning_rate)
         else:
+            state.start_minibatches(X, 4096)
+
             def step(Xb, start, stop):
                 return minibatch_step(state, lik, Xb, y[start:stop], slice(start, stop), n,
-                                      self.damping)
+                                      self._damping(True))
         values = []
         for k in self._rng_.permutation(len(blocks)):
             start, stop = blocks[k]
             values.append(step(as_block(X, start, stop), start, stop))
             bar.update()
-        if isinstance(state, SEPState) and not state.tied:
-            rebuild_q(state, X, rows)
         return float(np.mean(values))
 
     def _stream(self, X, y):
         """Tied sites: one step per block of the given rows, which need not be the fit's rows."""
         y = np.asarray(y)
+        rows = self.batch_size or 4096
+        targets = [np.where(y == (self.classes_[1] if len(self._problems) == 1 else c), 1.0, -1.0)
+                   for c in self.classes_[:len(self._problems)]]
+        shards = None
+        if self.client is not None:
+            from ._distributed import DistributedFit
+            shards = DistributedFit(self.client, X, targets, [m.state for m, _ in self._problems])
+        damping = self._damping(False)
         objective = 0.0
-        for k, (model, _) in enumerate(self._problems):
-            positive = self.classes_[1] if len(self._problems) == 1 else self.classes_[k]
-            yy = np.where(y == positive, 1.0, -1.0)
-            rows = self.batch_size or 4096
-            values = [tied_minibatch_step(model.state, model.likelihood, as_block(X, a, b),
-                                          yy[a:b], self.damping)
-                      for a, b in block_ranges(X.shape[0], rows)]
-            objective += float(np.mean(values))
+        try:
+            for k, ((model, _), yy) in enumerate(zip(self._problems, targets)):
+                if shards is None:
+                    values = [tied_minibatch_step(model.state, model.likelihood, as_block(X, a, b),
+                                                  yy[a:b], damping)
+                              for a, b in block_ranges(X.shape[0], rows)]
+                else:           # the blocks in order, each worker taking its share
+                    values = [tied_iteration(model.state, shards.rows(k, model.likelihood, rows,
+                                                                      batch), damping)
+                              for batch in shards.plan(rows)]
+                objective += float(np.mean(values))
+        finally:
+            if shards is not None:
+                shards.finish([])       # tied sites: nothing per row to bring home
         self._record(objective)
 
     def _record(self, objective):
