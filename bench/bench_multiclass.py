@@ -10,7 +10,8 @@ threads pinned (``--threads``, default 1, threadpoolctl).  CPU time (``time.proc
 than wall time, because the machine may be shared; with 1 BLAS thread the two agree on a quiet one.
 
 Then one RMGPC fit per data set under cProfile, its internal time split into: the class blocks
-(``_class_posterior``: per class a Cholesky of I + Lᵀ Λ L, a triangular solve and the mean), the
+(``gpc.multiclass._block``: per class a Cholesky and a triangular inverse of I + S K S, and the
+O(n²) means of the location sweeps), the
 sequential ψ̃ᵢ sweep (``refine_outlier_prior``, typed Cython), the vectorised ψ̃ᵢₖ moments and
 cavities, the kernel and its gradient contraction, and the rest (Python, numpy glue, optimiser).
 
@@ -38,10 +39,11 @@ from gpc.multiclass import MultiClassGPC
 DATA = {"glass": datasets.load_glass, "new-thyroid": datasets.load_thyroid}
 #: cProfile function names -> the part of an RMGPC fit they belong to
 PARTS = {
-    "class blocks (Cholesky, solve, mean)": ("_class_posterior", "cholesky", "_solve_triangular",
-                                             "solve_triangular"),
+    "class blocks (Cholesky, inverse, means)": ("_marginals", "_prime_mean_k",
+                                                "_correct_mean", "prime_mean", "fill_b"),
     "sequential psi_i sweep (Cython)": ("refine_outlier_prior", "_refine_outlier_prior"),
-    "psi_ik moments and cavities": ("_likelihood_moments", "cavities", "class_sites", "copy_gaussian"),
+    "psi_ik moments and cavities": ("_likelihood_moments", "_cavities", "class_sites", "_refine",
+                                    "_log_p_cavity", "_location_weights", "lstsq"),
     "kernel and gradient contraction": ("gradient_contract", "__call__", "_gram", "rbf"),
     "evidence and gradient matrices": ("_log_evidence", "gradient_matrix", "gradient_matrices"),
 }

@@ -104,7 +104,7 @@ def test_gradient_matches_finite_differences_per_class_kernels(robust):
 
     def evidence(log_ells):
         Ks = [RBF(np.exp(t))(X) + noise * np.eye(len(y)) for t in log_ells]
-        res = rmgpc_ep(Ks, y, l, robust=robust, tol=1e-12, max_iter=5000, anneal=1.0)
+        res = rmgpc_ep(Ks, y, l, robust=robust, tol=1e-12, max_iter=5000)
         assert res.converged
         return res
 

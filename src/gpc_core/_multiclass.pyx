@@ -8,7 +8,12 @@ the one in ``gpc.multiclass.ep._beta_projection`` (docs/derivations-rmgpc.md, "�
 """
 
 from libc.math cimport exp, log, fabs
+from scipy.linalg.cython_blas cimport dsymv, dtrsv, strsv
 from scipy.special.cython_special cimport psi
+
+ctypedef fused real:
+    float
+    double
 
 
 cdef double trigamma(double x) noexcept nogil:
@@ -101,3 +106,36 @@ def beta_projection_py(double a_c, double b_c, double w1):
         raise ValueError("beta_projection needs a_c > 0, b_c > 0 and 0 <= w1 <= 1")
     beta_projection(a_c, b_c, w1, &a, &b)
     return a, b
+
+
+def prime_mean(const double[:, ::1] K, const real[:, ::1] L, const double[::1] s,
+               const double[::1] eta, double[::1] work, real[::1] x, double[::1] out):
+    """out := K (v − S B⁻¹ S K v), v = ``eta``, B = I + S K S = L Lᵀ (R&W eq. (3.67) with m₀ = 0):
+    the mean Σ' v of one RMGPC class block (gpc.multiclass._block), in one call with the GIL
+    released (two dsymv and two triangular solves, ``L`` in single or double precision).
+    ``work`` (double) and ``x`` (L's precision) are scratch vectors of length n."""
+    cdef int n = <int> K.shape[0], one = 1
+    cdef Py_ssize_t i
+    cdef double d_one = 1.0, d_zero = 0.0
+    cdef char uplo = b'U', no = b'N', tr = b'T', nonunit = b'N'
+    if (K.shape[1] != n or L.shape[0] != n or L.shape[1] != n or s.shape[0] != n
+            or eta.shape[0] != n or work.shape[0] != n or x.shape[0] != n or out.shape[0] != n):
+        raise ValueError("prime_mean: K and L must be n x n and the vectors of length n")
+    if n == 0:
+        return
+    with nogil:
+        # K is symmetric and C-ordered: Fortran's 'U' triangle is our lower one
+        dsymv(&uplo, &n, &d_one, <double*> &K[0, 0], &n, <double*> &eta[0], &one, &d_zero,
+              &work[0], &one)
+        for i in range(n):
+            x[i] = <real> (s[i] * work[i])
+        # Fortran sees U = Lᵀ: L z = b is Uᵀ z = b ('T'), Lᵀ z = b is U z = b ('N')
+        if real is double:
+            dtrsv(&uplo, &tr, &nonunit, &n, <double*> &L[0, 0], &n, &x[0], &one)
+            dtrsv(&uplo, &no, &nonunit, &n, <double*> &L[0, 0], &n, &x[0], &one)
+        else:
+            strsv(&uplo, &tr, &nonunit, &n, <float*> &L[0, 0], &n, &x[0], &one)
+            strsv(&uplo, &no, &nonunit, &n, <float*> &L[0, 0], &n, &x[0], &one)
+        for i in range(n):
+            work[i] = eta[i] - s[i] * x[i]
+        dsymv(&uplo, &n, &d_one, <double*> &K[0, 0], &n, &work[0], &one, &d_zero, &out[0], &one)

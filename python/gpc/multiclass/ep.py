@@ -23,44 +23,19 @@ halves the damping (recorded in ``damping_history``).
 Gaussians.
 """
 
-import copy
+import contextlib
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.linalg import solve_triangular
 from scipy.special import betaln, expit, log_ndtr
 
-from .._linalg import cholesky_lower
 from .._multiclass import refine_outlier_prior
 from ..exceptions import ConvergenceWarning, NotPositiveDefiniteError
+from ._block import ClassBlock
 
 LOG_SQRT_2PI = 0.5 * np.log(2.0 * np.pi)
-
-
-@dataclass
-class ClassPosterior:
-    """N(f_k | μ_k, Σ_k) for one class, with Σ_k = W Wᵀ, and what prediction and gradients need.
-
-    ``b`` is K_k⁻¹ μ_k (= vᵏ − Λᵏ μ_k) and ``site_precision`` the diagonal Λᵏ.
-    """
-    mean: np.ndarray
-    W: np.ndarray
-    site_precision: np.ndarray
-    site_location: np.ndarray
-    b: np.ndarray
-    logdet: float           # log |I + Λᵏ K_k| = log |M_k| of RMGPC eq. (16)
-
-    @property
-    def var(self):
-        return np.einsum("ij,ij->i", self.W, self.W)
-
-    def gradient_matrix(self):
-        """M with ∂ log Z/∂θ = Σ_ij M_ij ∂(K_k)_ij/∂θ: RMGPC eq. (18) written as
-        ½ (b bᵀ − (Λ − Λ Σ Λ)), since M_k⁻¹ vᵏ = K_k⁻¹ μ_k = b and M_k⁻¹ Λ = Λ − Λ Σ_k Λ (Woodbury)."""
-        LW = self.site_precision[:, None] * self.W
-        return 0.5 * (np.outer(self.b, self.b) - np.diag(self.site_precision) + LW @ LW.T)
 
 
 @dataclass
@@ -78,7 +53,9 @@ class MultiClassEPResult:
     log_evidence : float
         RMGPC eq. (16).
     n_iter, converged : int, bool
-        Iterations run, and whether the tolerance was met.
+        Outer iterations run (each refactors the l class blocks), and whether the tolerance was met.
+    n_location_sweeps : int
+        Sweeps of the inner loop (site locations at fixed precisions, O(n²) per class each).
     damping, damping_history : float, list
         The final damping, and (iteration, new damping) at each halving.
     robust : bool
@@ -94,6 +71,7 @@ class MultiClassEPResult:
     n_iter: int
     converged: bool
     damping: float
+    n_location_sweeps: int = 0
     damping_history: list = field(default_factory=list)   # (iteration, new damping) at each halving
     robust: bool = True
     sites: object = None      # the converged site parameters (_Sites), for checks and warm starts
@@ -104,7 +82,9 @@ class MultiClassEPResult:
         return self.a / (self.a + self.b) if self.robust else 0.0
 
     def gradient_matrices(self):
-        return [c.gradient_matrix() for c in self.classes]
+        """M_k of RMGPC eq. (18) for every class (BLAS on one thread, as in EP)."""
+        with _one_blas_thread():
+            return [c.gradient_matrix() for c in self.classes]
 
 
 def _log_gauss_site_mass(tau, eta, m, v):
@@ -113,29 +93,18 @@ def _log_gauss_site_mass(tau, eta, m, v):
     return -0.5 * np.log(s) + (m + eta * v) ** 2 / (2.0 * v * s) - m * m / (2.0 * v)
 
 
-def _class_posterior(L, tau, eta):
-    """Σ = L (I + Lᵀ Λ L)⁻¹ Lᵀ, μ = Σ η; raises NotPositiveDefiniteError when Σ would not be PD."""
-    n = L.shape[0]
-    C = L.T @ (tau[:, None] * L)
-    C.flat[:: n + 1] += 1.0
-    try:
-        R = np.linalg.cholesky(C)
-    except np.linalg.LinAlgError:
-        raise NotPositiveDefiniteError("a class covariance would not be positive definite") from None
-    W = solve_triangular(R, L.T, lower=True).T          # W = L R⁻ᵀ, Σ = W Wᵀ
-    mean = W @ (W.T @ eta)
-    return ClassPosterior(mean=mean, W=W, site_precision=tau.copy(), site_location=eta.copy(),
-                          b=eta - tau * mean, logdet=2.0 * float(np.sum(np.log(np.diag(R)))))
-
-
 class _Sites:
     """All site parameters; arrays (n, l) are zero where k = yᵢ."""
+
+    ARRAYS = ("tau_o", "eta_o", "tau_t", "eta_t", "lam", "lam_i", "alpha", "beta")
 
     def __init__(self, y, l):
         n = y.shape[0]
         self.y, self.l, self.n = y, l, n
         self.other = np.ones((n, l), dtype=bool)
         self.other[np.arange(n), y] = False
+        # column j of ``others``: the j-th class k ≠ yᵢ of each point (the pair refined j-th)
+        self.others = np.nonzero(self.other)[1].reshape(n, l - 1)
         self.tau_o = np.zeros((n, l))     # on f_k(xᵢ), k ≠ yᵢ
         self.eta_o = np.zeros((n, l))
         self.tau_t = np.zeros((n, l))     # on f_yᵢ(xᵢ), one per k ≠ yᵢ
@@ -153,8 +122,29 @@ class _Sites:
         eta[rows, self.y] = self.eta_t.sum(axis=1)
         return tau, eta
 
-    def copy_gaussian(self):
-        return self.tau_o.copy(), self.eta_o.copy(), self.tau_t.copy(), self.eta_t.copy(), self.lam.copy()
+    def copy(self):
+        new = _Sites.__new__(_Sites)
+        new.__dict__.update(self.__dict__)
+        for name in self.ARRAYS:
+            setattr(new, name, getattr(self, name).copy())
+        return new
+
+    def locations(self):
+        """The parameters the inner loop moves (everything but the Gaussian precisions), flat."""
+        o = self.other
+        return np.concatenate([self.eta_t[o], self.eta_o[o], self.lam[o], self.alpha, self.beta,
+                               self.lam_i])
+
+    def with_locations(self, x):
+        """A copy with :meth:`locations` replaced by ``x``."""
+        new, o, q, n = self.copy(), self.other, int(self.other.sum()), self.n
+        new.eta_t[o], new.eta_o[o], new.lam[o] = x[:q], x[q:2 * q], x[2 * q:3 * q]
+        new.alpha, new.beta, new.lam_i = x[3 * q:3 * q + n], x[3 * q + n:3 * q + 2 * n], x[3 * q + 2 * n:]
+        return new
+
+    def z_log_odds(self):
+        """log-odds of Q's P(zᵢ = 1): ψ̃ᵢ's factor plus the ψ̃ᵢₖ's."""
+        return self.lam_i + self.lam.sum(axis=1)
 
 
 def _likelihood_moments(m_t, v_t, m_o, v_o, log_p_cav, log_c):
@@ -183,9 +173,28 @@ def _likelihood_moments(m_t, v_t, m_o, v_o, log_p_cav, log_c):
     return log_z, g, d2, lam_new
 
 
+#: the class blocks are factored in single precision (half the time) while the largest moment
+#: mismatch is above this; float32 marginals (~1e-4 relative) steer the early iterations well enough
+SINGLE_ABOVE = 1e-2
+#: the inner loop (locations at fixed precisions): at most MAX_LOCATION_SWEEPS per refactorisation,
+#: stopped once its mismatch is below LOCATION_FRACTION × the outer mismatch (or below tol)
+MAX_LOCATION_SWEEPS, LOCATION_FRACTION = 30, 0.1
+#: Anderson acceleration of the inner loop: the number of past steps it combines
+ANDERSON_MEMORY = 5
+
+
 def rmgpc_ep(Ks, y, n_classes, a0=1.0, b0=9.0, robust=True, max_iter=500, tol=1e-6, damping=0.5,
-             anneal=0.99, anneal_floor=0.05, min_damping=1e-6, init=None, n_threads=1):
+             min_damping=1e-6, init=None, n_threads=1):
     """Run RMGPC's EP (§3) to a fixed point.
+
+    Each outer iteration refines every ψ̃ᵢₖ from the current marginals (all points at once; the
+    l − 1 pairs of a point one after another, its target marginal moved by each, as a local
+    sequential schedule) and then the ψ̃ᵢ sequentially (RMGPC §3.2), damped by ε, and refactors the l
+    class blocks (one Cholesky and one triangular inverse each, :class:`~gpc.multiclass._block.ClassBlock`).
+    Between refactorisations an inner loop moves only the site locations (η, the Bernoulli and Beta
+    factors) at fixed site precisions: the class covariances do not change, so each sweep costs
+    O(n²) per class, and Anderson acceleration of those sweeps makes the means settle in a few of
+    them.  The fixed point is EP's: every tilted moment equals Q's marginal.
 
     Parameters
     ----------
@@ -199,154 +208,277 @@ def rmgpc_ep(Ks, y, n_classes, a0=1.0, b0=9.0, robust=True, max_iter=500, tol=1e
         Beta prior of the outlier rate ρ (RMGPC eq. (4); the paper suggests a₀ = 1, b₀ = 9).
     robust : bool
         False gives SMGPC (b₀ → ∞): no outlier indicators.
-    max_iter, tol : iterations of (parallel ψ̃ᵢₖ, sequential ψ̃ᵢ) and the stopping tolerance on the
-        largest change of a marginal mean or variance divided by the damping ε (so that a small ε does
-        not fake convergence).
+    max_iter : int
+        Outer iterations (refactorisations).
+    tol : float
+        Stop when the undamped refinement would move no marginal by more than ``tol``: the largest
+        mismatch between a tilted distribution's mean (variance) and Q's, in units of the prior
+        standard deviation (variance) of that latent value, and between the tilted and Q's P(zᵢ = 1).
+        It is checked on a double-precision factorisation.
     damping : float
-        Initial damping ε (new site = ε · refined + (1 − ε) · old), halved whenever a class covariance
-        would stop being positive definite, and multiplied by ``anneal`` after every iteration until it reaches ``anneal_floor``.
-    anneal : float, default 0.99
-        Factor on the damping after every iteration.
-    anneal_floor : float, default 0.05
-        The annealing stops at this damping.
+        ε of RMGPC §3 (new site = ε · refined + (1 − ε) · old; the paper's 0.5), halved whenever a
+        class covariance would stop being positive definite (recorded in ``damping_history``).
     min_damping : float, default 1e-6
         Halving below this raises NotPositiveDefiniteError.
     init : MultiClassEPResult, optional
         Warm start from a previous result on the same labels (the optimiser's previous θ).
     n_threads : int, default 1
-        Threads over the l class blocks (each block's Cholesky, triangular solve and products run in
-        LAPACK/BLAS with the GIL released; the blocks are independent given the sites).  The result
-        does not depend on it.
+        Threads over the l class blocks (their LAPACK calls release the GIL; the blocks are
+        independent given the sites).  The result does not depend on it.  BLAS itself runs on one
+        thread during EP (:func:`_one_blas_thread`).
 
     Returns
     -------
     MultiClassEPResult
     """
     y = np.asarray(y, dtype=np.intp)
-    n, l = y.shape[0], int(n_classes)
-    Ls, factors = [], {}
-    for K in Ks:                      # a shared kernel is factored once
-        key = id(K)
-        if key not in factors:
-            factors[key] = cholesky_lower(K, name="K")[0]
-        Ls.append(factors[key])
+    l = int(n_classes)
+    blocks = [ClassBlock(np.ascontiguousarray(K, dtype=np.float64)) for K in Ks]
     pool = ThreadPoolExecutor(max_workers=int(n_threads)) if n_threads > 1 and l > 1 else None
     try:
-        return _run(Ls, y, n, l, a0, b0, robust, max_iter, tol, damping, anneal, anneal_floor,
-                    min_damping, init, pool)
+        with _one_blas_thread():
+            return _run(blocks, y, l, a0, b0, robust, max_iter, tol, damping, min_damping, init, pool)
     finally:
         if pool is not None:
             pool.shutdown()
 
 
-def _class_posteriors(Ls, tau, eta, pool):
-    """Every class's posterior; in ``pool``'s threads when given (a failure is raised either way)."""
-    blocks = range(len(Ls))
-    if pool is None:
-        return [_class_posterior(Ls[k], tau[:, k], eta[:, k]) for k in blocks]
-    return list(pool.map(lambda k: _class_posterior(Ls[k], tau[:, k], eta[:, k]), blocks))
+def _one_blas_thread():
+    """BLAS and OpenMP pinned to one thread while EP runs (threadpoolctl, when installed).
 
-
-def _run(Ls, y, n, l, a0, b0, robust, max_iter, tol, damping, anneal, anneal_floor, min_damping,
-         init, pool):
-    """rmgpc_ep's iteration, with the class factors ``Ls`` computed."""
-    sites = _Sites(y, l)
-    a, b = float(a0), float(b0)
-    if init is not None and init.sites is not None and np.array_equal(init.sites.y, y):
-        sites = copy.deepcopy(init.sites)
-        if robust:
-            a, b = a + float(np.sum(sites.alpha)), b + float(np.sum(sites.beta))
-    rows = np.arange(n)
-    other = sites.other
-    log_c = -np.log(l) / (l - 1)
-    history, converged = [], False
-    tau, eta = sites.class_sites()
+    EP makes many small calls that alternate between NumPy's OpenBLAS, SciPy's OpenBLAS (gpc._lapack)
+    and OpenMP loops (gpc._dense); with more than one thread each, their idle workers spin against
+    each other: on a busy 2-core machine an RMGPC fit on new-thyroid took 23.5 s instead of 0.22 s.
+    The class blocks are parallelised by ``n_threads`` instead.  The limit is process-wide while it
+    lasts (as scikit-learn's own uses of threadpoolctl)."""
     try:
-        post = _class_posteriors(Ls, tau, eta, pool)
-    except NotPositiveDefiniteError:     # a warm start that does not fit these K: start cold
-        sites, a, b = _Sites(y, l), float(a0), float(b0)
-        tau, eta = sites.class_sites()
-        post = _class_posteriors(Ls, tau, eta, pool)
-    means = np.column_stack([p.mean for p in post])
-    varis = np.column_stack([p.var for p in post])
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
+        return contextlib.nullcontext()
+    return threadpool_limits(1)
 
-    def cavities(means, varis):
-        """Cavity moments of every pair (i, k ≠ yᵢ); invalid (non-positive variance) pairs masked."""
-        m_y, v_y = means[rows, y][:, None], varis[rows, y][:, None]
-        prec_t = 1.0 / v_y - sites.tau_t
-        prec_o = 1.0 / varis - sites.tau_o
-        ok = other & (prec_t > 0) & (prec_o > 0)
-        safe_t = np.where(ok, prec_t, 1.0)
-        safe_o = np.where(ok, prec_o, 1.0)
-        v_t, v_o = 1.0 / safe_t, 1.0 / safe_o
-        m_t = v_t * (m_y / v_y - sites.eta_t)
-        m_o = v_o * (means / varis - sites.eta_o)
-        return ok, m_t, v_t, m_o, v_o
 
-    def z_log_odds():
-        return sites.lam_i + sites.lam.sum(axis=1)
+def _map(pool, fn, items):
+    return [fn(x) for x in items] if pool is None else list(pool.map(fn, items))
 
+
+def _refactor(blocks, sites, single, pool):
+    """Every class's marginal means and variances (n, l) at ``sites``; raises
+    NotPositiveDefiniteError when a class covariance would not be positive definite."""
+    tau, eta = sites.class_sites()
+    out = _map(pool, lambda k: blocks[k].marginals(tau[:, k], eta[:, k], single), range(len(blocks)))
+    return np.column_stack([m for m, _ in out]), np.column_stack([v for _, v in out])
+
+
+def _remean(blocks, sites, pool):
+    """Means for new site locations at the precisions of the last refactorisation (O(n²) each)."""
+    _, eta = sites.class_sites()
+    return np.column_stack(_map(pool, lambda k: blocks[k].mean(eta[:, k]), range(len(blocks))))
+
+
+def _beta_posterior(sites, a0, b0):
+    """Q's Beta(a, b) of ρ: the prior times the ψ̃ᵢ's ρ^{αᵢ}(1 − ρ)^{βᵢ}."""
+    return float(a0) + float(np.sum(sites.alpha)), float(b0) + float(np.sum(sites.beta))
+
+
+def _cavities(sites, means, varis):
+    """Cavity moments of every pair (i, k ≠ yᵢ) in (n, l) arrays; ``ok`` masks out k = yᵢ and the
+    pairs whose cavity variance would not be positive."""
+    y, rows = sites.y, np.arange(sites.n)
+    m_y, v_y = means[rows, y][:, None], varis[rows, y][:, None]
+    prec_t = 1.0 / v_y - sites.tau_t
+    prec_o = 1.0 / varis - sites.tau_o
+    ok = sites.other & (prec_t > 0) & (prec_o > 0)
+    v_t, v_o = 1.0 / np.where(ok, prec_t, 1.0), 1.0 / np.where(ok, prec_o, 1.0)
+    m_t = v_t * (m_y / v_y - sites.eta_t)
+    m_o = v_o * (means / varis - sites.eta_o)
+    return ok, m_t, v_t, m_o, v_o
+
+
+def _log_p_cavity(lz_cav):
+    """(log p, log(1 − p)) for cavity z log-odds."""
+    return -np.logaddexp(0.0, -lz_cav), -np.logaddexp(0.0, lz_cav)
+
+
+def _refine(sites, means, varis, prior_sd, damping, robust, a0, b0, log_c, fixed_precisions):
+    """One refinement of every ψ̃ᵢₖ (RMGPC eq. (14)) and then of every ψ̃ᵢ (eq. (15)).
+
+    All points at once; the l − 1 pairs of point i one after another, each moving the target
+    marginal f_yᵢ(xᵢ) (and the z log-odds) by its own change, so that the next pair's cavity sees
+    it.  With ``fixed_precisions`` the Gaussian sites keep their precisions and their locations move
+    the marginal mean to the tilted mean (the inner loop).  Returns the new sites (a copy) and the
+    largest mismatch between the tilted moments and Q's (the undamped step, in units of
+    ``prior_sd`` and its square; for z a probability); with ``fixed_precisions`` the variances'
+    mismatch, which the inner loop cannot change, is left out.
+    """
+    new = sites.copy()
+    rows, y, e = np.arange(sites.n), sites.y, damping
+    m_y, v_y = means[rows, y].copy(), varis[rows, y].copy()
+    sd_y = prior_sd[rows, y]
+    lz = new.z_log_odds()
+    mismatch = 0.0
+    for j in range(sites.l - 1):
+        k = sites.others[:, j]
+        tt0, et0 = new.tau_t[rows, k], new.eta_t[rows, k]
+        to0, eo0 = new.tau_o[rows, k], new.eta_o[rows, k]
+        lam0 = new.lam[rows, k]
+        m_k, v_k, sd_k = means[rows, k], varis[rows, k], prior_sd[rows, k]
+        prec_t, prec_o = 1.0 / v_y - tt0, 1.0 / v_k - to0
+        ok = (prec_t > 0) & (prec_o > 0)
+        v_t, v_o = 1.0 / np.where(ok, prec_t, 1.0), 1.0 / np.where(ok, prec_o, 1.0)
+        m_t, m_o = v_t * (m_y / v_y - et0), v_o * (m_k / v_k - eo0)
+        lz_cav = lz - lam0
+        log_p_cav = _log_p_cavity(lz_cav) if robust else None
+        _, g, d2, lam_new = _likelihood_moments(m_t, v_t, m_o, v_o, log_p_cav, log_c)
+        var_t, var_o = v_t + v_t * v_t * d2, v_o + v_o * v_o * d2        # tilted variances
+        ok &= (var_t > 0) & (var_o > 0)
+        var_t, var_o = np.where(ok, var_t, 1.0), np.where(ok, var_o, 1.0)
+        mean_t, mean_o = m_t + v_t * g, m_o - v_o * g                   # tilted means
+        gap = np.maximum(np.abs(mean_t - m_y) / sd_y, np.abs(mean_o - m_k) / sd_k)
+        if not fixed_precisions:   # (the inner loop cannot change the variances)
+            gap = np.maximum.reduce([gap, np.abs(var_t - v_y) / sd_y ** 2, np.abs(var_o - v_k) / sd_k ** 2])
+        if robust:
+            gap = np.maximum(gap, np.abs(expit(lz_cav + lam_new) - expit(lz)))
+        mismatch = max(mismatch, float(np.max(gap, where=ok, initial=0.0)))
+        if fixed_precisions:       # Δη = Δm / v moves the marginal mean to the tilted mean
+            tt, to = tt0, to0
+            et = et0 + e * (mean_t - m_y) / v_y
+            eo = eo0 + e * (mean_o - m_k) / v_k
+        else:                      # site = tilted / cavity, damped
+            tt = e * (1.0 / var_t - 1.0 / v_t) + (1 - e) * tt0
+            et = e * (mean_t / var_t - m_t / v_t) + (1 - e) * et0
+            to = e * (1.0 / var_o - 1.0 / v_o) + (1 - e) * to0
+            eo = e * (mean_o / var_o - m_o / v_o) + (1 - e) * eo0
+        tt, et = np.where(ok, tt, tt0), np.where(ok, et, et0)
+        to, eo = np.where(ok, to, to0), np.where(ok, eo, eo0)
+        prec = 1.0 / v_y + tt - tt0               # the target marginal moves with its site
+        m_y = (m_y / v_y + et - et0) / prec
+        v_y = 1.0 / prec
+        new.tau_t[rows, k], new.eta_t[rows, k], new.tau_o[rows, k], new.eta_o[rows, k] = tt, et, to, eo
+        if robust:
+            lam = np.where(ok, e * lam_new + (1 - e) * lam0, lam0)
+            lz = lz + lam - lam0
+            new.lam[rows, k] = lam
+    if robust:
+        before = expit(new.z_log_odds())
+        a, b = _beta_posterior(new, a0, b0)
+        _refine_outlier_prior(new, a, b, e)
+        # the ψ̃ᵢ's undamped step in P(zᵢ = 1)
+        mismatch = max(mismatch, float(np.max(np.abs(expit(new.z_log_odds()) - before))) / e)
+    return new, mismatch
+
+
+def _location_sweeps(blocks, sites, means, varis, prior_sd, robust, a0, b0, log_c, tol, outer,
+                     pool):
+    """The inner loop: Anderson-accelerated refinements at fixed site precisions (O(n²) per class
+    each).  Returns (sites, means, number of sweeps); the variances do not change."""
+    xs, fs, best, keep, sweeps = [], [], np.inf, None, 0
+    for _ in range(MAX_LOCATION_SWEEPS):
+        new, res = _refine(sites, means, varis, prior_sd, 1.0, robust, a0, b0, log_c, True)
+        if keep is None or res < keep[0]:
+            keep = (res, sites, means)
+        if res < max(tol, LOCATION_FRACTION * outer) or res > 10.0 * keep[0]:
+            break
+        x = sites.locations()
+        gx = new.locations()
+        if res > 2.0 * best:           # the iteration left Anderson's linear regime: start afresh
+            xs, fs = [], []
+        best = min(best, res)
+        xs.append(x)
+        fs.append(gx - x)
+        if len(xs) > ANDERSON_MEMORY + 1:
+            xs.pop(0)
+            fs.pop(0)
+        step = gx
+        if len(xs) > 1:     # Anderson (type II): the combination of past steps with least residual
+            dF = np.diff(np.column_stack(fs), axis=1)
+            dX = np.diff(np.column_stack(xs), axis=1)
+            w = _location_weights(sites, varis, prior_sd, a0, b0)
+            gamma = np.linalg.lstsq(w[:, None] * dF, w * fs[-1], rcond=1e-10)[0]
+            step = gx - (dX + dF) @ gamma
+        sites = sites.with_locations(step)
+        means = _remean(blocks, sites, pool)
+        sweeps += 1
+    else:
+        res = _refine(sites, means, varis, prior_sd, 1.0, robust, a0, b0, log_c, True)[1]
+        if res < keep[0]:
+            keep = (res, sites, means)
+    return keep[1], keep[2], sweeps
+
+
+def _location_weights(sites, varis, prior_sd, a0, b0):
+    """Scales of :meth:`_Sites.locations` that make a unit change of each a comparable change of Q:
+    a location moves its marginal mean by v (over the prior sd), a log-odds moves P(z) by p(1 − p),
+    the Beta exponents move Q's Beta by 1/(a + b)."""
+    o, rows = sites.other, np.arange(sites.n)
+    v_y = np.broadcast_to((varis[rows, sites.y] / prior_sd[rows, sites.y])[:, None], o.shape)[o]
+    v_k = (varis / prior_sd)[o]
+    p = expit(sites.z_log_odds())
+    pq = p * (1.0 - p)
+    a, b = _beta_posterior(sites, a0, b0)
+    beta_w = np.full(sites.n, 1.0 / (a + b))
+    return np.concatenate([v_y, v_k, np.broadcast_to(pq[:, None], o.shape)[o], beta_w, beta_w, pq])
+
+
+def _run(blocks, y, l, a0, b0, robust, max_iter, tol, damping, min_damping, init, pool):
+    """rmgpc_ep's iteration."""
+    n = y.shape[0]
+    log_c = -np.log(l) / (l - 1)
+    prior_sd = np.sqrt(np.column_stack([b.k_diag for b in blocks]))
+    history, converged, sweeps = [], False, 0
+    sites, means, varis, single = None, None, None, True
+    if init is not None and init.sites is not None and np.array_equal(init.sites.y, y):
+        try:           # a warm start: refactor its sites in double precision
+            sites = init.sites.copy()
+            means, varis = _refactor(blocks, sites, False, pool)
+            single = False
+        except NotPositiveDefiniteError:     # sites that do not fit these K: start cold
+            sites = None
+    if sites is None:
+        sites = _Sites(y, l)
+        means, varis = np.zeros((n, l)), prior_sd ** 2
+        if robust:     # ψ̃ᵢ from the prior alone, so that the first cavities see P(z = 1) = ρ̄
+            _refine_outlier_prior(sites, a0, b0, 1.0)
+    factored = not single
     it = 0
     for it in range(1, max_iter + 1):
-        # -- ψ̃ᵢₖ in parallel (RMGPC §3.2) --
-        ok, m_t, v_t, m_o, v_o = cavities(means, varis)
-        if robust:
-            lz_cav = z_log_odds()[:, None] - sites.lam
-            log_p_cav = (-np.logaddexp(0.0, -lz_cav), -np.logaddexp(0.0, lz_cav))
-        else:
-            log_p_cav = None
-        _, g, d2, lam_new = _likelihood_moments(m_t, v_t, m_o, v_o, log_p_cav, log_c)
-        new_t = v_t + v_t * v_t * d2
-        new_o = v_o + v_o * v_o * d2
-        ok &= (new_t > 0) & (new_o > 0)
-        new_t, new_o = np.where(ok, new_t, 1.0), np.where(ok, new_o, 1.0)
-        tau_t = 1.0 / new_t - 1.0 / v_t
-        eta_t = (m_t + v_t * g) / new_t - m_t / v_t
-        tau_o = 1.0 / new_o - 1.0 / v_o
-        eta_o = (m_o - v_o * g) / new_o - m_o / v_o
-        old = sites.copy_gaussian()
+        new, mismatch = _refine(sites, means, varis, prior_sd, damping, robust, a0, b0, log_c, False)
+        if mismatch < tol and factored and not single:
+            converged = True
+            break
+        single = single and mismatch > SINGLE_ABOVE
         while True:
-            e = damping
-            sites.tau_t = np.where(ok, e * tau_t + (1 - e) * old[2], old[2])
-            sites.eta_t = np.where(ok, e * eta_t + (1 - e) * old[3], old[3])
-            sites.tau_o = np.where(ok, e * tau_o + (1 - e) * old[0], old[0])
-            sites.eta_o = np.where(ok, e * eta_o + (1 - e) * old[1], old[1])
-            if robust:
-                sites.lam = np.where(ok, e * lam_new + (1 - e) * old[4], old[4])
-            tau, eta = sites.class_sites()
             try:
-                post = _class_posteriors(Ls, tau, eta, pool)
+                means, varis = _refactor(blocks, new, single, pool)
+                sites, factored = new, True
                 break
             except NotPositiveDefiniteError:
                 damping *= 0.5
                 history.append((it, damping))
                 if damping < min_damping:
-                    sites.tau_o, sites.eta_o, sites.tau_t, sites.eta_t, sites.lam = old
                     raise NotPositiveDefiniteError(
-                        f"EP could not keep the class covariances positive definite even with damping "
-                        f"{damping:g}") from None
-        # -- ψ̃ᵢ sequentially (standard EP) --
-        if robust:
-            a, b = _refine_outlier_prior(sites, a, b, damping)
-        new_means = np.column_stack([p.mean for p in post])
-        new_varis = np.column_stack([p.var for p in post])
-        change = max(np.max(np.abs(new_means - means)), np.max(np.abs(new_varis - varis)))
-        means, varis = new_means, new_varis
-        if change < tol * damping:   # the undamped step, change/ε, is below tol
-            converged = True
-            break
-        # annealing: sites whose tilted distributions are bimodal (likely outliers) can make
-        # parallel EP wander; shrinking ε slowly forces the iteration to settle (it changes the
-        # path, not the fixed-point conditions, which the tests check)
-        damping = max(damping * anneal, min(damping, anneal_floor))
+                        f"EP could not keep the class covariances positive definite even with "
+                        f"damping {damping:g}") from None
+                new, mismatch = _refine(sites, means, varis, prior_sd, damping, robust, a0, b0,
+                                        log_c, False)
+        sites, means, done = _location_sweeps(blocks, sites, means, varis, prior_sd, robust, a0, b0,
+                                              log_c, tol, mismatch, pool)
+        sweeps += done
     if not converged:
         warnings.warn(f"RMGPC EP did not converge in {max_iter} iterations", ConvergenceWarning,
                       stacklevel=3)
-    log_z = _log_evidence(sites, post, means, varis, a, b, a0, b0, robust, log_c, cavities)
-    p_out = expit(z_log_odds()) if robust else np.zeros(n)
+        if single or not factored:
+            means, varis = _refactor(blocks, sites, False, pool)
+    tau, eta = sites.class_sites()
+    post = [blk.posterior(eta[:, k]) for k, blk in enumerate(blocks)]
+    means = np.column_stack([p.mean for p in post])
+    a, b = _beta_posterior(sites, a0, b0) if robust else (float(a0), float(b0))
+    log_z = _log_evidence(sites, post, means, varis, a, b, a0, b0, robust, log_c)
+    p_out = expit(sites.z_log_odds()) if robust else np.zeros(n)
     return MultiClassEPResult(classes=post, outlier_probability=p_out, a=a, b=b, log_evidence=log_z,
                               n_iter=it, converged=converged, damping=damping,
-                              damping_history=history, robust=robust, sites=sites)
+                              n_location_sweeps=sweeps, damping_history=history, robust=robust,
+                              sites=sites)
 
 
 def _refine_outlier_prior(sites, a, b, damping):
@@ -364,7 +496,7 @@ def _refine_outlier_prior(sites, a, b, damping):
                                 float(a), float(b), float(damping))
 
 
-def _log_evidence(sites, post, means, varis, a, b, a0, b0, robust, log_c, cavities):
+def _log_evidence(sites, post, means, varis, a, b, a0, b0, robust, log_c):
     """log Z of RMGPC eq. (16)-(17), from the converged sites.
 
     log Z = Σ_k [½ vᵏᵀ μ_k − ½ log|I + Λᵏ K_k|] + Σ log s̃ᵢₖ + Σ log s̃ᵢ
@@ -376,7 +508,7 @@ def _log_evidence(sites, post, means, varis, a, b, a0, b0, robust, log_c, caviti
     """
     y, other = sites.y, sites.other
     log_z = sum(0.5 * float(p.site_location @ p.mean) - 0.5 * p.logdet for p in post)
-    ok, m_t, v_t, m_o, v_o = cavities(means, varis)
+    ok, m_t, v_t, m_o, v_o = _cavities(sites, means, varis)
     if not np.all(ok == other):
         raise NotPositiveDefiniteError("a cavity variance is not positive at the EP fixed point")
     if robust:

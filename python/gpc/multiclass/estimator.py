@@ -49,7 +49,8 @@ class MultiClassGPC(_ClassifierMixin, _Base):
         One kernel for all classes (eq. (22)) or one per class.
     optimizer : "fmin_l_bfgs_b", callable or None
     n_restarts_optimizer : int
-    max_iter, tol : EP's iteration limit and tolerance.
+    max_iter, tol : EP's limit on outer iterations and its tolerance on the undamped moment
+        mismatch (:func:`gpc.multiclass.ep.rmgpc_ep`).
     random_state : seed for the restarts.
     n_jobs : int or None
         Threads over EP's l class blocks (None or 1: none; -1: one per core).  The fit does not
@@ -58,10 +59,10 @@ class MultiClassGPC(_ClassifierMixin, _Base):
     Attributes
     ----------
     classes_, n_classes_, n_features_in_, kernels_ (one per class), noise_ (SMGPC's ϑ_k²),
-    n_iter_ (EP iterations, or HTPC's Newton steps, of the final fit), log_marginal_likelihood_value_,
-    outlier_probability_ (eq. (21), one per training row in fit order; zeros for "standard" and
-    "heavy-tailed"), ep_result_ (the converged EP state, with its damping record; for HTPC the
-    Laplace approximation), scales_ (HTPC's b_k; None otherwise).
+    n_iter_ (EP's outer iterations, i.e. class-block refactorisations, or HTPC's Newton steps, of
+    the final fit), log_marginal_likelihood_value_, outlier_probability_ (eq. (21), one per
+    training row in fit order; zeros for "standard" and "heavy-tailed"), ep_result_ (the
+    converged EP state, with its damping record; for HTPC the Laplace approximation), scales_ (HTPC's b_k; None otherwise).
 
     Examples
     --------

@@ -8,18 +8,6 @@ N_NODES = 64
 _GH_X, _GH_W = np.polynomial.hermite.hermgauss(N_NODES)
 
 
-def latent_moments(post, K_cross, k_diag):
-    """Mean and variance of f_k(x*) under Q, RMGPC eq. (20).
-
-    m_k = k*ᵀ K⁻¹ μ_k = k*ᵀ b and v_k = κ* − k*ᵀ (K⁻¹ − K⁻¹ Σ K⁻¹) k* = κ* − k*ᵀ (Λ − Λ Σ Λ) k*,
-    since K⁻¹ − K⁻¹ Σ K⁻¹ = (K + Λ⁻¹)⁻¹ = Λ − Λ Σ Λ (Woodbury; Λ the class's site precisions).
-    """
-    mean = K_cross @ post.b
-    LK = post.site_precision[:, None] * K_cross.T
-    var = k_diag - np.einsum("ij,ji->i", K_cross, LK) + np.sum((post.W.T @ LK) ** 2, axis=0)
-    return mean, np.maximum(var, 1e-300)
-
-
 def argmax_probabilities(means, varis):
     """P(y* = y) = ∫ N(u | m_y, v_y) Π_{k≠y} Φ((u − m_k)/√v_k) du for every y (RMGPC eq. (19)).
 
@@ -39,7 +27,7 @@ def argmax_probabilities(means, varis):
 
 def predict_proba(result, K_crosses, k_diags):
     """ρ̄/l + (1 − ρ̄) P(argmax = y) of RMGPC eq. (19), shape (m, l)."""
-    moments = [latent_moments(p, Kc, kd) for p, Kc, kd in zip(result.classes, K_crosses, k_diags)]
+    moments = [p.latent_moments(Kc, kd) for p, Kc, kd in zip(result.classes, K_crosses, k_diags)]
     means = np.column_stack([m for m, _ in moments])
     varis = np.column_stack([v for _, v in moments])
     l = means.shape[1]
