@@ -111,13 +111,13 @@ class StepBLAS:
         A, A_old = W[:B], W[B:]
         self.Xs @ self.Zs.T                                  # K_bu's Gram part
         np.copyto(A, self.K)
-        _sparse.rows_times_lower(Li, A, True)                # whitening, a = L⁻¹k
+        _lapack.multiply_triangular_rows(Li, A, False)   # whitening, a = L⁻¹k
         np.copyto(A_old, self.K)
-        _sparse.rows_times_lower(L, A_old, False)            # the sites' directions a' = Lᵀv
+        _lapack.multiply_triangular_rows(L, A_old, True)   # the sites' directions a' = Lᵀv
         np.copyto(Bm, A)
-        _sparse.rows_times_lower(Li, Bm, True)               # cavity marginals: R⁻¹a
+        _lapack.multiply_triangular_rows(Li, Bm, False)   # cavity marginals: R⁻¹a
         np.copyto(Bo, A_old)
-        _sparse.rows_times_lower(Li, Bo, True)               # and R⁻¹a'
+        _lapack.multiply_triangular_rows(Li, Bo, False)   # and R⁻¹a'
         _sparse.rows_dot(A, self.h, self.mb)
         _sparse.rows_dot(A_old, self.h, self.mb)
         np.copyto(P, self.P0)
@@ -126,13 +126,13 @@ class StepBLAS:
         np.copyto(R, self.P0)
         self._posterior(R)                                   # the new q
         np.copyto(Y, A)
-        _sparse.rows_times_lower(Li, Y, False)               # the new directions v = L⁻ᵀa
+        _lapack.multiply_triangular_rows(Li, Y, True)   # the new directions v = L⁻ᵀa
         np.copyto(Bm, A)
-        _sparse.rows_times_lower(Li, Bm, True)               # marginals at the new q
+        _lapack.multiply_triangular_rows(Li, Bm, False)   # marginals at the new q
         _sparse.rows_dot(A, self.h, self.mb)
-        _sparse.rows_times_lower(Li, Bm, False)              # A Σ
+        _lapack.multiply_triangular_rows(Li, Bm, True)   # A Σ
         _sparse.transpose_times(Y, A, S)                     # Yᵀ A
-        _sparse.rows_times_lower(Li, Bm, False)              # G L⁻¹
+        _lapack.multiply_triangular_rows(Li, Bm, True)   # G L⁻¹
         Bm @ self.Zs, Bm.T @ self.Xs                         # its contraction's products
         _sparse.lower_gram(Li, self.C)                       # Σ for the prior term
         _sparse.congruence(Li, S)                            # L⁻ᵀ G L⁻¹

@@ -182,10 +182,10 @@ def test_compiled_site_rule_matches_the_dense_cavity(likelihood):
 
 
 def test_compiled_step_checks_its_inputs():
-    from gpc import _sparse
+    from gpc import _lapack, _sparse
     L, B = np.eye(4), np.ones((3, 5))
-    with pytest.raises(ValueError, match="columns"):
-        _sparse.rows_times_lower(L, B, True)
+    with pytest.raises(ValueError, match="rows have length 5"):      # the step's triangular products
+        _lapack.multiply_triangular_rows(L, B, False)
     with pytest.raises(ValueError, match="square"):
         _sparse.congruence(np.ones((4, 3)), np.eye(4))
     with pytest.raises(ValueError, match="work"):

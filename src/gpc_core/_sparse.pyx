@@ -66,26 +66,6 @@ def lower_inverse_in_place(double[:, ::1] L):
     return info
 
 
-def rows_times_lower(const double[:, ::1] L, double[:, ::1] B, bint transpose):
-    """B (k x m) := B L, or B L^T with ``transpose``, for lower-triangular L (m x m) (dtrmm).
-
-    Row by row: b := L^T b, or L b with ``transpose``.  The whitening A = K_bu L^-T is
-    ``rows_times_lower(L^-1, K_bu, True)``; a gradient G L^-1 is ``rows_times_lower(L^-1, G,
-    False)``.
-    """
-    _check_square(L.shape[0], L.shape[1], "L")
-    _check_columns(B.shape[1], L.shape[0], "B")
-    if B.shape[0] == 0:
-        return
-    cdef int m = <int> L.shape[0], k = <int> B.shape[0]
-    # Fortran: B^T := U B^T with U = L^T ('N'), or U^T B^T = L B^T ('T')
-    cdef char side = b'L', uplo = b'U', diag = b'N'
-    cdef char trans = b'T' if transpose else b'N'
-    cdef double one = 1.0
-    with nogil:
-        dtrmm(&side, &uplo, &trans, &diag, &m, &k, &one, <double*> &L[0, 0], &m, &B[0, 0], &m)
-
-
 def lower_gram(const double[:, ::1] L, double[:, ::1] out):
     """out (m x m, both triangles) := L^T L for lower-triangular L (dlauum, m^3/6 multiply-adds):
     Σ = R^-T R^-1 from R^-1.  Returns LAPACK's info."""

@@ -17,7 +17,7 @@ import copy
 
 import numpy as np
 
-from .. import _sparse
+from .. import _lapack, _sparse
 from .._linalg import cholesky_lower
 from ..kernels import RBF, ConstantKernel, Product
 
@@ -190,7 +190,7 @@ class InducingFactor:
         With ``keep_cross`` also K_bu, which :meth:`block_gradient` can reuse."""
         Kbu = self.cross(Xb)
         A = Kbu.copy() if keep_cross else Kbu
-        _sparse.rows_times_lower(self.Li, A, True)          # rows a_i = L⁻¹ k_i
+        _lapack.multiply_triangular_rows(self.Li, A, False)   # rows a_i = L⁻¹ k_i
         s = self.diag(Xb) - np.einsum("ij,ij->i", A, A)
         np.maximum(s, 0.0, out=s)
         return (A, s, Kbu) if keep_cross else (A, s)
@@ -206,7 +206,7 @@ class InducingFactor:
         Returns (g_theta (p,), g_Z (m, d)).
         """
         G_bu = G_A if overwrite else np.array(G_A, dtype=np.float64, order="C")
-        _sparse.rows_times_lower(self.Li, G_bu, False)          # G_A L⁻¹
+        _lapack.multiply_triangular_rows(self.Li, G_bu, True)   # G_A L⁻¹
         if self.fast is not None:
             return self.fast.contract(Xb, self.Z, self.cross(Xb) if Kbu is None else Kbu, G_bu,
                                       g_s, overwrite=True)

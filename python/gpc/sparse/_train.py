@@ -13,7 +13,7 @@ worth at b = m (docs/sparse.md, "One minibatch step").
 
 import numpy as np
 
-from .. import _sparse
+from .. import _lapack, _sparse
 from .._sparse import SiteRule
 from ..exceptions import NotPositiveDefiniteError, NumericalError
 from ._inducing import InducingFactor
@@ -170,7 +170,7 @@ def site_directions(X, factor, tau, nu, block_rows, P, h):
         dP, dh = whitened_sums(A, tau[start:stop], nu[start:stop])
         P += dP
         h += dh
-        _sparse.rows_times_lower(factor.Li, A, False)                 # v_i = L⁻ᵀ a_i
+        _lapack.multiply_triangular_rows(factor.Li, A, True)   # v_i = L⁻ᵀ a_i
         V[start:stop] = A
     return V
 
@@ -387,7 +387,7 @@ def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P
     else:
         A_old = W[b:]
         np.copyto(A_old, V_old)
-        _sparse.rows_times_lower(factor.L, A_old, False)              # a'_i = Lᵀ v_i
+        _lapack.multiply_triangular_rows(factor.L, A_old, True)   # a'_i = Lᵀ v_i
         B_old = workspace("solved_old", (b, m))
         mean_old, var_old = q.marginals(A_old, out=B_old)
         cross = np.empty(b)
@@ -401,7 +401,7 @@ def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P
     _sparse.mirror_lower(P)
     _sparse.add_transpose_dot(rows_used, dh, h)
     V_new = W[:b]                                                      # A' is no longer needed
-    _sparse.rows_times_lower(factor.Li, V_new, False)                  # v_i = L⁻ᵀ a_i
+    _lapack.multiply_triangular_rows(factor.Li, V_new, True)   # v_i = L⁻ᵀ a_i
     return t_new, n_new, V_new, n_fresh
 
 

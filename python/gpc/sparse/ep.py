@@ -89,7 +89,7 @@ class NaturalPosterior:
             out = np.array(A, dtype=np.float64, order="C")
         elif out is not A:
             np.copyto(out, A)
-        _sparse.rows_times_lower(self.Ri, out, True)
+        _lapack.multiply_triangular_rows(self.Ri, out, False)
         return out
 
     def marginals(self, A, out=None):
@@ -108,7 +108,7 @@ class NaturalPosterior:
         mean, var = np.empty(len(B)), np.empty(len(B))
         _sparse.rows_dot(A, self.mean, mean)
         _sparse.row_dots(B, B, var)
-        _sparse.rows_times_lower(self.Ri, B, False)              # rows R⁻ᵀ R⁻¹ a_i = Σ_w a_i
+        _lapack.multiply_triangular_rows(self.Ri, B, True)   # rows R⁻ᵀ R⁻¹ a_i = Σ_w a_i
         return mean, var, B
 
     @property
