@@ -41,11 +41,7 @@ class SitePosterior:
         tau = np.asarray(site_precision, dtype=np.float64)
         if np.any(tau < 0):
             raise ValueError("SitePosterior needs non-negative site precisions")
-        self.K = K
-        self.site_precision = tau
-        self.site_location = np.asarray(site_location, dtype=np.float64)
-        self.prior_mean = prior_mean
-        self.sqrt_tau = np.sqrt(tau)
+        self._set_sites(K, tau, site_location, prior_mean)
         s = self.sqrt_tau
 
         def build():
@@ -63,6 +59,14 @@ class SitePosterior:
         self._cov = None
         self._B_inv = None
 
+    def _set_sites(self, K, site_precision, site_location, prior_mean):
+        """K, τ, ν, m0 and S = diag(√τ), as every constructor keeps them."""
+        self.K = K
+        self.site_precision = np.asarray(site_precision, dtype=np.float64)
+        self.site_location = np.asarray(site_location, dtype=np.float64)
+        self.prior_mean = prior_mean
+        self.sqrt_tau = np.sqrt(self.site_precision)
+
     @classmethod
     def from_factor(cls, K, site_precision, site_location, prior_mean, L, alpha, diag_cov=None):
         """The posterior from a Cholesky factor L of B = I + S K S that the caller already holds.
@@ -71,11 +75,7 @@ class SitePosterior:
         ``alpha`` = (I + T K)⁻¹ (ν − T m0); ``diag_cov``, if given, is diag Σ.  Nothing is refactored.
         """
         self = cls.__new__(cls)
-        self.K = K
-        self.site_precision = np.asarray(site_precision, dtype=np.float64)
-        self.site_location = np.asarray(site_location, dtype=np.float64)
-        self.prior_mean = prior_mean
-        self.sqrt_tau = np.sqrt(self.site_precision)
+        self._set_sites(K, site_precision, site_location, prior_mean)
         self.L = L
         self.alpha = alpha
         self.mean = prior_mean + _matvec(K, alpha)
@@ -207,11 +207,7 @@ class InverseFactorPosterior(SitePosterior):
         """The posterior from L⁻¹ (C-contiguous, lower triangular, zero strict upper triangle), α,
         μ = m0 + K α and diag Σ of the same sites.  Nothing is refactored."""
         self = cls.__new__(cls)
-        self.K = K
-        self.site_precision = np.asarray(site_precision, dtype=np.float64)
-        self.site_location = np.asarray(site_location, dtype=np.float64)
-        self.prior_mean = prior_mean
-        self.sqrt_tau = np.sqrt(self.site_precision)
+        self._set_sites(K, site_precision, site_location, prior_mean)
         self.Linv = Linv
         self._L = None
         self.alpha = alpha
