@@ -198,7 +198,9 @@ MAX_LOCATION_SWEEPS, LOCATION_FRACTION = 30, 0.1
 ANDERSON_MEMORY = 5
 #: Anderson acceleration of the outer loop (the damped refinements of all sites, one per
 #: refactorisation): the number of past steps it combines, and the number of plain damped steps
-#: taken after a rejected accelerated one before accelerating again
+#: taken after a rejected accelerated one before accelerating again (doubled after each further
+#: rejection without an accepted step between, so that where EP does not converge the trials cost
+#: a few refactorisations, not one per iteration)
 OUTER_MEMORY, OUTER_PAUSE = 5, 2
 
 
@@ -497,7 +499,7 @@ def _run(blocks, y, l, a0, b0, robust, max_iter, tol, damping, min_damping, init
         if robust:     # ψ̃ᵢ from the prior alone, so that the first cavities see P(z = 1) = ρ̄
             _refine_outlier_prior(sites, a0, b0, 1.0)
     factored = not single
-    it, rejected, pause, refined = 0, [], 0, None
+    it, rejected, pause, streak, refined = 0, [], 0, 0, None
     accel = _Anderson(memory)
     for it in range(1, max_iter + 1):
         new, mismatch = refined or _refine(sites, means, varis, prior_sd, damping, robust, a0, b0,
@@ -521,11 +523,12 @@ def _run(blocks, y, l, a0, b0, robust, max_iter, tol, damping, min_damping, init
                     trial = None
                 if trial is not None and trial[4][1] < mismatch:
                     sites, means, varis, _, refined = trial
-                    factored = True
+                    factored, streak = True, 0
                     continue
                 rejected.append(it)
                 accel.reset()
-                pause = OUTER_PAUSE
+                pause = OUTER_PAUSE << min(streak, 3)    # 2, 4, 8, 16 plain steps after each miss
+                streak += 1
         else:
             pause = max(pause - 1, 0)
         while True:    # the paper's damped step (RMGPC §3), halving ε if a Σ_k is not positive
