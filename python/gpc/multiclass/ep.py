@@ -56,6 +56,12 @@ class MultiClassEPResult:
         Outer iterations run (each refactors the l class blocks), and whether the tolerance was met.
     n_location_sweeps : int
         Sweeps of the inner loop (site locations at fixed precisions, O(n²) per class each).
+    n_refactorisations : int
+        Factorisations of the l class blocks, including those of rejected accelerated trials (the
+        O(n³) cost of the run).
+    rejected_steps : list
+        The iterations whose Anderson-accelerated trial was dropped (it did not factor, or did not
+        lower the moment mismatch) in favour of the plain damped step.
     damping, damping_history : float, list
         The final damping, and (iteration, new damping) at each halving.
     robust : bool
@@ -425,8 +431,8 @@ class _Anderson:
 
     From the last m + 1 pairs (xⱼ, g(xⱼ)) with residuals fⱼ = g(xⱼ) − xⱼ, the next iterate is
     g(x) − (ΔX + ΔF) γ with γ the weighted least-squares fit of f by the residual differences ΔF
-    (Walker & Ni, SIAM J. Numer. Anal. 49 (2011), eq. (2.3) with mixing 1).  With one pair it is
-    the plain step g(x).
+    (Anderson mixing with mixing parameter 1, as in Walker & Ni, SIAM J. Numer. Anal. 49 (2011)).
+    With one pair it is the plain step g(x).  The inner loop and the outer loop each use one.
     """
 
     def __init__(self, memory):
