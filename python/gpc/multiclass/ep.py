@@ -56,6 +56,12 @@ class MultiClassEPResult:
         Outer iterations run (each refactors the l class blocks), and whether the tolerance was met.
     n_location_sweeps : int
         Sweeps of the inner loop (site locations at fixed precisions, O(n²) per class each).
+    n_refactorisations : int
+        Factorisations of the l class blocks, including those of rejected accelerated trials (the
+        O(n³) cost of the run).
+    rejected_steps : list
+        The iterations whose Anderson-accelerated trial was dropped (it did not factor, or did not
+        lower the moment mismatch) in favour of the plain damped step.
     damping, damping_history : float, list
         The final damping, and (iteration, new damping) at each halving.
     robust : bool
@@ -72,6 +78,8 @@ class MultiClassEPResult:
     converged: bool
     damping: float
     n_location_sweeps: int = 0
+    n_refactorisations: int = 0       # factorisations of the l class blocks (accepted or not)
+    rejected_steps: list = field(default_factory=list)   # iterations whose accelerated step was dropped
     damping_history: list = field(default_factory=list)   # (iteration, new damping) at each halving
     robust: bool = True
     sites: object = None      # the converged site parameters (_Sites), for checks and warm starts
@@ -142,6 +150,19 @@ class _Sites:
         new.alpha, new.beta, new.lam_i = x[3 * q:3 * q + n], x[3 * q + n:3 * q + 2 * n], x[3 * q + 2 * n:]
         return new
 
+    def vector(self):
+        """Every site parameter the outer loop moves: the Gaussian precisions, then
+        :meth:`locations`, flat."""
+        o = self.other
+        return np.concatenate([self.tau_t[o], self.tau_o[o], self.locations()])
+
+    def with_vector(self, x):
+        """A copy with :meth:`vector` replaced by ``x``."""
+        q = int(self.other.sum())
+        new = self.with_locations(x[2 * q:])
+        new.tau_t[self.other], new.tau_o[self.other] = x[:q], x[q:2 * q]
+        return new
+
     def z_log_odds(self):
         """log-odds of Q's P(zᵢ = 1): ψ̃ᵢ's factor plus the ψ̃ᵢₖ's."""
         return self.lam_i + self.lam.sum(axis=1)
@@ -181,10 +202,16 @@ SINGLE_ABOVE = 1e-2
 MAX_LOCATION_SWEEPS, LOCATION_FRACTION = 30, 0.1
 #: Anderson acceleration of the inner loop: the number of past steps it combines
 ANDERSON_MEMORY = 5
+#: Anderson acceleration of the outer loop (the damped refinements of all sites, one per
+#: refactorisation): the number of past steps it combines, and the number of plain damped steps
+#: taken after a rejected accelerated one before accelerating again (doubled after each further
+#: rejection without an accepted step between, so that where EP does not converge the trials cost
+#: a few refactorisations, not one per iteration)
+OUTER_MEMORY, OUTER_PAUSE = 5, 2
 
 
 def rmgpc_ep(Ks, y, n_classes, a0=1.0, b0=9.0, robust=True, max_iter=500, tol=1e-6, damping=0.5,
-             min_damping=1e-6, init=None, n_threads=1):
+             min_damping=1e-6, init=None, n_threads=1, accelerate=True):
     """Run RMGPC's EP (§3) to a fixed point.
 
     Each outer iteration refines every ψ̃ᵢₖ from the current marginals (all points at once; the
@@ -226,6 +253,10 @@ def rmgpc_ep(Ks, y, n_classes, a0=1.0, b0=9.0, robust=True, max_iter=500, tol=1e
         Threads over the l class blocks (their LAPACK calls release the GIL; the blocks are
         independent given the sites).  The result does not depend on it.  BLAS itself runs on one
         thread during EP (:func:`_one_blas_thread`).
+    accelerate : bool, default True
+        Anderson acceleration of the outer iteration (``OUTER_MEMORY`` past damped steps).  False
+        gives the plain damped iteration; both stop at the same fixed point, the accelerated one
+        after fewer refactorisations on most problems (bench/RESULTS.md, issue 15).
 
     Returns
     -------
@@ -237,7 +268,8 @@ def rmgpc_ep(Ks, y, n_classes, a0=1.0, b0=9.0, robust=True, max_iter=500, tol=1e
     pool = ThreadPoolExecutor(max_workers=int(n_threads)) if n_threads > 1 and l > 1 else None
     try:
         with _one_blas_thread():
-            return _run(blocks, y, l, a0, b0, robust, max_iter, tol, damping, min_damping, init, pool)
+            return _run(blocks, y, l, a0, b0, robust, max_iter, tol, damping, min_damping, init, pool,
+                        OUTER_MEMORY if accelerate else 0)
     finally:
         if pool is not None:
             pool.shutdown()
@@ -372,30 +404,18 @@ def _location_sweeps(blocks, sites, means, varis, prior_sd, robust, a0, b0, log_
                      pool):
     """The inner loop: Anderson-accelerated refinements at fixed site precisions (O(n²) per class
     each).  Returns (sites, means, number of sweeps); the variances do not change."""
-    xs, fs, best, keep, sweeps = [], [], np.inf, None, 0
+    accel, best, keep, sweeps = _Anderson(ANDERSON_MEMORY), np.inf, None, 0
     for _ in range(MAX_LOCATION_SWEEPS):
         new, res = _refine(sites, means, varis, prior_sd, 1.0, robust, a0, b0, log_c, True)
         if keep is None or res < keep[0]:
             keep = (res, sites, means)
         if res < max(tol, LOCATION_FRACTION * outer) or res > 10.0 * keep[0]:
             break
-        x = sites.locations()
-        gx = new.locations()
         if res > 2.0 * best:           # the iteration left Anderson's linear regime: start afresh
-            xs, fs = [], []
+            accel.reset()
         best = min(best, res)
-        xs.append(x)
-        fs.append(gx - x)
-        if len(xs) > ANDERSON_MEMORY + 1:
-            xs.pop(0)
-            fs.pop(0)
-        step = gx
-        if len(xs) > 1:     # Anderson (type II): the combination of past steps with least residual
-            dF = np.diff(np.column_stack(fs), axis=1)
-            dX = np.diff(np.column_stack(xs), axis=1)
-            w = _location_weights(sites, varis, prior_sd, a0, b0)
-            gamma = np.linalg.lstsq(w[:, None] * dF, w * fs[-1], rcond=1e-10)[0]
-            step = gx - (dX + dF) @ gamma
+        step = accel.step(sites.locations(), new.locations(),
+                          _location_weights(sites, varis, prior_sd, a0, b0))
         sites = sites.with_locations(step)
         means = _remean(blocks, sites, pool)
         sweeps += 1
@@ -404,6 +424,50 @@ def _location_sweeps(blocks, sites, means, varis, prior_sd, robust, a0, b0, log_
         if res < keep[0]:
             keep = (res, sites, means)
     return keep[1], keep[2], sweeps
+
+
+class _Anderson:
+    """Anderson acceleration (type II) of a fixed-point iteration x ↦ g(x).
+
+    From the last m + 1 pairs (xⱼ, g(xⱼ)) with residuals fⱼ = g(xⱼ) − xⱼ, the next iterate is
+    g(x) − (ΔX + ΔF) γ with γ the weighted least-squares fit of f by the residual differences ΔF
+    (Anderson mixing with mixing parameter 1, as in Walker & Ni, SIAM J. Numer. Anal. 49 (2011)).
+    With one pair it is the plain step g(x).  The inner loop and the outer loop each use one.
+    """
+
+    def __init__(self, memory):
+        self.memory = memory
+        self.xs, self.fs = [], []
+
+    def reset(self):
+        self.xs, self.fs = [], []
+
+    def __len__(self):
+        return len(self.xs)
+
+    def step(self, x, gx, weights):
+        """Record (x, g(x)) and return the accelerated next iterate; ``weights`` scale the residual
+        components to comparable units."""
+        self.xs.append(x)
+        self.fs.append(gx - x)
+        if len(self.xs) > self.memory + 1:
+            self.xs.pop(0)
+            self.fs.pop(0)
+        if len(self.xs) == 1:
+            return gx
+        dF = np.diff(np.column_stack(self.fs), axis=1)
+        dX = np.diff(np.column_stack(self.xs), axis=1)
+        gamma = np.linalg.lstsq(weights[:, None] * dF, weights * self.fs[-1], rcond=1e-10)[0]
+        return gx - (dX + dF) @ gamma
+
+
+def _site_weights(sites, varis, prior_sd, a0, b0):
+    """Scales of :meth:`_Sites.vector`: a precision change Δτ moves its marginal variance by v² Δτ
+    (over the prior variance), and the locations are scaled as in :func:`_location_weights`."""
+    o, rows = sites.other, np.arange(sites.n)
+    rel = (varis / prior_sd) ** 2
+    v_y = np.broadcast_to(rel[rows, sites.y][:, None], o.shape)[o]
+    return np.concatenate([v_y, rel[o], _location_weights(sites, varis, prior_sd, a0, b0)])
 
 
 def _location_weights(sites, varis, prior_sd, a0, b0):
@@ -420,16 +484,17 @@ def _location_weights(sites, varis, prior_sd, a0, b0):
     return np.concatenate([v_y, v_k, np.broadcast_to(pq[:, None], o.shape)[o], beta_w, beta_w, pq])
 
 
-def _run(blocks, y, l, a0, b0, robust, max_iter, tol, damping, min_damping, init, pool):
+def _run(blocks, y, l, a0, b0, robust, max_iter, tol, damping, min_damping, init, pool, memory):
     """rmgpc_ep's iteration."""
     n = y.shape[0]
     log_c = -np.log(l) / (l - 1)
     prior_sd = np.sqrt(np.column_stack([b.k_diag for b in blocks]))
-    history, converged, sweeps = [], False, 0
+    history, converged, sweeps, n_factor = [], False, 0, 0
     sites, means, varis, single = None, None, None, True
     if init is not None and init.sites is not None and np.array_equal(init.sites.y, y):
         try:           # a warm start: refactor its sites in double precision
             sites = init.sites.copy()
+            n_factor += 1
             means, varis = _refactor(blocks, sites, False, pool)
             single = False
         except NotPositiveDefiniteError:     # sites that do not fit these K: start cold
@@ -440,21 +505,48 @@ def _run(blocks, y, l, a0, b0, robust, max_iter, tol, damping, min_damping, init
         if robust:     # ψ̃ᵢ from the prior alone, so that the first cavities see P(z = 1) = ρ̄
             _refine_outlier_prior(sites, a0, b0, 1.0)
     factored = not single
-    it = 0
+    it, rejected, pause, streak, refined = 0, [], 0, 0, None
+    accel = _Anderson(memory)
     for it in range(1, max_iter + 1):
-        new, mismatch = _refine(sites, means, varis, prior_sd, damping, robust, a0, b0, log_c, False)
+        new, mismatch = refined or _refine(sites, means, varis, prior_sd, damping, robust, a0, b0,
+                                           log_c, False)
+        refined = None
         if mismatch < tol and factored and not single:
             converged = True
             break
         single = single and mismatch > SINGLE_ABOVE
-        while True:
+        if memory and pause == 0:
+            # Anderson's extrapolation of the damped steps, kept only if it lowers the mismatch
+            step = accel.step(sites.vector(), new.vector(),
+                              _site_weights(sites, varis, prior_sd, a0, b0))
+            if len(accel) > 1:
+                n_factor += 1
+                try:
+                    trial = _try_step(blocks, sites.with_vector(step), single, pool, prior_sd,
+                                      damping, robust, a0, b0, log_c, tol, mismatch)
+                    sweeps += trial[3]
+                except NotPositiveDefiniteError:
+                    trial = None
+                if trial is not None and trial[4][1] < mismatch:
+                    sites, means, varis, _, refined = trial
+                    factored, streak = True, 0
+                    continue
+                rejected.append(it)
+                accel.reset()
+                pause = OUTER_PAUSE << min(streak, 3)    # 2, 4, 8, 16 plain steps after each miss
+                streak += 1
+        else:
+            pause = max(pause - 1, 0)
+        while True:    # the paper's damped step (RMGPC §3), halving ε if a Σ_k is not positive
             try:
+                n_factor += 1
                 means, varis = _refactor(blocks, new, single, pool)
                 sites, factored = new, True
                 break
             except NotPositiveDefiniteError:
                 damping *= 0.5
                 history.append((it, damping))
+                accel.reset()
                 if damping < min_damping:
                     raise NotPositiveDefiniteError(
                         f"EP could not keep the class covariances positive definite even with "
@@ -468,6 +560,7 @@ def _run(blocks, y, l, a0, b0, robust, max_iter, tol, damping, min_damping, init
         warnings.warn(f"RMGPC EP did not converge in {max_iter} iterations", ConvergenceWarning,
                       stacklevel=3)
         if single or not factored:
+            n_factor += 1
             means, varis = _refactor(blocks, sites, False, pool)
     tau, eta = sites.class_sites()
     post = [blk.posterior(eta[:, k]) for k, blk in enumerate(blocks)]
@@ -478,7 +571,17 @@ def _run(blocks, y, l, a0, b0, robust, max_iter, tol, damping, min_damping, init
     return MultiClassEPResult(classes=post, outlier_probability=p_out, a=a, b=b, log_evidence=log_z,
                               n_iter=it, converged=converged, damping=damping,
                               n_location_sweeps=sweeps, damping_history=history, robust=robust,
-                              sites=sites)
+                              sites=sites, n_refactorisations=n_factor, rejected_steps=rejected)
+
+
+def _try_step(blocks, sites, single, pool, prior_sd, damping, robust, a0, b0, log_c, tol, outer):
+    """Refactor at ``sites``, settle the locations, and refine: (sites, means, varis, sweeps,
+    (refined sites, mismatch)).  Raises NotPositiveDefiniteError when ``sites`` give no Gaussian."""
+    means, varis = _refactor(blocks, sites, single, pool)
+    sites, means, done = _location_sweeps(blocks, sites, means, varis, prior_sd, robust, a0, b0,
+                                          log_c, tol, outer, pool)
+    refined = _refine(sites, means, varis, prior_sd, damping, robust, a0, b0, log_c, False)
+    return sites, means, varis, done, refined
 
 
 def _refine_outlier_prior(sites, a, b, damping):
