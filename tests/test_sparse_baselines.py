@@ -93,22 +93,58 @@ def test_gfitc_refuses_minibatches():
         SparseGaussianProcessClassifier(method="gfitc", batch_size=10).fit(X, y)
 
 
-def test_gfitc_rejects_a_point_where_rows_underflow(crabs):
-    # length-scales 1e-2 on standardised inputs: k(x_i, z_j) = exp(-d²/2e-4) is 0 in double
-    # precision for every row that is not an inducing point, so a_i = 0 and the cavity is 0/0
-    # (L-BFGS-B's long steps visited such points on australian and breast, SEP Table 1)
+def test_gfitc_rows_far_from_every_inducing_point_add_log_half(crabs):
+    # A row whose k(x_i, Z) underflows to 0 (far, against the length-scales, from every inducing
+    # point: L-BFGS-B's long steps visited such points on australian and breast, SEP Table 1) has
+    # a_i = 0 and marginal variance 0.  Its cavity is the point mass at 0, not 0/0: under FITC its
+    # f_i ~ N(0, s_i) is independent of u, so it adds log ∫Φ(y f) N(f | 0, s_i) df = log ½ to the
+    # evidence and nothing to q or to the gradient (s_i = c + σ₀² moves with c, but ∂ log Z_i/∂s_i
+    # is 0 at a zero mean).  The engine used to call such a point improper: a crash ("cav_mean
+    # contains NaN"), then a rejected point (-inf) that L-BFGS-B had to back off from.
     X, y, Z = crabs
     lik = get_likelihood("probit")
-    state = GFITCState(KERNEL, Z, len(y), 1e-8, True, 0.5)
-    good, _ = state.objective(lik, X, y, state.params(), 64)
-    tau = state.tau.copy()
-    p = state.params()
-    p[1:7] = np.log(1e-2)
-    value, grad = state.objective(lik, X, y, p, 64)
-    assert value == -np.inf and not np.any(grad) and state.reverted == 1
-    assert isinstance(state.failure, NumericalError) and "no proper cavity" in str(state.failure)
-    assert np.array_equal(state.tau, tau)                 # the sites of the last good point kept
-    assert np.isfinite(good)
+    far = X[:20] + 50.0          # k = c exp(-6 · 50² / (2 · 2²)) = c e^-1875: 0 in double precision
+    X_all, y_all = np.vstack([X, far]), np.concatenate([y, y[:20]])
+    A_far, _ = InducingFactor(KERNEL, Z, 1e-8).whiten(far)
+    assert not np.any(A_far)
+    near = GFITCState(KERNEL, Z, len(y), 1e-8, True, 0.7, tol=1e-11, max_passes=3000)
+    both = GFITCState(KERNEL, Z, len(y_all), 1e-8, True, 0.7, tol=1e-11, max_passes=3000)
+    value_near, grad_near = near.objective(lik, X, y, near.params(), 64)
+    value, grad = both.objective(lik, X_all, y_all, both.params(), 64)
+    assert both.reverted == 0 and both.failure is None
+    # both EPs converged to site changes < 1e-11 from the same start; the near rows' fixed point
+    # is the same (the far rows' sites add τ a_i a_iᵀ = 0 to q), so they agree to ~1e-9
+    np.testing.assert_allclose(value, value_near + 20 * np.log(0.5), rtol=0, atol=1e-8)
+    np.testing.assert_allclose(grad, grad_near, rtol=1e-6, atol=1e-8)
+    np.testing.assert_array_equal(both.tau[:len(y)] != 0, True)
+    assert np.all(np.isfinite(both.tau)) and np.all(np.isfinite(both.nu))
+
+
+def test_site_rule_takes_a_zero_marginal_variance_as_the_limit():
+    # σ² = 0 (a_i = 0 after underflow) against σ² = 1e-13: the cavity (v, c) = (σ², μ - σ²ν)/(1 -
+    # τσ²) and every term of the evidence move by O(σ²) ~ 1e-13 at O(1) values, so 1e-10 is a
+    # wide margin.  The site update at σ² = 0 is the matched site of the cavity N(μ, 0)
+    # (ep.matched_site), not a skipped row.
+    from gpc._sparse import SiteRule
+    from gpc.sparse.ep import matched_site
+    lik = get_likelihood("probit")
+    y, mean = np.array([1.0, -1.0, 1.0]), np.array([0.0, 0.3, -1.2])
+    s, tau, nu = np.array([0.5, 1.0, 2.0]), np.array([0.0, 0.4, 1.5]), np.array([0.0, -0.2, 0.7])
+    rule = SiteRule(lik)
+    out = {}
+    for var in (0.0, 1e-13):
+        v = np.full(3, var)
+        g_s, d1, e = np.empty(3), np.empty(3), np.empty(3)
+        total, bad = rule.evidence(y, mean, v, s, tau, nu, g_s, d1, e)
+        t_new, n_new = np.empty(3), np.empty(3)
+        skipped = rule.refine(y, mean, v, s, tau, nu, 1.0, t_new, n_new)
+        assert bad == 0 and skipped == 0 and np.isfinite(total)
+        out[var] = np.concatenate([[total], g_s, d1, e, t_new, n_new])
+    np.testing.assert_allclose(out[0.0], out[1e-13], rtol=1e-10, atol=1e-10)
+    log_z, t, v, _ = matched_site(lik, y, mean, np.zeros(3), s)
+    np.testing.assert_allclose(out[0.0][-6:], np.concatenate([t, v]), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(out[0.0][0], np.sum(log_z + 0.5 * (tau * mean ** 2 - 2 * mean * nu)),
+                               rtol=1e-12)
 
 
 class _Quadratic(_LBFGSState):

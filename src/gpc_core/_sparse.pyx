@@ -246,17 +246,23 @@ cdef int _check_rows(Py_ssize_t b, tuple lengths) except -1:
 
 
 cdef inline bint _cavity(double mean, double var, double tau, double nu, double* cmean,
-                         double* cvar) noexcept nogil:
-    """The cavity N(cmean, cvar) of a_i^T w, q / site; False when it has no positive precision."""
-    cdef double prec
-    if not (var > 0.0 and isfinite(var) and isfinite(mean)):
+                         double* cvar, double* ratio) noexcept nogil:
+    """The cavity N(cmean, cvar) of a_i^T w, q / site, in variance form,
+
+        v = σ² / (1 - τσ²),   c = (μ - σ²ν) / (1 - τσ²),   ratio = v/σ² = 1 / (1 - τσ²),
+
+    from the marginal N(μ, σ²) of a_i^T w and the row's site (τ, ν).  False when the cavity has
+    no positive precision (1 - τσ² ≤ 0, i.e. 1/σ² - τ ≤ 0) or is not finite.  σ² = 0 (a row
+    whose a_i underflows to 0: far, against the length-scales, from every inducing point) is a
+    proper cavity, the point mass at c = μ (infinite precision); the precision form 1/σ² - τ
+    made it 0/0 there, and a marginal variance that had underflowed part-way lost its digits."""
+    cdef double keep = 1.0 - tau * var
+    if not (var >= 0.0 and isfinite(var) and isfinite(mean) and keep > 0.0 and isfinite(keep)):
         return False
-    prec = 1.0 / var - tau
-    if not (prec > 0.0 and isfinite(prec)):
-        return False
-    cvar[0] = 1.0 / prec
-    cmean[0] = cvar[0] * (mean / var - nu)
-    return isfinite(cmean[0])
+    ratio[0] = 1.0 / keep
+    cvar[0] = var * ratio[0]
+    cmean[0] = (mean - var * nu) * ratio[0]
+    return isfinite(cmean[0]) and isfinite(cvar[0])
 
 
 cdef inline int _matched(const LikelihoodSpec* spec, double y, double cmean, double cvar,
@@ -301,7 +307,9 @@ cdef class SiteRule:
         matched site is τ = -d2 / (1 + d2 v), ν = (d1 - c d2) / (1 + d2 v) (R&W eq. (3.58)-(3.59)
         in derivative form); the new site is damping · matched + (1 - damping) · old.  A row whose
         cavity has no positive precision, whose likelihood integral fails or whose site is not
-        finite keeps its site.  Returns the number of such rows.
+        finite keeps its site.  Returns the number of such rows.  A row with σ² = 0 (a_i
+        underflowed to 0) has the point-mass cavity N(μ, 0): its site is matched to
+        ∫ p(y|f) N(f | μ, s_i) df, which s_i > 0 keeps proper.
         """
         return self.refine_moved(y, mean, var, mean, var, var, s, tau, nu, damping, tau_out,
                                  nu_out)
@@ -335,7 +343,7 @@ cdef class SiteRule:
                 keep = 1.0 - tau[i] * var_old[i]
                 cvar = var[i] + tau[i] * cross[i] * cross[i] / keep
                 cmean = mean[i] + cross[i] * (tau[i] * mean_old[i] - nu[i]) / keep
-                if (keep > 0.0 and cvar > 0.0 and isfinite(cvar) and isfinite(cmean)
+                if (keep > 0.0 and cvar >= 0.0 and isfinite(cvar) and isfinite(cmean)
                         and _matched(&self.spec, y[i], cmean, cvar, s[i], &log_z, &d1, &d2) == 0):
                     denom = 1.0 + d2 * cvar
                     t = -d2 / denom
@@ -368,18 +376,21 @@ cdef class SiteRule:
         cdef Py_ssize_t b = y.shape[0], i
         _check_rows(b, (mean.shape[0], var.shape[0], s.shape[0], tau.shape[0], nu.shape[0],
                         g_s.shape[0], d1.shape[0], e.shape[0]))
-        cdef double cmean, cvar, log_z, a1, a2, gs, total = 0.0
+        cdef double cmean, cvar, ratio, log_z, a1, a2, gs, total = 0.0
         cdef int bad = 0
         with nogil:
             for i in range(b):
-                if (_cavity(mean[i], var[i], tau[i], nu[i], &cmean, &cvar)
+                if (_cavity(mean[i], var[i], tau[i], nu[i], &cmean, &cvar, &ratio)
                         and _matched(&self.spec, y[i], cmean, cvar, s[i], &log_z, &a1, &a2) == 0):
-                    total += (log_z + 0.5 * log1p(tau[i] * cvar) + 0.5 * cmean * cmean / cvar
-                              - 0.5 * mean[i] * mean[i] / var[i])
+                    # ½ log(1 + τv) = -½ log(1 - τσ²) and ½ (c²/v - μ²/σ²) = ½ (τμ² - 2μν + σ²ν²)
+                    # / (1 - τσ²): the same terms without dividing by σ² (finite at σ² = 0)
+                    total += (log_z - 0.5 * log1p(-tau[i] * var[i])
+                              + 0.5 * (tau[i] * mean[i] * mean[i] - 2.0 * mean[i] * nu[i]
+                                       + var[i] * nu[i] * nu[i]) * ratio)
                     gs = 0.5 * (a1 * a1 + a2)
                     g_s[i] = gs
                     d1[i] = a1
-                    e[i] = (a1 * (tau[i] * mean[i] - nu[i]) + 2.0 * gs) * cvar / var[i]
+                    e[i] = (a1 * (tau[i] * mean[i] - nu[i]) + 2.0 * gs) * ratio
                 else:
                     g_s[i] = 0.0
                     d1[i] = 0.0

@@ -118,10 +118,12 @@ class GFITCState(_LBFGSState):
         """Converged EP evidence (SEP eq. (3) = GFITC's) and its gradient (eq. (4)) at p.
 
         -inf (``reverted`` counts it, ``failure`` keeps the error) where K_uu or q has no factor,
-        or where EP meets a row whose marginal variance underflows to 0 (a_i ≈ 0 when the
-        length-scales are tiny against the distance to every inducing point, which L-BFGS-B's
-        long steps do visit: the row's cavity is then 0/0, so it has no proper cavity);
-        L-BFGS-B backtracks from such a point.
+        or where a row has no proper cavity at the end of EP (1 - τ_i σ_i² ≤ 0, or its
+        likelihood integral fails); L-BFGS-B backtracks from such a point.  A row whose marginal
+        variance σ_i² underflows to 0 (a_i = 0: the length-scales are tiny against its distance
+        to every inducing point, where L-BFGS-B's long steps do go) is not one of them: its
+        cavity is the point mass at a_iᵀμ (:class:`gpc._sparse.SiteRule`), and the row adds its
+        log Z_i to the evidence.
         """
         kernel, Z, _ = _unpack_kernel(self, p)
         try:
@@ -144,8 +146,8 @@ class GFITCState(_LBFGSState):
                 # the site rule keeps such rows' sites and the evidence leaves their terms out,
                 # which would make a degenerate point look better than any proper one
                 raise NumericalError(f"GFITC: {n_bad} rows have no proper cavity at this (θ, Z) "
-                                     "(their marginal variance underflowed to 0)", method="gfitc",
-                                     value=n_bad)
+                                     "(1 - τ σ² ≤ 0, or the likelihood integral failed)",
+                                     method="gfitc", value=n_bad)
         except (NotPositiveDefiniteError, NumericalError) as exc:
             self.reverted += 1
             self.failure = exc
