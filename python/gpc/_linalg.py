@@ -1,4 +1,5 @@
-"""Dense linear algebra the methods share: a jittered Cholesky and solves with its factor.
+"""Dense linear algebra the methods share: a jittered Cholesky, solves with its factor, and the
+least-squares correction of Anderson acceleration.
 
 The O(n³) calls go through gpc._lapack (scipy's cython_lapack with the GIL released, so that
 threads overlap); O(n²) solves with a vector through scipy.linalg.lapack.  Matrices are C-ordered
@@ -103,3 +104,20 @@ def mirror_lower(A, block=256):
 def log_det_from_cholesky(L):
     """log |L Lᵀ| = 2 Σ log L_ii."""
     return 2.0 * float(np.sum(np.log(np.diag(L))))
+
+
+def anderson_correction(xs, fs, weights=None):
+    """The correction of type-II Anderson acceleration (Walker & Ni, SIAM J. Numer. Anal. 49 (2011)).
+
+    For a fixed-point iteration x ↦ g(x) with iterates ``xs`` and residuals ``fs`` (fⱼ = g(xⱼ) − xⱼ,
+    oldest first, at least two), the accelerated next iterate is g(x) − (ΔX + ΔF) γ, with γ the
+    least-squares fit of the last residual by the residual differences ΔF (its rows scaled by
+    ``weights`` when given).  Returns (ΔX + ΔF) γ.
+    """
+    dX = np.diff(np.column_stack(xs), axis=1)
+    dF = np.diff(np.column_stack(fs), axis=1)
+    if weights is None:
+        gamma = np.linalg.lstsq(dF, fs[-1], rcond=1e-10)[0]
+    else:
+        gamma = np.linalg.lstsq(weights[:, None] * dF, weights * fs[-1], rcond=1e-10)[0]
+    return (dX + dF) @ gamma

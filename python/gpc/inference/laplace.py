@@ -24,7 +24,7 @@ from scipy.linalg import blas
 
 from .. import _dense, _lapack
 from .._parallel import over_rows
-from .._linalg import cholesky_lower
+from .._linalg import anderson_correction, cholesky_lower
 from ..exceptions import ConvergenceWarning
 from ..posterior import SitePosterior
 from ._result import InferenceResult
@@ -213,10 +213,7 @@ def _anderson(history, step):
     iterates and steps, γ = argmin ‖step − ΔS γ‖ and the step becomes step − (ΔA + ΔS) γ.  Falls back
     to the plain step when the least-squares problem is degenerate; the line search still checks Ψ.
     """
-    dA = np.column_stack([history[i + 1][0] - history[i][0] for i in range(len(history) - 1)])
-    dS = np.column_stack([history[i + 1][1] - history[i][1] for i in range(len(history) - 1)])
-    gamma, *_ = np.linalg.lstsq(dS, step, rcond=1e-10)
-    accelerated = step - (dA + dS) @ gamma
+    accelerated = step - anderson_correction([a for a, _ in history], [s for _, s in history])
     return accelerated if np.all(np.isfinite(accelerated)) else step
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.special import betaln, expit, log_ndtr
 
+from .._linalg import anderson_correction
 from .._multiclass import refine_outlier_prior
 from ..exceptions import ConvergenceWarning, NotPositiveDefiniteError
 from ._block import ClassBlock
@@ -431,7 +432,7 @@ class _Anderson:
 
     From the last m + 1 pairs (xⱼ, g(xⱼ)) with residuals fⱼ = g(xⱼ) − xⱼ, the next iterate is
     g(x) − (ΔX + ΔF) γ with γ the weighted least-squares fit of f by the residual differences ΔF
-    (Anderson mixing with mixing parameter 1, as in Walker & Ni, SIAM J. Numer. Anal. 49 (2011)).
+    (gpc._linalg.anderson_correction, mixing parameter 1).
     With one pair it is the plain step g(x).  The inner loop and the outer loop each use one.
     """
 
@@ -455,10 +456,7 @@ class _Anderson:
             self.fs.pop(0)
         if len(self.xs) == 1:
             return gx
-        dF = np.diff(np.column_stack(self.fs), axis=1)
-        dX = np.diff(np.column_stack(self.xs), axis=1)
-        gamma = np.linalg.lstsq(weights[:, None] * dF, weights * self.fs[-1], rcond=1e-10)[0]
-        return gx - (dX + dF) @ gamma
+        return gx - anderson_correction(self.xs, self.fs, weights)
 
 
 def _site_weights(sites, varis, prior_sd, a0, b0):
