@@ -261,6 +261,13 @@ def test_sep_airline_reduced_on_made_flights(tmp_path, capsys):
     # small (ε = 1e-5): it only has to be moving the right way (measured final NLL 0.59)
     assert logistic["final_error"] < 0.05 and sep["final_error"] < 0.1
     assert len(svi["nll"]) == 10 and svi["nll"][-1] < svi["nll"][0] - 0.02
+    # the minibatch curves are also scored inside each epoch: 400 rows in batches of 200 are 2 steps
+    # per epoch, scored after the first; each such point falls between two epoch ends
+    for r in (sep, svi):
+        inside, ends = r["checkpoints"]["seconds"], r["seconds"]
+        assert len(inside) == 10 and len(r["checkpoints"]["nll"]) == 10
+        assert all(a < b < c for a, b, c in zip([0.0] + ends[:-1], inside, ends))
+        assert all(0.0 <= e <= 1.0 for e in r["checkpoints"]["error"])
     assert pngs(tmp_path) == ["sep-airline.png"]
 
 

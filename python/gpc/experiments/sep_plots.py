@@ -97,9 +97,12 @@ def plot_time_curves(records, directory, filename, title, baselines=()):
         if not r.get("seconds"):
             continue
         label = f"{r['method'].upper()} {kind(r)}"
-        t = np.maximum(np.asarray(r["seconds"], dtype=float), 1e-3)
+        points = {key: list(r[key]) + list(r.get("checkpoints", {}).get(key, []))
+                  for key in ("seconds", "error", "nll")}        # epochs and within-epoch scorings
+        order = np.argsort(points["seconds"], kind="stable")
+        t = np.maximum(np.asarray(points["seconds"], dtype=float)[order], 1e-3)
         for ax, key in zip(axes, ("error", "nll")):
-            ax.plot(t, r[key], styles[kinds.index(kind(r)) % len(styles)],
+            ax.plot(t, np.asarray(points[key])[order], styles[kinds.index(kind(r)) % len(styles)],
                     color=COLORS.get(r["method"], "k"), label=label, linewidth=1.2)
     for name, error, nll in baselines:
         for ax, value in zip(axes, (error, nll)):

@@ -383,7 +383,7 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         rows = self.batch_size if minibatch else 4096
         blocks = block_ranges(n, rows)
         steps_per_epoch = len(blocks) if minibatch else 1
-        bar = _Progress(self.progress, epochs * steps_per_epoch * len(self._problems))
+        bar = self._progress_bar(epochs * steps_per_epoch * len(self._problems))
         states = [model.state for model, _ in self._problems]
         shards = None
         interrupted = False
@@ -415,6 +415,11 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
             import warnings
             warnings.warn("fit interrupted: the model keeps its last completed step",
                           RuntimeWarning, stacklevel=3)
+
+    def _progress_bar(self, total):
+        """What ``_train`` tells of each step (``update()``) and of the end (``close()``): a tqdm bar
+        with ``progress``; the experiments score held-out rows there between epochs."""
+        return _Progress(self.progress, total)
 
     def _shard_epoch(self, shards, k, model, minibatch, rows, bar):
         """One epoch of problem k on the engine's shards (``client=``): the in-process epoch's steps,
