@@ -68,13 +68,14 @@ def test_large_problem_path_matches_slow_reference(lik, ell, sf2):
 
 @pytest.mark.parametrize("ell, sf2, falls_back", [(1.0, 3.0, False), (0.3, 50.0, True),
                                                   (3.0, 1000.0, True)],
-                         ids=["smooth", "short-length-scale", "nystrom-factor-not-pd"])
+                         ids=["smooth", "short-length-scale", "smooth-large-amplitude"])
 def test_nystrom_chord_steps_need_no_factor_of_b_for_a_smooth_kernel(ell, sf2, falls_back,
                                                                       monkeypatch):
     # at n >= 1000 the first Newton matrix is the Nyström one; on a smooth kernel its chord steps
     # reach the mode (default tol) with no O(n³) factor before the evidence's; with a short length
-    # scale the subset no longer spans K, the steps stop gaining, and B is factored after all; with
-    # a very smooth, large K, K_SS + K_Sn W K_nS does not factor even with jitter, and B is factored
+    # scale the subset no longer spans K, the steps stop gaining, and B is factored after all; so
+    # with a smooth K of large amplitude (K_SS + K_Sn W K_nS then needs jitter, and the small
+    # eigenvalues it drops are amplified by σ_f² = 1000)
     n = 1200
     built = []
     for name in ("_NystromMatrix", "_NewtonMatrix"):
@@ -90,6 +91,22 @@ def test_nystrom_chord_steps_need_no_factor_of_b_for_a_smooth_kernel(ell, sf2, f
     full_size = [name for name, size in built if size == n]
     assert full_size[0] == "_NystromMatrix"
     assert ("_NewtonMatrix" in full_size) == falls_back
+
+
+def test_newton_matrix_is_the_factored_b_when_the_nystrom_one_cannot_be_formed(monkeypatch):
+    # K_SS + K_Sn W K_nS not positive definite even with jitter: Newton factors B (float32) instead,
+    # in a buffer it allocates
+    def refuse(K, W):
+        raise NotPositiveDefiniteError("K_SS + K_Sn W K_nS is not positive definite")
+    monkeypatch.setattr(laplace, "_NystromMatrix", refuse)
+    X, y = problem(40, 2)
+    K, W = rbf(X), np.full(40, 0.2)
+    newton, buffer = laplace._newton_matrix(K, W, True, None)
+    assert isinstance(newton, laplace._NewtonMatrix) and buffer.shape == (40, 40)
+    r = np.linspace(-1.0, 1.0, 40)
+    expected = np.linalg.solve(np.eye(40) + W[:, None] * K, r)
+    # float32 factor: error ~ 6e-8 x cond(B), cond(B) <= 1 + 0.2 x 40 here, so rtol 1e-5
+    np.testing.assert_allclose(newton.step(r, K @ r), expected, rtol=1e-5)
 
 
 def test_nystrom_newton_step_is_the_woodbury_solve():

@@ -112,11 +112,15 @@ class _NystromMatrix:
         # K_Sn W K_nS (upper triangle), from the Fortran-ordered view of K_Sn W^½: no copy
         C = blas.dsyrk(1.0, (self.K_Sn * np.sqrt(W)).T, trans=1)
         C = C.T + K[np.ix_(S, S)]                          # its lower triangle, + K_SS
-        self.L = cholesky_lower(C, name="K_SS + K_Sn W K_nS", overwrite=True)[0]
+        self.L = cholesky_lower(C, name="K_SS + K_Sn W K_nS")[0]       # jittered if need be
 
     def step(self, r, Kr):
-        """The chord step (I + W K̃)⁻¹ r (``Kr`` is not needed)."""
-        return r - self.W * (self.K_Sn.T @ cho_solve_lower(self.L, self.K_Sn @ r))
+        """The chord step (I + W K̃)⁻¹ r (``Kr`` is not needed).  Both products by scipy's dgemv on
+        the Fortran-ordered view of K_Sn: numpy's ``@`` would wake numpy's own OpenBLAS threads,
+        which then spin against scipy's (n = 2000, two threads: the drop-in call took 0.215 of
+        scikit-learn's time with ``@``, 0.105 with dgemv)."""
+        t = cho_solve_lower(self.L, blas.dgemv(1.0, self.K_Sn.T, r, trans=1))
+        return r - self.W * blas.dgemv(1.0, self.K_Sn.T, t)
 
 
 def _newton_matrix(K, W, nystrom, buffer):
