@@ -43,7 +43,7 @@ REFACTOR_LARGE_N = 1000
 SUBSET_MIN_N = 1000
 SUBSET_STRIDE = 4
 #: at n >= REFACTOR_LARGE_N, chord steps of one factor are Anderson-accelerated over this many
-#: previous steps (n = 2000: one float32 factorisation instead of two, 4.7 dpotrf instead of 5.1).
+#: previous steps (n = 2000, before the Nyström matrix: one float32 factorisation instead of two).
 #: Below, Newton refactors nearly every step and ends quadratically, past tol.
 ANDERSON_WINDOW = 5
 #: at n >= REFACTOR_LARGE_N the first Newton matrix is a Nyström approximation on every
