@@ -107,10 +107,16 @@ def plot_time_curves(records, directory, filename, title, baselines=()):
     for name, error, nll in baselines:
         for ax, value in zip(axes, (error, nll)):
             ax.axhline(value, color=COLORS["logistic"], linestyle="-.", linewidth=1.0, label=name)
+    from matplotlib.ticker import LogLocator, NullFormatter, StrMethodFormatter
     for ax, name in zip(axes, ("test error", "test NLL")):
         ax.set_xscale("log")
+        ax.set_yscale("log")            # the starts (chance level) would flatten the ends
+        for axis in (ax.xaxis, ax.yaxis):               # ticks at 1, 2, 5 x 10^k, as plain numbers
+            axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            axis.set_major_formatter(StrMethodFormatter("{x:g}"))
+            axis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("training time [s]")
-        ax.set_ylabel(name)
+        ax.set_ylabel(name + " (log scale)")
     axes[1].legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     return _save(fig, os.path.join(directory, filename))
