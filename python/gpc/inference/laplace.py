@@ -125,8 +125,8 @@ class _NystromMatrix:
 
 def _newton_matrix(K, W, nystrom, buffer):
     """(Newton matrix, float32 buffer): the Nyström matrix if ``nystrom`` and K_SS + K_Sn W K_nS
-    factors (for a very smooth K with a large amplitude it may not), else B in single precision in
-    ``buffer`` (allocated on first use)."""
+    factors (with jitter if need be), else B in single precision in ``buffer`` (allocated on first
+    use)."""
     if nystrom:
         try:
             return _NystromMatrix(K, W), buffer
