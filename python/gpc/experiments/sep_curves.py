@@ -16,8 +16,7 @@ import numpy as np
 
 from ..sparse import SparseGaussianProcessClassifier
 from ._common import count_convergence_warnings, map_tasks
-from .sep_common import (add_doc_arguments, make_classifier, markdown_table, predictive_scores,
-                         random_rows, train)
+from .sep_common import add_doc_arguments, make_classifier, markdown_table, random_rows, train
 
 #: variant name -> (paper's method, minibatch size or None)
 VARIANTS = {"sep-minibatch": ("sep", 200), "svi-minibatch": ("svi", 200),
@@ -40,10 +39,8 @@ class _Checkpoints:
         self.steps += k
         step = self.steps % self.per_epoch
         if step and step % self.every == 0:
-            X_val, y_val = self.clf.validation_data
-            proba = self.clf.predict_proba(X_val)[:, list(self.clf.classes_).index(1.0)]
             seconds = time.perf_counter() - self.clf._start
-            self.points.append((seconds, *predictive_scores(proba, y_val)))
+            self.points.append((seconds, *self.clf._validation_scores()))
 
     def close(self):
         pass
@@ -52,10 +49,8 @@ class _Checkpoints:
 class _CheckpointedClassifier(SparseGaussianProcessClassifier):
     """The sparse classifier with :class:`_Checkpoints` as its progress hook (minibatch fits)."""
 
-    def _progress_bar(self, total):
-        n_rows = len(self._problems[0][1])
-        per_epoch = -(-n_rows // self.batch_size) * len(self._problems)
-        self.checkpoints_ = _Checkpoints(self, per_epoch)
+    def _progress_bar(self, epochs, steps_per_epoch):
+        self.checkpoints_ = _Checkpoints(self, steps_per_epoch)
         return self.checkpoints_
 
 

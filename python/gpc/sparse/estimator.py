@@ -383,7 +383,7 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         rows = self.batch_size if minibatch else 4096
         blocks = block_ranges(n, rows)
         steps_per_epoch = len(blocks) if minibatch else 1
-        bar = self._progress_bar(epochs * steps_per_epoch * len(self._problems))
+        bar = self._progress_bar(epochs, steps_per_epoch * len(self._problems))
         states = [model.state for model, _ in self._problems]
         shards = None
         interrupted = False
@@ -416,10 +416,10 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
             warnings.warn("fit interrupted: the model keeps its last completed step",
                           RuntimeWarning, stacklevel=3)
 
-    def _progress_bar(self, total):
+    def _progress_bar(self, epochs, steps_per_epoch):
         """What ``_train`` tells of each step (``update()``) and of the end (``close()``): a tqdm bar
         with ``progress``; the experiments score held-out rows there between epochs."""
-        return _Progress(self.progress, total)
+        return _Progress(self.progress, epochs * steps_per_epoch)
 
     def _shard_epoch(self, shards, k, model, minibatch, rows, bar):
         """One epoch of problem k on the engine's shards (``client=``): the in-process epoch's steps,
@@ -499,6 +499,15 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
                 shards.finish([])       # tied sites: nothing per row to bring home
         self._record(objective)
 
+    def _validation_scores(self):
+        """(error, mean negative log predictive probability) on ``validation_data``."""
+        Xv, yv = self.validation_data
+        proba = self.predict_proba(Xv)
+        index = np.searchsorted(self.classes_, np.asarray(yv))
+        p = proba[np.arange(len(index)), np.clip(index, 0, len(self.classes_) - 1)]
+        return (float(np.mean(self.classes_[np.argmax(proba, axis=1)] != yv)),
+                float(-np.mean(np.log(np.maximum(p, 1e-300)))))
+
     def _record(self, objective):
         states = [m.state for m, _ in self._problems]
         entry = {"iteration": len(self.history_) + 1,
@@ -506,12 +515,7 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
                  "objective": objective,
                  "reverted": sum(s.reverted for s in states)}
         if self.validation_data is not None:
-            Xv, yv = self.validation_data
-            proba = self.predict_proba(Xv)
-            index = np.searchsorted(self.classes_, np.asarray(yv))
-            p = proba[np.arange(len(index)), np.clip(index, 0, len(self.classes_) - 1)]
-            entry["val_error"] = float(np.mean(self.classes_[np.argmax(proba, axis=1)] != yv))
-            entry["val_nll"] = float(-np.mean(np.log(np.maximum(p, 1e-300))))
+            entry["val_error"], entry["val_nll"] = self._validation_scores()
         self.history_.append(entry)
         if self.verbose:
             print(", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}"
