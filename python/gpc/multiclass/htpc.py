@@ -23,7 +23,7 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.linalg import cho_factor, cho_solve, solve_triangular
+from scipy.linalg import cho_factor, cho_solve, eigh, solve_triangular
 from scipy.special import log_ndtr
 
 from .._linalg import cholesky_lower
@@ -66,10 +66,11 @@ def secant_transform(u, b):
     log_phi = -0.5 * u * u - LOG_SQRT_2PI
     p_lo = np.exp(log_lo)
     log_sin = np.log(np.pi) + log_lo + np.log(np.sinc(p_lo))         # log sin(π Φ(−|u|))
-    g1 = 2.0 * b * np.exp(log_phi - log_sin)
-    # π φ(u) cot(π Φ(u)): cot(π Φ(u)) = −sign(u) cot(π Φ(−|u|)) (cot(π − x) = −cot x)
-    cot_lo = np.cos(np.pi * p_lo) * np.exp(-log_sin)
-    pi_phi_cot = -np.sign(u) * np.pi * np.exp(log_phi) * cot_lo
+    ratio = np.exp(log_phi - log_sin)          # φ(u)/sin(π Φ(u)), ≈ |u|/π for large |u|
+    g1 = 2.0 * b * ratio
+    # π φ(u) cot(π Φ(u)): cot(π Φ(u)) = −sign(u) cot(π Φ(−|u|)) (cot(π − x) = −cot x); formed
+    # from the ratio, as 1/sin(π Φ(−|u|)) alone overflows beyond |u| ≈ 37 (and φ(u) underflows)
+    pi_phi_cot = -np.sign(u) * np.pi * np.cos(np.pi * p_lo) * ratio
     g2 = -g1 * (u + pi_phi_cot)
     return f, g1, g2
 
@@ -165,9 +166,11 @@ def _whitened_hessian(W, L, n, l):
     """B = I + (I_l ⊗ L)ᵀ W (I_l ⊗ L): −∇²Ψ in the whitened coordinates w (u_k = L w_k)."""
     B = np.empty((l * n, l * n))
     for k in range(l):
-        for j in range(l):
+        for j in range(k + 1):      # W is symmetric, so block (j, k) is block (k, j)
             d = np.diagonal(W[k * n:(k + 1) * n, j * n:(j + 1) * n])
-            B[k * n:(k + 1) * n, j * n:(j + 1) * n] = L.T @ (d[:, None] * L)
+            block = L.T @ (d[:, None] * L)
+            B[k * n:(k + 1) * n, j * n:(j + 1) * n] = block
+            B[j * n:(j + 1) * n, k * n:(k + 1) * n] = block
     B[np.arange(l * n), np.arange(l * n)] += 1.0
     return B
 
@@ -246,14 +249,17 @@ def htpc_laplace(K, y, n_classes, b, max_iter=100, tol=1e-8, init=None, max_esca
         Wt, value = new, max(new_value, value) if step else value
         if change < tol:
             _, _, W, _ = _likelihood_terms(L @ Wt, Y, b, scale)
-            evals, evecs = np.linalg.eigh(_whitened_hessian(W, L, n, l))
-            if evals[0] > 0:
+            B = _whitened_hessian(W, L, n, l)
+            try:       # a maximum exactly when B is positive definite; its factor gives the evidence
+                factor = cho_factor(B, lower=True)
                 converged = True
                 break
+            except np.linalg.LinAlgError:
+                pass
             if escapes == max_escapes:
                 break
             escapes += 1      # a saddle: step along the negative curvature, whichever way is up
-            v = evecs[:, 0].reshape(l, n).T
+            v = eigh(B, subset_by_index=[0, 0])[1][:, 0].reshape(l, n).T
             for t in (1.0, -1.0, 0.5, -0.5, 0.25, -0.25):
                 trial = psi(Wt + t * v)
                 if trial > value:
@@ -263,13 +269,14 @@ def htpc_laplace(K, y, n_classes, b, max_iter=100, tol=1e-8, init=None, max_esca
         warnings.warn(f"HTPC's Newton iteration did not reach a maximum in {max_iter} steps",
                       ConvergenceWarning, stacklevel=2)
     U = L @ Wt
-    _, _, W, _ = _likelihood_terms(U, Y, b, scale)
-    try:
-        c = cho_factor(_whitened_hessian(W, L, n, l), lower=True)
-    except np.linalg.LinAlgError:
-        raise NotPositiveDefiniteError("HTPC's Laplace approximation: the Hessian at the end point is "
-                                       "not negative definite (no maximum found)") from None
-    logdet = 2.0 * float(np.sum(np.log(np.diag(c[0]))))
+    if not converged:
+        _, _, W, _ = _likelihood_terms(U, Y, b, scale)
+        try:
+            factor = cho_factor(_whitened_hessian(W, L, n, l), lower=True)
+        except np.linalg.LinAlgError:
+            raise NotPositiveDefiniteError("HTPC's Laplace approximation: the Hessian at the end "
+                                           "point is not negative definite (no maximum found)") from None
+    logdet = 2.0 * float(np.sum(np.log(np.diag(factor[0]))))
     A = solve_triangular(L.T, Wt, lower=False)                  # K⁻¹ û = L⁻ᵀ w
     return HTPCLaplaceResult(u=U, a=A, W=W, M=_i_plus_w_kblk(W, K, n, l),
                              log_evidence=value - 0.5 * logdet, n_iter=it, converged=converged)
