@@ -15,9 +15,11 @@ Sites, in natural parameters (the paper's ψ̃ᵢₖ of eq. (14) and ψ̃ᵢ of 
 Class k's Gaussian collects, at xᵢ, Λᵏᵢ = τᵢₖ when k ≠ yᵢ and Σ_{k'≠yᵢ} τᵗᵢₖ' when k = yᵢ (the
 paper's Λᵏ of eq. (17)), and likewise vᵏ from the η.  The ψ̃ᵢₖ are refined in parallel, then the ψ̃ᵢ
 sequentially, as RMGPC §3.2 prescribes.  Sites may have negative precision (the outlier mixture
-can widen a marginal), so each class posterior is held as Σ_k = L (I + Lᵀ Λ L)⁻¹ Lᵀ with
-K_k = L Lᵀ: the middle matrix is positive definite exactly when Σ_k is, and a failed Cholesky of it
-halves the damping (recorded in ``damping_history``).
+can widen a marginal), so each class block splits them into non-negative ones, held through the
+Cholesky factor of B = I + S K S as in the binary engine, and a Woodbury correction of rank the
+number of negative sites (:mod:`gpc.multiclass._block`): Σ_k is positive definite exactly when the
+correction's small matrix is, and a failed Cholesky of it halves the damping (recorded in
+``damping_history``).
 
 ``robust=False`` is SMGPC (b₀ → ∞, RMGPC §4): ρ = 0, no z and no Beta; the sites are then plain
 Gaussians.
