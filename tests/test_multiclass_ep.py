@@ -233,3 +233,103 @@ def test_damping_halves_when_a_class_covariance_is_not_positive(monkeypatch, acc
     assert res.damping == (0.25 if halvings else 0.5)
     assert res.rejected_steps[:len(rejected)] == rejected     # (later trials may be dropped too)
     assert res.n_refactorisations == len(calls)
+
+
+def _refine_pairs_vectorised(sites, means, varis, prior_sd, e, robust, log_c, fixed_precisions):
+    """The ψ̃ᵢₖ refinement written over all points at once in NumPy (gpc's implementation before
+    the typed loop), from gpc.multiclass.ep._likelihood_moments: the reference for refine_pairs."""
+    from gpc.multiclass import ep
+
+    new = sites.copy()
+    rows, y = np.arange(sites.n), sites.y
+    m_y, v_y = means[rows, y].copy(), varis[rows, y].copy()
+    sd_y = prior_sd[rows, y]
+    lz = new.z_log_odds()
+    mismatch = 0.0
+    for j in range(sites.l - 1):
+        k = sites.others[:, j]
+        tt0, et0 = new.tau_t[rows, k], new.eta_t[rows, k]
+        to0, eo0 = new.tau_o[rows, k], new.eta_o[rows, k]
+        lam0 = new.lam[rows, k]
+        m_k, v_k, sd_k = means[rows, k], varis[rows, k], prior_sd[rows, k]
+        prec_t, prec_o = 1.0 / v_y - tt0, 1.0 / v_k - to0
+        ok = (prec_t > 0) & (prec_o > 0)
+        v_t, v_o = 1.0 / np.where(ok, prec_t, 1.0), 1.0 / np.where(ok, prec_o, 1.0)
+        m_t, m_o = v_t * (m_y / v_y - et0), v_o * (m_k / v_k - eo0)
+        lz_cav = lz - lam0
+        log_p_cav = ep._log_p_cavity(lz_cav) if robust else None
+        _, g, d2, lam_new = ep._likelihood_moments(m_t, v_t, m_o, v_o, log_p_cav, log_c)
+        var_t, var_o = v_t + v_t * v_t * d2, v_o + v_o * v_o * d2
+        ok &= (var_t > 0) & (var_o > 0)
+        var_t, var_o = np.where(ok, var_t, 1.0), np.where(ok, var_o, 1.0)
+        mean_t, mean_o = m_t + v_t * g, m_o - v_o * g
+        gap = np.maximum(np.abs(mean_t - m_y) / sd_y, np.abs(mean_o - m_k) / sd_k)
+        if not fixed_precisions:
+            gap = np.maximum.reduce([gap, np.abs(var_t - v_y) / sd_y ** 2,
+                                     np.abs(var_o - v_k) / sd_k ** 2])
+        if robust:
+            gap = np.maximum(gap, np.abs(expit(lz_cav + lam_new) - expit(lz)))
+        mismatch = max(mismatch, float(np.max(gap, where=ok, initial=0.0)))
+        if fixed_precisions:
+            tt, to = tt0, to0
+            et, eo = et0 + e * (mean_t - m_y) / v_y, eo0 + e * (mean_o - m_k) / v_k
+        else:
+            tt = e * (1.0 / var_t - 1.0 / v_t) + (1 - e) * tt0
+            et = e * (mean_t / var_t - m_t / v_t) + (1 - e) * et0
+            to = e * (1.0 / var_o - 1.0 / v_o) + (1 - e) * to0
+            eo = e * (mean_o / var_o - m_o / v_o) + (1 - e) * eo0
+        tt, et = np.where(ok, tt, tt0), np.where(ok, et, et0)
+        to, eo = np.where(ok, to, to0), np.where(ok, eo, eo0)
+        prec = 1.0 / v_y + tt - tt0
+        m_y, v_y = (m_y / v_y + et - et0) / prec, 1.0 / prec
+        new.tau_t[rows, k], new.eta_t[rows, k], new.tau_o[rows, k], new.eta_o[rows, k] = tt, et, to, eo
+        if robust:
+            lam = np.where(ok, e * lam_new + (1 - e) * lam0, lam0)
+            lz = lz + lam - lam0
+            new.lam[rows, k] = lam
+    return new, mismatch
+
+
+@pytest.mark.parametrize("robust", [True, False])
+@pytest.mark.parametrize("fixed_precisions", [True, False])
+def test_typed_pair_refinement_matches_the_vectorised_rule(robust, fixed_precisions):
+    """gpc._multiclass.refine_pairs against the same rule written over all points in NumPy, from a
+    state three iterations into EP (sites of both signs, outlier log-odds away from 0).  The two
+    differ only in the order of a few floating-point sums (the z log-odds), so to ~1e-12."""
+    import warnings
+
+    from gpc._multiclass import refine_pairs
+    from gpc.exceptions import ConvergenceWarning
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(40, 2))
+    y = np.argmax(X @ rng.normal(size=(2, 4)) + rng.normal(size=(40, 4)), axis=1)
+    K = RBF(1.0)(X) + 1e-8 * np.eye(40)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        res = rmgpc_ep([K] * 4, y, 4, robust=robust, max_iter=3)
+    sites = res.sites
+    means = np.column_stack([c.mean for c in res.classes])
+    varis = np.column_stack([c.var for c in res.classes])
+    prior_sd = np.sqrt(np.column_stack([np.diag(K)] * 4))
+    log_c = -np.log(4) / 3
+    ref, ref_mismatch = _refine_pairs_vectorised(sites, means, varis, prior_sd, 0.5, robust, log_c,
+                                                 fixed_precisions)
+    new = sites.copy()
+    mismatch = refine_pairs(sites.y, sites.others, new.tau_t, new.eta_t, new.tau_o, new.eta_o,
+                            new.lam, new.lam_i, means, varis, prior_sd, 0.5, robust, log_c,
+                            fixed_precisions)
+    assert ref_mismatch > 1e-4          # a state that still moves
+    assert mismatch == pytest.approx(ref_mismatch, rel=1e-10)
+    for name in ("tau_t", "eta_t", "tau_o", "eta_o", "lam"):
+        np.testing.assert_allclose(getattr(new, name), getattr(ref, name), rtol=1e-10, atol=1e-12)
+    assert np.array_equal(new.tau_t, sites.tau_t) == fixed_precisions
+    with pytest.raises(ValueError, match="others"):
+        bad = sites.others.copy()
+        bad[0, 0] = sites.y[0]
+        refine_pairs(sites.y, bad, new.tau_t, new.eta_t, new.tau_o, new.eta_o, new.lam,
+                     new.lam_i, means, varis, prior_sd, 0.5, robust, log_c, fixed_precisions)
+    with pytest.raises(ValueError, match="match"):
+        refine_pairs(sites.y, sites.others, new.tau_t[:-1], new.eta_t, new.tau_o, new.eta_o,
+                     new.lam, new.lam_i, means, varis, prior_sd, 0.5, robust, log_c,
+                     fixed_precisions)

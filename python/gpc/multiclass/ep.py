@@ -34,7 +34,7 @@ import numpy as np
 from scipy.special import betaln, expit, log_ndtr
 
 from .._linalg import anderson_correction
-from .._multiclass import refine_outlier_prior
+from .._multiclass import refine_outlier_prior, refine_pairs
 from ..exceptions import ConvergenceWarning, NotPositiveDefiniteError
 from ._block import ClassBlock
 
@@ -115,7 +115,7 @@ class _Sites:
         self.other = np.ones((n, l), dtype=bool)
         self.other[np.arange(n), y] = False
         # column j of ``others``: the j-th class k ≠ yᵢ of each point (the pair refined j-th)
-        self.others = np.nonzero(self.other)[1].reshape(n, l - 1)
+        self.others = np.ascontiguousarray(np.nonzero(self.other)[1].reshape(n, l - 1))
         self.tau_o = np.zeros((n, l))     # on f_k(xᵢ), k ≠ yᵢ
         self.eta_o = np.zeros((n, l))
         self.tau_t = np.zeros((n, l))     # on f_yᵢ(xᵢ), one per k ≠ yᵢ
@@ -265,7 +265,7 @@ def rmgpc_ep(Ks, y, n_classes, a0=1.0, b0=9.0, robust=True, max_iter=500, tol=1e
     -------
     MultiClassEPResult
     """
-    y = np.asarray(y, dtype=np.intp)
+    y = np.ascontiguousarray(y, dtype=np.intp)
     l = int(n_classes)
     blocks = [ClassBlock(np.ascontiguousarray(K, dtype=np.float64)) for K in Ks]
     pool = ThreadPoolExecutor(max_workers=int(n_threads)) if n_threads > 1 and l > 1 else None
@@ -347,53 +347,12 @@ def _refine(sites, means, varis, prior_sd, damping, robust, a0, b0, log_c, fixed
     mismatch, which the inner loop cannot change, is left out.
     """
     new = sites.copy()
-    rows, y, e = np.arange(sites.n), sites.y, damping
-    m_y, v_y = means[rows, y].copy(), varis[rows, y].copy()
-    sd_y = prior_sd[rows, y]
-    lz = new.z_log_odds()
-    mismatch = 0.0
-    for j in range(sites.l - 1):
-        k = sites.others[:, j]
-        tt0, et0 = new.tau_t[rows, k], new.eta_t[rows, k]
-        to0, eo0 = new.tau_o[rows, k], new.eta_o[rows, k]
-        lam0 = new.lam[rows, k]
-        m_k, v_k, sd_k = means[rows, k], varis[rows, k], prior_sd[rows, k]
-        prec_t, prec_o = 1.0 / v_y - tt0, 1.0 / v_k - to0
-        ok = (prec_t > 0) & (prec_o > 0)
-        v_t, v_o = 1.0 / np.where(ok, prec_t, 1.0), 1.0 / np.where(ok, prec_o, 1.0)
-        m_t, m_o = v_t * (m_y / v_y - et0), v_o * (m_k / v_k - eo0)
-        lz_cav = lz - lam0
-        log_p_cav = _log_p_cavity(lz_cav) if robust else None
-        _, g, d2, lam_new = _likelihood_moments(m_t, v_t, m_o, v_o, log_p_cav, log_c)
-        var_t, var_o = v_t + v_t * v_t * d2, v_o + v_o * v_o * d2        # tilted variances
-        ok &= (var_t > 0) & (var_o > 0)
-        var_t, var_o = np.where(ok, var_t, 1.0), np.where(ok, var_o, 1.0)
-        mean_t, mean_o = m_t + v_t * g, m_o - v_o * g                   # tilted means
-        gap = np.maximum(np.abs(mean_t - m_y) / sd_y, np.abs(mean_o - m_k) / sd_k)
-        if not fixed_precisions:   # (the inner loop cannot change the variances)
-            gap = np.maximum.reduce([gap, np.abs(var_t - v_y) / sd_y ** 2, np.abs(var_o - v_k) / sd_k ** 2])
-        if robust:
-            gap = np.maximum(gap, np.abs(expit(lz_cav + lam_new) - expit(lz)))
-        mismatch = max(mismatch, float(np.max(gap, where=ok, initial=0.0)))
-        if fixed_precisions:       # Δη = Δm / v moves the marginal mean to the tilted mean
-            tt, to = tt0, to0
-            et = et0 + e * (mean_t - m_y) / v_y
-            eo = eo0 + e * (mean_o - m_k) / v_k
-        else:                      # site = tilted / cavity, damped
-            tt = e * (1.0 / var_t - 1.0 / v_t) + (1 - e) * tt0
-            et = e * (mean_t / var_t - m_t / v_t) + (1 - e) * et0
-            to = e * (1.0 / var_o - 1.0 / v_o) + (1 - e) * to0
-            eo = e * (mean_o / var_o - m_o / v_o) + (1 - e) * eo0
-        tt, et = np.where(ok, tt, tt0), np.where(ok, et, et0)
-        to, eo = np.where(ok, to, to0), np.where(ok, eo, eo0)
-        prec = 1.0 / v_y + tt - tt0               # the target marginal moves with its site
-        m_y = (m_y / v_y + et - et0) / prec
-        v_y = 1.0 / prec
-        new.tau_t[rows, k], new.eta_t[rows, k], new.tau_o[rows, k], new.eta_o[rows, k] = tt, et, to, eo
-        if robust:
-            lam = np.where(ok, e * lam_new + (1 - e) * lam0, lam0)
-            lz = lz + lam - lam0
-            new.lam[rows, k] = lam
+    means, varis, prior_sd = (np.ascontiguousarray(a, dtype=np.float64) for a in (means, varis, prior_sd))
+    y, others = (np.ascontiguousarray(a, dtype=np.intp) for a in (sites.y, sites.others))
+    mismatch = refine_pairs(y, others, new.tau_t, new.eta_t, new.tau_o, new.eta_o, new.lam,
+                            new.lam_i, means, varis, prior_sd, float(damping), bool(robust),
+                            float(log_c), bool(fixed_precisions))        # the ψ̃ᵢₖ, typed loop
+    e = damping
     if robust:
         before = expit(new.z_log_odds())
         a, b = _beta_posterior(new, a0, b0)
