@@ -56,6 +56,33 @@ def test_unknown_names_raise():
         rmgpc_table2.main(_args(max_iter=0))
 
 
+def test_doc_table_from_records_and_the_cli_round_trip(tmp_path, capsys):
+    """``--from-json`` reads an earlier run's records and ``--update-doc`` writes the markdown table
+    between the markers: a Wilcoxon p below 1 % gets ◁, a model that agrees with RMGPC on every split
+    (p NaN) gets none, and the paper's columns come from PAPER."""
+    import json
+
+    records = [
+        {"dataset": "wine", "eta": 0.2, "model": "robust", "bcr_mean": 97.44, "bcr_sd": 1.52,
+         "n_splits": 3, "wilcoxon_p_vs_robust": float("nan"), "bcr_splits": [96.0, 97.0, 99.3]},
+        {"dataset": "wine", "eta": 0.2, "model": "standard", "bcr_mean": 95.0, "bcr_sd": 2.0,
+         "n_splits": 3, "wilcoxon_p_vs_robust": 0.0078, "bcr_splits": [93.0, 95.0, 97.0]},
+        {"dataset": "wine", "eta": 0.2, "model": "sklearn", "bcr_mean": 97.44, "bcr_sd": 1.52,
+         "n_splits": 3, "wilcoxon_p_vs_robust": float("nan"), "bcr_splits": [96.0, 97.0, 99.3]},
+    ]
+    table = rmgpc_table2.doc_table(records)
+    row = table.splitlines()[2]
+    assert row == ("| wine | 20 % | 3 | 97.4 ± 1.5 | 95.0 ± 2.0 ◁ (p 0.0078) | - | - | 97.4 ± 1.5 "
+                   "| 96.6 ± 2.7 | 95.5 ± 2.6 | 95.1 ± 3.0 |")
+    src, doc = tmp_path / "r.json", tmp_path / "doc.md"
+    src.write_text(json.dumps(records))
+    doc.write_text("before\n<!-- rmgpc-table2 -->\nold\n<!-- /rmgpc-table2 -->\nafter\n")
+    out = rmgpc_table2.main(argparse.Namespace(from_json=str(src), update_doc=str(doc)))
+    assert [r["model"] for r in out] == ["robust", "standard", "sklearn"]
+    assert doc.read_text() == ("before\n<!-- rmgpc-table2 -->\n" + table
+                               + "\n<!-- /rmgpc-table2 -->\nafter\n")
+
+
 @pytest.mark.slow
 def test_full_table2_rmgpc_beats_smgpc_at_20_percent():
     recs = rmgpc_table2.main(_args(splits=100, etas=[0.2], datasets=list(rmgpc_table2.DATASETS)))

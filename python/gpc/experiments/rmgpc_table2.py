@@ -18,6 +18,7 @@ from .. import datasets
 from ..kernels import RBF, ConstantKernel
 from ..multiclass import MultiClassGPC
 from ._common import standardise
+from .sep_common import add_doc_arguments, markdown_table, publish_doc_tables, read_records
 
 DATASETS = {"new-thyroid": datasets.load_thyroid, "wine": datasets.load_wine,
             "glass": datasets.load_glass}
@@ -112,6 +113,7 @@ def add_arguments(parser):
     parser.add_argument("--etas", type=float, nargs="+", default=list(ETAS),
                         help="fractions of training labels replaced at random (paper: 0 .05 .1 .2)")
     add_fit_arguments(parser)
+    add_doc_arguments(parser)
 
 
 def add_fit_arguments(parser):
@@ -135,6 +137,18 @@ def fit_options(args, available):
 
 
 def main(args):
+    if getattr(args, "from_json", None):
+        records = read_records(args.from_json)
+    else:
+        records = run(args)
+    print(report(records))
+    if getattr(args, "from_json", None) or getattr(args, "update_doc", None):
+        publish_doc_tables(args, {"rmgpc-table2": doc_table(records)})
+    return records
+
+
+def run(args):
+    """Every (data set, η, model) of the parsed arguments over ``--splits`` splits: the records."""
     if args.splits < 1:
         raise ValueError("--splits must be at least 1")
     models, max_iter, tol = fit_options(args, MODELS)
@@ -158,7 +172,6 @@ def main(args):
                                 if args.splits > 1 else 0.0, "n_splits": args.splits,
                                 "wilcoxon_p_vs_robust": p,
                                 "bcr_splits": [float(v) for v in scores[m]]})
-    print(report(records))
     return records
 
 
@@ -174,3 +187,36 @@ def report(records):
         lines.append(f"{r['dataset']:12s} {r['eta']:5.2f} {r['model']:12s} "
                      f"{r['bcr_mean']:6.1f} ± {r['bcr_sd']:4.1f}{mark:2s} {paper:>13s}")
     return "\n".join(lines)
+
+
+#: the columns of docs/reproduction.md's table: (model, heading)
+DOC_COLUMNS = (("robust", "RMGPC"), ("standard", "SMGPC"), ("heavy-tailed", "HTPC"),
+               ("ovr-ep", "one-vs-rest EP"), ("sklearn", "scikit-learn"))
+
+
+def doc_table(records):
+    """docs/reproduction.md's Table 2: one row per (data set, η) in the order of the records, BCR
+    mean ± sd per model with the Wilcoxon p against RMGPC (◁ below 1 %), the number of splits, and
+    the paper's three columns."""
+    cells, order = {}, []
+    for r in records:
+        key = (r["dataset"], round(r["eta"], 2))
+        if key not in cells:
+            cells[key] = {}
+            order.append(key)
+        p = r.get("wilcoxon_p_vs_robust", np.nan)
+        text = f"{r['bcr_mean']:.1f} ± {r['bcr_sd']:.1f}"
+        if p == p:   # not NaN: the model differs from RMGPC on some split
+            text += f"{' ◁' if p < 0.01 else ''} (p {p:.2g})"
+        cells[key][r["model"]] = (text, r["n_splits"])
+    rows = []
+    for name, eta in order:
+        got = cells[(name, eta)]
+        paper = PAPER.get((name, eta))
+        splits = sorted({n for _, n in got.values()})
+        rows.append([name, f"{100 * eta:g} %", "/".join(str(n) for n in splits)]
+                    + [got[m][0] if m in got else "-" for m, _ in DOC_COLUMNS]
+                    + ([f"{mean:.1f} ± {sd:.1f}" for mean, sd in paper] if paper else ["-"] * 3))
+    header = (["data set", "η", "splits"] + [h for _, h in DOC_COLUMNS]
+              + ["paper RMGPC", "paper SMGPC", "paper HTPC"])
+    return markdown_table(header, rows)
