@@ -110,7 +110,9 @@ def test_laplace_mode_and_evidence_against_a_brute_force_hessian():
 
 
 def test_predictive_moments_against_the_dense_posterior():
-    """κ* − Q*ᵀK⁻¹Q* + Q*ᵀK⁻¹(K⁻¹ + W)⁻¹K⁻¹Q* written out with dense inverses (tiny n)."""
+    """κ* − Q*ᵀK⁻¹Q* + Q*ᵀK⁻¹(K⁻¹ + W)⁻¹K⁻¹Q* written out with dense inverses (tiny n), W the
+    Gauss–Newton curvature at the mode: positive semi-definite, so the predictive covariance is at
+    most the prior's κ* I (the full Hessian's g″ term can break both)."""
     X, y, K = _problem()
     n, l = len(y), 3
     res = htpc_laplace(K, y, l, np.ones(l))
@@ -118,13 +120,20 @@ def test_predictive_moments_against_the_dense_posterior():
     Kc, kd = 1.5 * RBF(1.0)(Xs, X), np.full(4, 1.5)
     mean, cov = htpc_latent_moments(res, Kc, kd)
     Kb_inv = np.linalg.inv(np.kron(np.eye(l), K))
-    Sigma = np.linalg.inv(Kb_inv + res.W)
+    Sigma = np.linalg.inv(Kb_inv + res.W_predictive)
+    assert np.linalg.eigvalsh(res.W_predictive)[0] > -1e-12
+    Y = np.zeros((n, l), bool)
+    Y[np.arange(n), y] = True
+    _, _, W_full, W_gn = _likelihood_terms(res.u, Y, np.ones(l), np.sqrt(np.diag(K)))
+    np.testing.assert_array_equal(res.W, W_full)
+    np.testing.assert_array_equal(res.W_predictive, W_gn)
     for j in range(4):
         Q = np.kron(np.eye(l), Kc[j][:, None])                  # (n l, l)
         A = Q.T @ Kb_inv
         dense = kd[j] * np.eye(l) - A @ Q + A @ Sigma @ A.T
         np.testing.assert_allclose(cov[j], dense, atol=1e-8)
         np.testing.assert_allclose(mean[j], A @ res.u.T.ravel(), atol=1e-8)
+        assert np.linalg.eigvalsh(kd[j] * np.eye(l) - cov[j])[0] > -1e-10
 
 
 def test_estimator_heavy_tailed_fits_and_predicts():
