@@ -83,6 +83,30 @@ def test_doc_table_from_records_and_the_cli_round_trip(tmp_path, capsys):
                                + "\n<!-- /rmgpc-table2 -->\nafter\n")
 
 
+def test_combine_pairs_runs_of_different_models_by_split():
+    """Runs of different models on the same seeded splits combine: each p is the signed-rank test of
+    the first min(n) paired splits against RMGPC (scipy's wilcoxon on those pairs), NaN when the two
+    agree on every pair; a model given twice is refused."""
+    from scipy.stats import wilcoxon
+
+    rng = np.random.default_rng(0)
+    robust = list(rng.uniform(80, 100, 30))
+    worse = [v - d for v, d in zip(robust, rng.uniform(-1, 4, 30))]
+    run_a = [{"dataset": "glass", "eta": 0.1, "model": m, "bcr_mean": float(np.mean(s)),
+              "bcr_sd": 0.0, "n_splits": 30, "bcr_splits": s}
+             for m, s in (("robust", robust), ("sklearn", list(robust)))]
+    run_b = [{"dataset": "glass", "eta": 0.1, "model": "heavy-tailed", "bcr_mean": 0.0,
+              "bcr_sd": 0.0, "n_splits": 12, "bcr_splits": worse[:12]}]
+    out = rmgpc_table2.combine(run_a + run_b)
+    by = {r["model"]: r for r in out}
+    assert by["heavy-tailed"]["wilcoxon_pairs"] == 12
+    assert by["heavy-tailed"]["wilcoxon_p_vs_robust"] == wilcoxon(worse[:12], robust[:12]).pvalue
+    assert np.isnan(by["sklearn"]["wilcoxon_p_vs_robust"]) and by["sklearn"]["wilcoxon_pairs"] == 30
+    assert np.isnan(by["robust"]["wilcoxon_p_vs_robust"])
+    with pytest.raises(ValueError, match="two records"):
+        rmgpc_table2.combine(run_a + run_a)
+
+
 @pytest.mark.slow
 def test_full_table2_rmgpc_beats_smgpc_at_20_percent():
     recs = rmgpc_table2.main(_args(splits=100, etas=[0.2], datasets=list(rmgpc_table2.DATASETS)))

@@ -163,16 +163,41 @@ def run(args):
             runs = [one_split(name, eta, s, models, args.seed, max_iter, tol) for s in range(args.splits)]
             scores = {m: 100 * np.array([r[m] for r in runs]) for m in models}
             for m in models:
-                p = np.nan
-                if m != "robust" and "robust" in scores and args.splits > 1 \
-                        and np.any(scores[m] != scores["robust"]):
-                    p = float(wilcoxon(scores[m], scores["robust"]).pvalue)
                 records.append({"dataset": name, "eta": eta, "model": m,
                                 "bcr_mean": float(scores[m].mean()), "bcr_sd": float(scores[m].std(ddof=1))
                                 if args.splits > 1 else 0.0, "n_splits": args.splits,
-                                "wilcoxon_p_vs_robust": p,
                                 "bcr_splits": [float(v) for v in scores[m]]})
-    return records
+    return combine(records)
+
+
+def combine(records):
+    """The records with each model's Wilcoxon signed-rank p against RMGPC on the same (data set, η)
+    (``wilcoxon_p_vs_robust``, over ``wilcoxon_pairs`` paired splits), from the per-split rates.
+
+    Records of several runs with the same ``--seed`` may be concatenated first: split j is the same
+    partition in every run (seeded by its index), so the pairs are the first min(n) splits of the
+    two models.  p is NaN with fewer than two pairs, where the two agree on every pair, or without
+    an RMGPC record.  A (data set, η, model) given twice is an error.
+    """
+    seen, robust = set(), {}
+    for r in records:
+        key = (r["dataset"], round(r["eta"], 2), r["model"])
+        if key in seen:
+            raise ValueError(f"two records for {key}: combine the runs of different models")
+        seen.add(key)
+        if r["model"] == "robust":
+            robust[key[:2]] = np.asarray(r["bcr_splits"], dtype=float)
+    out = []
+    for r in records:
+        ref = robust.get((r["dataset"], round(r["eta"], 2)))
+        p, pairs = np.nan, 0
+        if r["model"] != "robust" and ref is not None:
+            pairs = min(ref.size, len(r["bcr_splits"]))
+            mine = np.asarray(r["bcr_splits"][:pairs], dtype=float)
+            if pairs > 1 and np.any(mine != ref[:pairs]):
+                p = float(wilcoxon(mine, ref[:pairs]).pvalue)
+        out.append(dict(r, wilcoxon_p_vs_robust=p, wilcoxon_pairs=pairs))
+    return out
 
 
 def report(records):
