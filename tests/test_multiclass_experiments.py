@@ -134,11 +134,12 @@ def test_the_docs_show_table3_of_the_committed_records():
     100-split runs of ``gpc reproduce rmgpc-glass-outliers``, one decimal as printed), and the
     records keep the paper's RMGPC row: each of the seven misclassified in every split where it
     is tested."""
-    import json
     import pathlib
 
+    from gpc.experiments.sep_common import read_records
+
     root = pathlib.Path(__file__).resolve().parents[1]
-    records = json.loads((root / "docs" / "results" / "rmgpc-glass-outliers.json").read_text())
+    records = read_records(str(root / "docs" / "results" / "rmgpc-glass-outliers.json"))
     rows = records[1:]
     text = (root / "docs" / "reproduction.md").read_text(encoding="utf-8")
 
