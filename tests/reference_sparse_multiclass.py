@@ -617,3 +617,262 @@ def predict_proba(fit, Xs):
         for c in range(fit.C):
             out[j, c] = rho / fit.C + (1.0 - rho) * argmax_probability(M[j], V[j], c)
     return out
+
+
+# -- tied sites (stochastic EP) ---------------------------------------------------------------------------
+
+@dataclass
+class LocalEP:
+    """A point's pair sites fitted by EP against its cavity (derivation, "Tied sites"): the point's
+    C − 1 pair factors share a_iyᵀw_y and zᵢ, so they are refined in turn to their joint fixed point
+    with the point's cavity held.  All quantities are scalars per row (class) of the point."""
+    site_tau: np.ndarray       # (C,) the point's total site on each of its rows: Σ_j τᵗ_j on yᵢ, τᵒ_k on k
+    site_eta: np.ndarray
+    log_z: float               # log of the point's local EP evidence against the cavity
+    d_m: np.ndarray            # (C,) ∂ log Z_loc/∂(cavity mean of the row)
+    d_v: np.ndarray            # (C,) ∂ log Z_loc/∂(cavity variance of the row)
+    d_s: np.ndarray            # (C,) ∂ log Z_loc/∂s (the rows' FITC variances)
+    sweeps: int
+
+
+def local_ep(y_i, C, m_c, v_c, s, noise, log_odds_prior, log_c, tol=1e-14, max_sweeps=500):
+    """EP over one point's pair sites with the cavity marginals N(m_c[k], v_c[k]) of its C rows held.
+
+    ``log_odds_prior``: zᵢ's exact factor (logit ρ) or None without outliers.  Sequential, undamped
+    pair refinements until no marginal moves by more than ``tol``.  The local evidence is
+    Σ_rows log ∫ site_row N(cavity) + Σ_j log s̃_j + log Dᵢ, stationary in the local sites, so its
+    derivatives in the cavity mean and variance of a row are those of a Gaussian prior under EP:
+    d_m = (μ_Q − m_c)/v_c, d_v = ½ (d_m² + (σ²_Q − v_c)/v_c²), and in s the pairs' g_s."""
+    others = [k for k in range(C) if k != y_i]
+    tt, et, to, eo, lam = (dict.fromkeys(others, 0.0) for _ in range(5))
+    robust = noise != "none"
+    lz0 = log_odds_prior if robust else 0.0
+
+    def marg(k):
+        if k == y_i:
+            prec = 1.0 / v_c[k] + sum(tt.values())
+            return (m_c[k] / v_c[k] + sum(et.values())) / prec, 1.0 / prec
+        prec = 1.0 / v_c[k] + to[k]
+        return (m_c[k] / v_c[k] + eo[k]) / prec, 1.0 / prec
+
+    sweeps = 0
+    for sweeps in range(1, max_sweeps + 1):
+        worst = 0.0
+        for k in others:
+            m_y, v_y = marg(y_i)
+            m_k, v_k = marg(k)
+            v_t, v_o = 1.0 / (1.0 / v_y - tt[k]), 1.0 / (1.0 / v_k - to[k])
+            m_t, m_o = v_t * (m_y / v_y - et[k]), v_o * (m_k / v_k - eo[k])
+            lz_cav = lz0 + sum(lam.values()) - lam[k]
+            lp = (float(_log_sigmoid(lz_cav)), float(_log_sigmoid(-lz_cav))) if robust else (None, None)
+            _, g, d2, _, lam_new = pair_moments(m_t, v_t, m_o, v_o, s[y_i] + s[k], *lp, log_c)
+            mean_t, var_t = m_t + v_t * g, v_t + v_t * v_t * d2
+            mean_o, var_o = m_o - v_o * g, v_o + v_o * v_o * d2
+            worst = max(worst, abs(mean_t - m_y), abs(mean_o - m_k), abs(var_t - v_y), abs(var_o - v_k))
+            tt[k], et[k] = 1.0 / var_t - 1.0 / v_t, mean_t / var_t - m_t / v_t
+            to[k], eo[k] = 1.0 / var_o - 1.0 / v_o, mean_o / var_o - m_o / v_o
+            if robust:
+                lam[k] = lam_new
+        if worst < tol:
+            break
+    site_tau, site_eta = np.zeros(C), np.zeros(C)
+    site_tau[y_i], site_eta[y_i] = sum(tt.values()), sum(et.values())
+    for k in others:
+        site_tau[k], site_eta[k] = to[k], eo[k]
+    log_z = sum(_log_gauss_site_mass(site_tau[k], site_eta[k], m_c[k], v_c[k]) for k in range(C))
+    d_s = np.zeros(C)
+    for k in others:                       # log s̃ of each pair against its local cavity
+        m_y, v_y = marg(y_i)
+        m_k, v_k = marg(k)
+        v_t, v_o = 1.0 / (1.0 / v_y - tt[k]), 1.0 / (1.0 / v_k - to[k])
+        m_t, m_o = v_t * (m_y / v_y - et[k]), v_o * (m_k / v_k - eo[k])
+        lz_cav = lz0 + sum(lam.values()) - lam[k]
+        lp = (float(_log_sigmoid(lz_cav)), float(_log_sigmoid(-lz_cav))) if robust else (None, None)
+        lzj, _, _, g_s, _ = pair_moments(m_t, v_t, m_o, v_o, s[y_i] + s[k], *lp, log_c)
+        log_z += lzj - _log_gauss_site_mass(tt[k], et[k], m_t, v_t) - _log_gauss_site_mass(to[k], eo[k], m_o, v_o)
+        if robust:
+            log_z -= np.logaddexp(_log_sigmoid(lam[k]) + _log_sigmoid(lz_cav),
+                                  _log_sigmoid(-lam[k]) + _log_sigmoid(-lz_cav))
+        d_s[y_i] += g_s
+        d_s[k] += g_s
+    if robust:
+        lams = np.array([lam[k] for k in others])
+        log_z += np.logaddexp(_log_sigmoid(lz0) + np.sum(_log_sigmoid(lams)),
+                              _log_sigmoid(-lz0) + np.sum(_log_sigmoid(-lams)))
+    d_m, d_v = np.zeros(C), np.zeros(C)
+    for k in range(C):
+        mu, var = marg(k)
+        d_m[k] = (mu - m_c[k]) / v_c[k]
+        d_v[k] = 0.5 * (d_m[k] ** 2 + (var - v_c[k]) / v_c[k] ** 2)
+    return LocalEP(site_tau, site_eta, float(log_z), d_m, d_v, d_s, sweeps)
+
+
+def _gauss_log_normaliser(P, h):
+    """½ hᵀP⁻¹h − ½ log|P|: log ∫ N(w | 0, I) exp(−½ wᵀ(P − I)w + hᵀw) dw."""
+    return 0.5 * float(h @ np.linalg.solve(P, h)) - 0.5 * np.linalg.slogdet(P)[1]
+
+
+@dataclass
+class TiedFit:
+    """Stochastic EP with one tied site per class: q(w_k) ∝ N(w_k | 0, I) exp(−½ wᵀT_k w + g_kᵀw),
+    T_k and g_k the n-fold average site; each point's cavity removes 1/n of them from every class."""
+    X: np.ndarray
+    y: np.ndarray
+    C: int
+    geoms: list
+    T: list
+    g: list
+    noise: str
+    rho: float
+    converged: bool = False
+    n_iter: int = 0
+
+    @property
+    def log_c(self):
+        return -np.log(self.C) / (self.C - 1)
+
+    @property
+    def qs(self):
+        out = []
+        for T, g in zip(self.T, self.g):
+            P = np.eye(len(g)) + T
+            cov = np.linalg.inv(P)
+            out.append(ClassQ(P, g, 0.5 * (cov + cov.T), np.linalg.solve(P, g)))
+        return out
+
+    @property
+    def rho_mean(self):
+        return self.rho
+
+    def cavity(self, k):
+        """(P, h) of every point's cavity in class k: I + (1 − 1/n) T_k, (1 − 1/n) g_k."""
+        keep = 1.0 - 1.0 / len(self.y)
+        return np.eye(len(self.g[k])) + keep * self.T[k], keep * self.g[k]
+
+    def local(self, i, cavities=None):
+        """Point i's :class:`LocalEP` against its cavity."""
+        cavities = cavities or [self.cavity(k) for k in range(self.C)]
+        m_c, v_c, s = np.empty(self.C), np.empty(self.C), np.empty(self.C)
+        for k, (P, h) in enumerate(cavities):
+            a = self.geoms[k].A[i]
+            m_c[k] = a @ np.linalg.solve(P, h)
+            v_c[k] = a @ np.linalg.solve(P, a)
+            s[k] = self.geoms[k].s[i]
+        lo = None if self.noise == "none" else float(np.log(self.rho / (1 - self.rho)))
+        return local_ep(self.y[i], self.C, m_c, v_c, s, self.noise, lo, self.log_c)
+
+
+def run_tied_ep(X, y, C, kernels, Zs, noise="fixed", eps=None, jitter=0.0, damping=0.5, tol=1e-11,
+                max_iter=2000, init=None):
+    """Tied-site EP to its fixed point (derivation, "Tied sites"), in batch: every point's local EP
+    against the common cavity, then T_k ← (1 − δ) T_k + δ Σᵢ τ_ik a_ik a_ikᵀ (and g_k likewise).
+
+    Fixed ε or no outliers (``noise`` "fixed" or "none"): zᵢ is local to its point, so nothing of
+    size n is kept between iterations.  Stops when no training row's q-marginal moves by more than
+    ``tol`` in an iteration.  ``init``: a TiedFit whose (T, g), taken as fixed in u-space, start the
+    iteration (moved to the new factor as the trainers do with q)."""
+    X, y = np.asarray(X, dtype=float), np.asarray(y)
+    if noise not in ("fixed", "none"):
+        raise ValueError("tied sites here take noise='fixed' or 'none'")
+    n = len(y)
+    geoms = [ClassGeometry.build(kern, Z, X, jitter) for kern, Z in zip(kernels, Zs)]
+    rho = C * eps / (C - 1) if noise == "fixed" else np.nan
+    if init is None:
+        T = [np.zeros((g.A.shape[1],) * 2) for g in geoms]
+        gs = [np.zeros(g.A.shape[1]) for g in geoms]
+    else:
+        T, gs = transform_tied(init, geoms)
+    fit = TiedFit(X, y, C, geoms, T, gs, noise, rho)
+
+    def row_marginals():
+        return np.concatenate([[q.marginal(a) for a in geo.A] for q, geo in zip(fit.qs, geoms)])
+
+    before = row_marginals()
+    for it in range(1, max_iter + 1):
+        cavities = [fit.cavity(k) for k in range(C)]
+        T_new = [np.zeros_like(t) for t in fit.T]
+        g_new = [np.zeros_like(v) for v in fit.g]
+        for i in range(n):
+            loc = fit.local(i, cavities)
+            for k in range(C):
+                a = geoms[k].A[i]
+                T_new[k] += loc.site_tau[k] * np.outer(a, a)
+                g_new[k] += loc.site_eta[k] * a
+        fit.T = [(1 - damping) * t + damping * tn for t, tn in zip(fit.T, T_new)]
+        fit.g = [(1 - damping) * v + damping * vn for v, vn in zip(fit.g, g_new)]
+        after = row_marginals()
+        fit.n_iter = it
+        if np.max(np.abs(after - before)) < tol * damping:
+            fit.converged = True
+            break
+        before = after
+    return fit
+
+
+def transform_tied(fit, geoms):
+    """The tied sums of ``fit`` held in u-space, seen through the factors of ``geoms``:
+    T' = Mᵀ T M, g' = Mᵀ g with M = L⁻¹L' (sparse.ep.transform_natural's algebra)."""
+    T, g = [], []
+    for old, new, t, v in zip(fit.geoms, geoms, fit.T, fit.g):
+        M = np.linalg.solve(old.L, new.L)
+        T.append(M.T @ t @ M)
+        g.append(M.T @ v)
+    return T, g
+
+
+def tied_log_evidence(fit):
+    """log Z with tied sites (derivation, "Tied sites"; SEP eq. (3)):
+
+        Σ_k G_k(q) + Σᵢ [log Z_loc,i + Σ_k (G_k(cavity) − G_k(q))],   G(P, h) = ½ hᵀP⁻¹h − ½ log|P|,
+
+    log Z_loc,i from :func:`local_ep`.  With n = 1 it is the untied evidence."""
+    qs = fit.qs
+    G_q = [_gauss_log_normaliser(q.P, q.h) for q in qs]
+    cavities = [fit.cavity(k) for k in range(fit.C)]
+    G_c = [_gauss_log_normaliser(P, h) for P, h in cavities]
+    total = sum(G_q)
+    for i in range(len(fit.y)):
+        total += fit.local(i, cavities).log_z + sum(G_c) - sum(G_q)
+    return total
+
+
+def tied_gradient(fit, with_average_term=True):
+    """∂ log Z/∂θ_k and ∂ log Z/∂Z_k with the tied sites held in u-space (derivation, "Tied sites").
+
+    Per class: the prior term ½ L⁻ᵀ(Σ_w + μμᵀ − I)L⁻¹, each point's cavity-held terms (γ = d_m μ_c
+    + 2 d_v Σ_c a on its row, s through d_s, from :func:`local_ep`), and, with
+    ``with_average_term``, ½ L⁻ᵀ Σᵢ (E_i[wwᵀ] − E_q[wwᵀ]) L⁻¹ over the points' local posteriors
+    q_i = cavity × the point's sites: at a tied fixed point q is the natural-parameter average of
+    the q_i, not their moment average, so this term is not zero for n > 1.  Without it, the
+    gradient is SEP eq. (4)/(6) as the trainers apply it."""
+    n, C = len(fit.y), fit.C
+    qs = fit.qs
+    cavities = [fit.cavity(k) for k in range(C)]
+    locs = [fit.local(i, cavities) for i in range(n)]
+    g_theta, g_Z = [], []
+    for k in range(C):
+        geo, q = fit.geoms[k], qs[k]
+        A, m = geo.A, geo.A.shape[1]
+        Li = np.linalg.inv(geo.L)
+        second_q = q.cov + np.outer(q.mean, q.mean)
+        G_w = 0.5 * (second_q - np.eye(m))
+        P_c, h_c = cavities[k]
+        cov_c = np.linalg.inv(P_c)
+        mu_c = cov_c @ h_c
+        G_rows, g_kappa = np.zeros((n, m)), np.zeros(n)
+        for i, loc in enumerate(locs):
+            a = A[i]
+            gamma = loc.d_m[k] * mu_c + 2.0 * loc.d_v[k] * (cov_c @ a)
+            G_w += loc.d_s[k] * np.outer(a, a) - np.outer(gamma, a)
+            G_rows[i] = gamma - 2.0 * loc.d_s[k] * a
+            g_kappa[i] = loc.d_s[k]
+            if with_average_term:
+                P_i = P_c + loc.site_tau[k] * np.outer(a, a)
+                cov_i = np.linalg.inv(P_i)
+                mu_i = cov_i @ (h_c + loc.site_eta[k] * a)
+                G_w += 0.5 * (cov_i + np.outer(mu_i, mu_i) - second_q)
+        G = MatrixGradient(Li.T @ G_w @ Li, G_rows @ Li, g_kappa)
+        t, z = contract(geo.kernel, fit.X, geo.Z, G)
+        g_theta.append(t)
+        g_Z.append(z)
+    return g_theta, g_Z
