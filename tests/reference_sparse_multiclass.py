@@ -1,9 +1,9 @@
 """Sparse multi-class EP (RMGPC's model on m inducing points per class): a slow NumPy reference.
 
-The maths is docs/derivations-sparse-multiclass.md (the sections are named in the docstrings
-below).  Everything here is dense, per class, in plain loops: q(w_k) is rebuilt from all its sites
-after every site update, inverses are explicit, and quadrature replaces nothing that has a closed
-form.  It is a specification to test a compiled engine against, not an engine.
+The maths is docs/derivations-sparse-multiclass.md ("derivation §N" below is its section N).
+Everything here is dense, per class, in plain loops: q(w_k) is rebuilt from all its sites after
+every site update, inverses are explicit, and quadrature replaces nothing that has a closed form.
+It is a specification to test a compiled engine against, not an engine.
 
 Model (RMGPC eq. (2)-(5) with the FITC conditional of SEP eq. (1) per class): u_k = f_k(Z_k) ~
 N(0, K_uu^k) = L_k N(0, I) (w_k whitened), f_k(x_i) | u_k ~ N(a_ikᵀ w_k, s_ik) with a_ik =
@@ -114,7 +114,7 @@ class ClassGeometry:
 
 @dataclass
 class Sites:
-    """All site parameters; (n, C) arrays are zero where k = yᵢ (derivation, "Sites")."""
+    """All site parameters; (n, C) arrays are zero where k = yᵢ (derivation §2)."""
     tau_t: np.ndarray      # on a_iyᵀw_y, from the pair (i, k)
     eta_t: np.ndarray
     tau_o: np.ndarray      # on a_ikᵀw_k
@@ -168,7 +168,7 @@ class ClassQ:
 def pair_moments(m_t, v_t, m_o, v_o, s_sum, log_p, log_1mp, log_c):
     """Tilted moments of [p c + (1 − p) Φ((t_y − t_k)/√s_sum)] N(t_y|m_t,v_t) N(t_k|m_o,v_o).
 
-    Derivation, "Tilted moments": with S² = v_t + v_o + s_sum and α = (m_t − m_o)/S,
+    Derivation §4: with S² = v_t + v_o + s_sum and α = (m_t − m_o)/S,
     Z = p c + (1 − p) Φ(α); g = ∂ log Z/∂m_t = −∂ log Z/∂m_o = w φ(α)/(Φ(α) S), w = (1 − p)Φ(α)/Z;
     d2 = ∂² log Z/∂m_t² = −g (α/S + g); g_s = ∂ log Z/∂S² = −g α/(2S) = ½ (g² + d2); the refined
     z-site has log-odds log c − log Φ(α) (RMGPC's rule with the FITC variances added to S², as
@@ -284,7 +284,7 @@ class Fit:
 
     def pair_cavity(self, i, k):
         """Cavity moments of the pair (i, k): (m_t, v_t, m_o, v_o, z log-odds), or None when a
-        cavity variance is not positive (derivation, "Cavities")."""
+        cavity variance is not positive (derivation §3)."""
         sites, yi = self.sites, self.y[i]
         m_y, v_y = self.marginal(i, yi)
         m_k, v_k = self.marginal(i, k)
@@ -330,7 +330,7 @@ def _outlier_prior_update(fit, i, a, b, damping):
 
 
 def _pair_update(fit, i, k, damping):
-    """One ψ̃_ik refinement (RMGPC eq. (14) in u-space, derivation "Site updates"), damped, with q_y
+    """One ψ̃_ik refinement (RMGPC eq. (14) in u-space, derivation §4), damped, with q_y
     and q_k rebuilt; returns the undamped moment mismatch (in prior sd / variance units, and in
     Q(zᵢ = 1)) or None when the cavity is not a Gaussian."""
     s, yi = fit.sites, fit.y[i]
@@ -435,17 +435,14 @@ def _log_gauss_site_mass(tau, eta, m, v):
 
 
 def log_evidence(fit):
-    """log Z of the sparse model (derivation, "Evidence"; RMGPC eq. (16)-(17) in u-space):
+    """log Z of the sparse model (derivation §5; RMGPC eq. (16)-(17) in u-space):
 
         Σ_k [½ h_kᵀ P_k⁻¹ h_k − ½ log|P_k|] + Σ_i ℓ_i  (+ log B(a, b) − log B(a₀, b₀) for Beta-ρ),
         ℓ_i = log Dᵢ + Σ_{k≠yᵢ} log s̃_ik + log s̃ᵢ,
 
     each log s̃ the log tilted mass less the log mass of the site times its cavity."""
-    s, y, C = fit.sites, fit.y, fit.C
-    total = 0.0
-    for q in fit.qs:
-        total += 0.5 * float(q.h @ q.mean) - 0.5 * np.linalg.slogdet(q.P)[1]
-    for i in range(len(y)):
+    total = sum(_gauss_log_normaliser(q.P, q.h) for q in fit.qs)
+    for i in range(len(fit.y)):
         total += datum_log_term(fit, i)
     if fit.noise == "beta":
         total += betaln(fit.a, fit.b) - betaln(fit.a0, fit.b0)
@@ -498,7 +495,7 @@ class MatrixGradient:
 
 def matrix_gradients(fit, form="cavity"):
     """Per class, the derivative of log Z with respect to K_uu, K_Xu and diag K_XX at fixed sites
-    (derivation, "Gradient").
+    (derivation §6).
 
     ``form="cavity"``: SEP eq. (4) with each cavity held in u-space: the prior term
     ½ L⁻ᵀ(Σ_w + μ_wμ_wᵀ − I)L⁻¹ plus, per site j on row r (its row's a, its cavity's whitened mean
@@ -553,6 +550,30 @@ def matrix_gradients(fit, form="cavity"):
     return out
 
 
+def row_coefficients(fit):
+    """Per class, the cavity-form gradient's per-row coefficients (d1, e, g_s), shape (n,) each, so
+    that row r's γ summed over its sites is d1_r μ_w + e_r Σ_w a_r (derivation §6: the form
+    the binary engine's compiled row pass takes).  Site j on row r with marginal N(μ_r, σ²_r), site
+    (τ_j, η_j), cavity variance v_j and d_j = ±g_j: its cavity gives Σ_c a = Σ_w a v_j/σ²_r and
+    μ_c = μ_w + Σ_w a (τ_j μ_r − η_j) v_j/σ²_r (Sherman–Morrison), so d1_r = Σ_j d_j,
+    e_r = Σ_j [d_j (τ_j μ_r − η_j) + 2 g_s,j] v_j/σ²_r and g_s,r = Σ_j g_s,j."""
+    n, C, y, s = len(fit.y), fit.C, fit.y, fit.sites
+    out = [(np.zeros(n), np.zeros(n), np.zeros(n)) for _ in range(C)]
+    for i in range(n):
+        for k in range(C):
+            if k == y[i]:
+                continue
+            (_, g, _, g_s, _), (m_t, v_t, m_o, v_o, _) = fit.pair_tilted(i, k)
+            for row, d, tau, eta, v_c in ((y[i], g, s.tau_t[i, k], s.eta_t[i, k], v_t),
+                                          (k, -g, s.tau_o[i, k], s.eta_o[i, k], v_o)):
+                mu, var = fit.marginal(i, row)
+                d1, e, gs = out[row]
+                d1[i] += d
+                e[i] += (d * (tau * mu - eta) + 2.0 * g_s) * v_c / var
+                gs[i] += g_s
+    return out
+
+
 def contract(kernel, X, Z, G):
     """(∂ log Z/∂θ, ∂ log Z/∂Z) of one class from its :class:`MatrixGradient` by the chain rule
     through K_uu = k(Z, Z) (+ constant jitter), K_Xu = k(X, Z) and κ = k(x, x)."""
@@ -568,7 +589,7 @@ def contract(kernel, X, Z, G):
 
 def gradient(fit, form="cavity"):
     """∂ log Z/∂θ_k and ∂ log Z/∂Z_k for every class (lists), and ∂ log Z/∂ε (fixed treatment;
-    derivation, "Gradient": Σᵢ (pᵢ − ρ)/(ρ(1 − ρ)) · C/(C − 1)), else None."""
+    derivation §6: Σᵢ (pᵢ − ρ)/(ρ(1 − ρ)) · C/(C − 1)), else None."""
     mats = matrix_gradients(fit, form)
     g_theta, g_Z = [], []
     for k, G in enumerate(mats):
@@ -585,7 +606,7 @@ def gradient(fit, form="cavity"):
 # -- prediction ----------------------------------------------------------------------------------------------
 
 def predict_latent(fit, Xs):
-    """(n*, C) means a_*ᵀμ_w and variances a_*ᵀΣ_w a_* + s_* of f_k(x*) (derivation, "Prediction")."""
+    """(n*, C) means a_*ᵀμ_w and variances a_*ᵀΣ_w a_* + s_* of f_k(x*) (derivation §8)."""
     Xs = np.asarray(Xs, dtype=float)
     M, V = np.empty((len(Xs), fit.C)), np.empty((len(Xs), fit.C))
     for k in range(fit.C):
@@ -623,7 +644,7 @@ def predict_proba(fit, Xs):
 
 @dataclass
 class LocalEP:
-    """A point's pair sites fitted by EP against its cavity (derivation, "Tied sites"): the point's
+    """A point's pair sites fitted by EP against its cavity (derivation §7): the point's
     C − 1 pair factors share a_iyᵀw_y and zᵢ, so they are refined in turn to their joint fixed point
     with the point's cavity held.  All quantities are scalars per row (class) of the point."""
     site_tau: np.ndarray       # (C,) the point's total site on each of its rows: Σ_j τᵗ_j on yᵢ, τᵒ_k on k
@@ -655,17 +676,24 @@ def local_ep(y_i, C, m_c, v_c, s, noise, log_odds_prior, log_c, tol=1e-14, max_s
         prec = 1.0 / v_c[k] + to[k]
         return (m_c[k] / v_c[k] + eo[k]) / prec, 1.0 / prec
 
+    def pair(k):
+        """Pair k's local cavity (m_t, v_t, m_o, v_o, z log-odds) and its pair_moments."""
+        m_y, v_y = marg(y_i)
+        m_k, v_k = marg(k)
+        v_t, v_o = 1.0 / (1.0 / v_y - tt[k]), 1.0 / (1.0 / v_k - to[k])
+        m_t, m_o = v_t * (m_y / v_y - et[k]), v_o * (m_k / v_k - eo[k])
+        lz_cav = lz0 + sum(lam.values()) - lam[k]
+        lp = (float(_log_sigmoid(lz_cav)), float(_log_sigmoid(-lz_cav))) if robust else (None, None)
+        cav = (m_t, v_t, m_o, v_o, lz_cav)
+        return cav, pair_moments(m_t, v_t, m_o, v_o, s[y_i] + s[k], *lp, log_c)
+
     sweeps = 0
     for sweeps in range(1, max_sweeps + 1):
         worst = 0.0
         for k in others:
             m_y, v_y = marg(y_i)
             m_k, v_k = marg(k)
-            v_t, v_o = 1.0 / (1.0 / v_y - tt[k]), 1.0 / (1.0 / v_k - to[k])
-            m_t, m_o = v_t * (m_y / v_y - et[k]), v_o * (m_k / v_k - eo[k])
-            lz_cav = lz0 + sum(lam.values()) - lam[k]
-            lp = (float(_log_sigmoid(lz_cav)), float(_log_sigmoid(-lz_cav))) if robust else (None, None)
-            _, g, d2, _, lam_new = pair_moments(m_t, v_t, m_o, v_o, s[y_i] + s[k], *lp, log_c)
+            (m_t, v_t, m_o, v_o, _), (_, g, d2, _, lam_new) = pair(k)
             mean_t, var_t = m_t + v_t * g, v_t + v_t * v_t * d2
             mean_o, var_o = m_o - v_o * g, v_o + v_o * v_o * d2
             worst = max(worst, abs(mean_t - m_y), abs(mean_o - m_k), abs(var_t - v_y), abs(var_o - v_k))
@@ -682,14 +710,9 @@ def local_ep(y_i, C, m_c, v_c, s, noise, log_odds_prior, log_c, tol=1e-14, max_s
     log_z = sum(_log_gauss_site_mass(site_tau[k], site_eta[k], m_c[k], v_c[k]) for k in range(C))
     d_s = np.zeros(C)
     for k in others:                       # log s̃ of each pair against its local cavity
-        m_y, v_y = marg(y_i)
-        m_k, v_k = marg(k)
-        v_t, v_o = 1.0 / (1.0 / v_y - tt[k]), 1.0 / (1.0 / v_k - to[k])
-        m_t, m_o = v_t * (m_y / v_y - et[k]), v_o * (m_k / v_k - eo[k])
-        lz_cav = lz0 + sum(lam.values()) - lam[k]
-        lp = (float(_log_sigmoid(lz_cav)), float(_log_sigmoid(-lz_cav))) if robust else (None, None)
-        lzj, _, _, g_s, _ = pair_moments(m_t, v_t, m_o, v_o, s[y_i] + s[k], *lp, log_c)
-        log_z += lzj - _log_gauss_site_mass(tt[k], et[k], m_t, v_t) - _log_gauss_site_mass(to[k], eo[k], m_o, v_o)
+        (m_t, v_t, m_o, v_o, lz_cav), (lzj, _, _, g_s, _) = pair(k)
+        log_z += (lzj - _log_gauss_site_mass(tt[k], et[k], m_t, v_t)
+                  - _log_gauss_site_mass(to[k], eo[k], m_o, v_o))
         if robust:
             log_z -= np.logaddexp(_log_sigmoid(lam[k]) + _log_sigmoid(lz_cav),
                                   _log_sigmoid(-lam[k]) + _log_sigmoid(-lz_cav))
@@ -764,7 +787,7 @@ class TiedFit:
 
 def run_tied_ep(X, y, C, kernels, Zs, noise="fixed", eps=None, jitter=0.0, damping=0.5, tol=1e-11,
                 max_iter=2000, init=None):
-    """Tied-site EP to its fixed point (derivation, "Tied sites"), in batch: every point's local EP
+    """Tied-site EP to its fixed point (derivation §7), in batch: every point's local EP
     against the common cavity, then T_k ← (1 − δ) T_k + δ Σᵢ τ_ik a_ik a_ikᵀ (and g_k likewise).
 
     Fixed ε or no outliers (``noise`` "fixed" or "none"): zᵢ is local to its point, so nothing of
@@ -821,7 +844,7 @@ def transform_tied(fit, geoms):
 
 
 def tied_log_evidence(fit):
-    """log Z with tied sites (derivation, "Tied sites"; SEP eq. (3)):
+    """log Z with tied sites (derivation §7; SEP eq. (3)):
 
         Σ_k G_k(q) + Σᵢ [log Z_loc,i + Σ_k (G_k(cavity) − G_k(q))],   G(P, h) = ½ hᵀP⁻¹h − ½ log|P|,
 
@@ -837,7 +860,7 @@ def tied_log_evidence(fit):
 
 
 def tied_gradient(fit, with_average_term=True):
-    """∂ log Z/∂θ_k and ∂ log Z/∂Z_k with the tied sites held in u-space (derivation, "Tied sites").
+    """∂ log Z/∂θ_k and ∂ log Z/∂Z_k with the tied sites held in u-space (derivation §7).
 
     Per class: the prior term ½ L⁻ᵀ(Σ_w + μμᵀ − I)L⁻¹, each point's cavity-held terms (γ = d_m μ_c
     + 2 d_v Σ_c a on its row, s through d_s, from :func:`local_ep`), and, with

@@ -2,7 +2,7 @@
 docs/derivations-sparse-multiclass.md) against the exact RMGPC engine, brute-force quadrature and
 finite differences.
 
-* Z = X: the sparse model is RMGPC itself (derivation, "Z = X"), so the reference must reproduce
+* Z = X: the sparse model is RMGPC itself (derivation §1, "Z = X"), so the reference must reproduce
   gpc.multiclass's EP (posterior, evidence, outlier probabilities, gradient, prediction).
 * fixed ε: the exact engine has no fixed-ε treatment; it is the limit of a Beta(ρN, (1 − ρ)N) prior as
   N → ∞, which the exact engine can run; elsewhere it is checked by quadrature (one pair: EP is exact)
@@ -179,7 +179,9 @@ def _tilted_by_quadrature(m_t, v_t, m_o, v_o, s_sum, p, c):
     sd = np.sqrt(vd)
 
     def moment(j):
-        f = lambda d: d ** j * ndtr(d / np.sqrt(s_sum)) * np.exp(-0.5 * (d - md) ** 2 / vd) / np.sqrt(2 * np.pi * vd)
+        def f(d):
+            return (d ** j * ndtr(d / np.sqrt(s_sum)) * np.exp(-0.5 * (d - md) ** 2 / vd)
+                    / np.sqrt(2 * np.pi * vd))
         return quad(f, md - 40 * sd, md + 40 * sd, epsabs=1e-14, epsrel=1e-13, limit=400,
                     points=[md, 0.0] if abs(md) < 40 * sd else [md])[0]
 
@@ -323,7 +325,8 @@ def test_evidence_is_the_integral_of_the_scaled_sites(noise):
     for k in range(C):
         tau, eta = s.row_sites(y, k)
         a = fit.geoms[k].A[:, 0]
-        f = lambda w: np.exp(-0.5 * w * w + np.sum(-0.5 * tau * (a * w) ** 2 + eta * a * w)) / np.sqrt(2 * np.pi)
+        def f(w, tau=tau, eta=eta, a=a):
+            return np.exp(-0.5 * w * w + np.sum(-0.5 * tau * (a * w) ** 2 + eta * a * w)) / np.sqrt(2 * np.pi)
         log_total += np.log(quad(f, -30, 30, epsabs=1e-15, epsrel=1e-13, limit=200)[0])
     for i in range(2):
         others = [k for k in range(C) if k != y[i]]
@@ -334,7 +337,9 @@ def test_evidence_is_the_integral_of_the_scaled_sites(noise):
             tilted = _tilted_by_quadrature(m_t, v_t, m_o, v_o, s_sum, p, c)[0]
 
             def site_mass(tau, eta, m, v):
-                g = lambda t: np.exp(-0.5 * tau * t * t + eta * t - 0.5 * (t - m) ** 2 / v) / np.sqrt(2 * np.pi * v)
+                def g(t):
+                    return (np.exp(-0.5 * tau * t * t + eta * t - 0.5 * (t - m) ** 2 / v)
+                            / np.sqrt(2 * np.pi * v))
                 return quad(g, m - 40 * np.sqrt(v), m + 40 * np.sqrt(v), epsabs=1e-15, limit=200)[0]
 
             bern = expit(s.lam[i, k]) * p + expit(-s.lam[i, k]) * (1 - p)
@@ -414,6 +419,31 @@ def test_gradient_matches_central_differences(noise, form):
     # h = 1e-5: truncation ~1e-10, rounding 1e-16·|log Z|/h ~ 1e-10, EP's 1e-12 stop enters the
     # evidence to second order only
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_gradient_rows_fit_the_binary_engines_compiled_row_passes():
+    """The multi-class gradient's per-class row terms are the binary engine's, with each row's
+    coefficients summed over its sites (a target row holds C − 1): gpc._sparse.cavity_rows_gradient
+    with (d1, e, g_s) of :func:`R.row_coefficients`, and site_rows_gradient with the row totals (Λ, v),
+    reproduce the reference's ∂/∂K_Xu and (with the prior term) ∂/∂K_uu in both forms."""
+    from gpc import _sparse
+    X, y, C, Zs, thetas = _tiny()
+    fit = R.run_ep(X, y, C, [R.SEKernel(t) for t in thetas], Zs, noise="beta", tol=EP_TOL)
+    cavity, sites = R.matrix_gradients(fit, "cavity"), R.matrix_gradients(fit, "sites")
+    for k, (d1, e, g_s) in enumerate(R.row_coefficients(fit)):
+        geo, q = fit.geoms[k], fit.qs[k]
+        A = np.ascontiguousarray(geo.A)
+        Li = np.linalg.inv(geo.L)
+        G, Y = np.ascontiguousarray(A @ q.cov), np.empty_like(A)
+        _sparse.cavity_rows_gradient(G, Y, A, d1, q.mean, e, g_s)
+        prior = 0.5 * (q.cov + np.outer(q.mean, q.mean) - np.eye(A.shape[1]))
+        np.testing.assert_allclose(G @ Li, cavity[k].xu, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(Li.T @ (prior - Y.T @ A) @ Li, cavity[k].uu, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(g_s, cavity[k].kappa, rtol=1e-12, atol=1e-15)
+        tau, eta = fit.sites.row_sites(y, k)
+        G = np.ascontiguousarray(A @ q.cov)
+        _sparse.site_rows_gradient(G, A, eta - tau * (A @ q.mean), q.mean, tau, g_s)
+        np.testing.assert_allclose(G @ Li, sites[k].xu, rtol=1e-9, atol=1e-12)
 
 
 # -- m < n -----------------------------------------------------------------------------------------------
