@@ -8,7 +8,8 @@ distributed fit sends back (:mod:`gpc.sparse._distributed`).
 
 import numpy as np
 
-from .ep import EP, NaturalPosterior, block_evidence, prior_term, update_sites, whitened_sums
+from .ep import (EP, NaturalPosterior, block_evidence, linearisation, linearised_sites, prior_term,
+                 update_sites, whitened_sums)
 
 
 def as_block(X, start, stop):
@@ -129,6 +130,36 @@ def evidence(likelihood, X, y, factor, q, tau, nu, block_rows, gradient=True, he
     """
     return finish_evidence(factor, q, evidence_parts(likelihood, X, y, factor, q, tau, nu,
                                                      block_rows, gradient, held, rule), held=held)
+
+
+def linearisation_of(likelihood, X, y, factor, q, block_rows):
+    """PL's linearisation (slope, intercept, noise on f) of every row against q
+    (:func:`ep.linearisation`), three (n,) arrays."""
+    parts = [linearisation(likelihood, y[start:stop], *factor.whiten(as_block(X, start, stop)), q)
+             for start, stop in block_ranges(len(y), block_rows)]
+    return tuple(np.concatenate([p[k] for p in parts]) for k in range(3))
+
+
+def linearised_evidence(X, y, factor, slope, intercept, omega, block_rows):
+    """log p̂(D) = log N(y; b, Ã (Q + diag s) Ã + Ω), the Gaussian evidence of the sparse model
+    with every likelihood replaced by its linearisation N(y_i; A_i f_i + b_i, Ω_i) (held fixed),
+    at the factor's θ and Z (Q = K_fu K_uu⁻¹ K_uf, s the FITC variances): the analogue of PL
+    eq. (17), computed through q of the linearisation's sites (:func:`ep.linearised_sites`),
+
+        log p̂(D) = ½ hᵀP⁻¹h - ½ log|P| + Σ_i c_i,
+
+    which is what sparse PL's gradient differentiates (docs/derivations-ep-pl.md)."""
+    m = factor.m
+    P, h, const = np.eye(m), np.zeros(m), 0.0
+    for start, stop in block_ranges(len(y), block_rows):
+        A, s = factor.whiten(as_block(X, start, stop))
+        tau, nu, c = linearised_sites(y[start:stop], s, slope[start:stop], intercept[start:stop],
+                                      omega[start:stop])
+        dP, dh = whitened_sums(A, tau, nu)
+        P += dP
+        h += dh
+        const += float(np.sum(c))
+    return NaturalPosterior(0.5 * (P + P.T), h).log_normaliser_ratio() + const
 
 
 def run_ep(likelihood, X, y, factor, tau, nu, damping=0.5, max_iter=200, tol=1e-9,

@@ -23,6 +23,12 @@ one site rule of the exact engine (gpc._site_rule.site_update, called by gpc._sp
 fed with the u-space cavity and the FITC variance s_i, so that EP's on_negative policies and PL's
 statistical linear regression (:class:`Rule`) serve the sparse model as they serve the dense one.
 
+PL in u-space (``Rule("pl")``) is the exact engine's PL applied to the prior N(0, Q) of
+g = (a_iᵀw)_i and the likelihoods φ_i(g): the SLR of y_i on g_i under q's marginal N(μ_i, σ_i²),
+f_i = g_i + ε_i, has A = Cov[f, E(y|f)]/(σ² + s), b = E[y] - A μ, Ω = Var[y] - A²σ² (moments
+under f ~ N(μ, σ² + s); PL eq. (15)-(16)), and its evidence is PL eq. (18) for that model
+(docs/derivations-ep-pl.md, "Sparse PL").
+
 The functions below are pure: a block of rows, the posterior q, the factor of K_uu and the rows'
 sites in; new sites, their sums, and the block's log Z and gradient parts out (sums taken in row
 order), so that a distributed engine can call them per shard and add the parts.
@@ -37,6 +43,7 @@ from .. import _lapack, _sparse
 from ..exceptions import NegativeVarianceError, NotPositiveDefiniteError
 from ..inference import ep as _exact_ep
 from ..inference._sites import ON_NEGATIVE, RULES
+from ..inference.pl import slr
 
 #: the exact EP's default ``on_negative`` (gpc.inference.ep.run), which the sparse EP shares
 DEFAULT_ON_NEGATIVE = inspect.signature(_exact_ep.run).parameters["on_negative"].default
@@ -278,6 +285,25 @@ def update_sites(likelihood, y, A, s, q, tau, nu, damping, sums="change", rule=E
     else:
         dP, dh = whitened_sums(A, t_new - tau, n_new - nu)
     return SiteUpdate(tau=t_new, nu=n_new, dP=dP, dh=dh, n_skipped=skipped, n_fixed=n_fixed)
+
+
+def linearisation(likelihood, y, A, s, q):
+    """PL's linearisation of each row's likelihood against q (PL eq. (15)-(16)): (slope A,
+    intercept b, noise Ω on f) of y ≈ A f + b + e under f ~ N(μ_i, σ_i² + s_i), the marginal of
+    f_i = a_iᵀw + ε_i.  Its site on a_iᵀw (:func:`linearised_sites`) is the one PL's rule fits."""
+    mean, var = q.marginals(A)
+    return slr(likelihood, mean, var + np.asarray(s, dtype=np.float64))
+
+
+def linearised_sites(y, s, slope, intercept, omega):
+    """The rank-one sites of the linearised likelihoods N(y_i; A_i f + b_i, Ω_i), f = a_iᵀw + ε_i
+    with ε_i ~ N(0, s_i): (τ, ν, c) with τ = A²/Ω', ν = A (y - b)/Ω', Ω' = Ω + A² s (the label
+    seen from a_iᵀw), and c = -½ log(2πΩ') - ½ (y - b)²/Ω', the log of the site's constant, so
+    that N(y_i; A_i a_iᵀw + b_i, Ω'_i) = exp(c - ½ τ (a_iᵀw)² + ν a_iᵀw)."""
+    omega_g = omega + slope * slope * s
+    r = y - intercept
+    return (slope * slope / omega_g, slope * r / omega_g,
+            -0.5 * (np.log(2.0 * np.pi * omega_g) + r * r / omega_g))
 
 
 @dataclass

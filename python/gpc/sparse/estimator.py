@@ -2,8 +2,8 @@
 
 Method names.  The exact engine (``gpc.infer``, ``python -m gpc compare``) uses "sep" for
 *sequential* EP, after PL Table I's labels PEP/SEP/PPL/SPL.  The sparse estimator therefore never
-says "sep": its ``method`` is "ep" (the scalable EP of the SEP paper, §2), "gfitc" or "svi" (the
-baselines of SEP §3).
+says "sep": its ``method`` is "ep" (the scalable EP of the SEP paper, §2), "pl" (posterior
+linearisation on the same sites), "gfitc" or "svi" (the baselines of SEP §3).
 """
 
 import time
@@ -21,7 +21,7 @@ from ._train import (SEPState, batch_step, iteration, minibatch_step, tied_itera
 from .baselines import GFITCState, SVIState, _LBFGSState
 from .ep import DEFAULT_ON_NEGATIVE, Rule, posterior_predict
 
-METHODS = ("ep", "gfitc", "svi")
+METHODS = ("ep", "pl", "gfitc", "svi")
 
 #: rows used for the k-means initialisation of Z and for the median heuristic
 _INIT_ROWS = 10_000
@@ -123,9 +123,12 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         m, the number of inducing points (at most n).
     inducing_points : "kmeans", "random" or array (m, d), default "kmeans"
         k-means (scipy) on a subsample of at most 10,000 rows, random rows, or given points.
-    method : "ep", "gfitc" or "svi", default "ep"
+    method : "ep", "pl", "gfitc" or "svi", default "ep"
         "ep" is the scalable EP of the SEP paper (not "sep": gpc's exact engine uses that name
-        for *sequential* EP).  "gfitc": EP on the FITC prior run to convergence (tol 1e-6) at
+        for *sequential* EP).  "pl": posterior linearisation (PL paper eq. (9)-(18)) on the same
+        rank-one sites and the same training, each site the statistical linear regression of its
+        label on a_iᵀw under q (never a negative site); its log Z_q is PL eq. (18) for the sparse
+        model and its gradient that of the linearised model's evidence (docs/sparse.md).  "gfitc": EP on the FITC prior run to convergence (tol 1e-6) at
         every (θ, Z), with L-BFGS-B on its evidence; batch only.  "svi": the bound (8) with a
         whitened q(u) = N(μ, L_q L_qᵀ), by L-BFGS-B in batch or Adadelta on minibatches.  See
         :mod:`gpc.sparse.baselines`.
