@@ -235,10 +235,11 @@ def refine_rows(likelihood, y, mean, var, s, tau, nu, damping, rule=EP, moved=No
     along earlier directions.  A cavity that is not a distribution under on_negative="raise"
     raises NegativeVarianceError naming the row (``first_row`` + its place in the block)."""
     t_new, n_new = np.empty(len(y)), np.empty(len(y))
-    extra = {} if moved is None else dict(zip(("mean_old", "var_old", "cross"), moved))
+    extra = {} if moved is None else dict(zip(("mean_old", "var_old", "cross"),
+                                              map(_vector, moved)))
     status, index, value, n_fixed, failed = _sparse.refine_rows(
-        *likelihood.compiled_spec(), *rule.codes, float(damping), _vector(y), mean, var,
-        _vector(s), _vector(tau), _vector(nu), t_new, n_new, **extra)
+        *likelihood.compiled_spec(), *rule.codes, float(damping), _vector(y), _vector(mean),
+        _vector(var), _vector(s), _vector(tau), _vector(nu), t_new, n_new, **extra)
     if status:
         raise NegativeVarianceError(first_row + index, value)
     return t_new, n_new, failed, n_fixed
