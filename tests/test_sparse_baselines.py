@@ -120,33 +120,6 @@ def test_gfitc_rows_far_from_every_inducing_point_add_log_half(crabs):
     assert np.all(np.isfinite(both.tau)) and np.all(np.isfinite(both.nu))
 
 
-def test_site_rule_takes_a_zero_marginal_variance_as_the_limit():
-    # σ² = 0 (a_i = 0 after underflow) against σ² = 1e-13: the cavity (v, c) = (σ², μ - σ²ν)/(1 -
-    # τσ²) and every term of the evidence move by O(σ²) ~ 1e-13 at O(1) values, so 1e-10 is a
-    # wide margin.  The site update at σ² = 0 is the matched site of the cavity N(μ, 0)
-    # (ep.matched_site), not a skipped row.
-    from gpc._sparse import SiteRule
-    from gpc.sparse.ep import matched_site
-    lik = get_likelihood("probit")
-    y, mean = np.array([1.0, -1.0, 1.0]), np.array([0.0, 0.3, -1.2])
-    s, tau, nu = np.array([0.5, 1.0, 2.0]), np.array([0.0, 0.4, 1.5]), np.array([0.0, -0.2, 0.7])
-    rule = SiteRule(lik)
-    out = {}
-    for var in (0.0, 1e-13):
-        v = np.full(3, var)
-        g_s, d1, e = np.empty(3), np.empty(3), np.empty(3)
-        total, bad = rule.evidence(y, mean, v, s, tau, nu, g_s, d1, e)
-        t_new, n_new = np.empty(3), np.empty(3)
-        skipped = rule.refine(y, mean, v, s, tau, nu, 1.0, t_new, n_new)
-        assert bad == 0 and skipped == 0 and np.isfinite(total)
-        out[var] = np.concatenate([[total], g_s, d1, e, t_new, n_new])
-    np.testing.assert_allclose(out[0.0], out[1e-13], rtol=1e-10, atol=1e-10)
-    log_z, t, v, _ = matched_site(lik, y, mean, np.zeros(3), s)
-    np.testing.assert_allclose(out[0.0][-6:], np.concatenate([t, v]), rtol=1e-12, atol=1e-14)
-    np.testing.assert_allclose(out[0.0][0], np.sum(log_z + 0.5 * (tau * mean ** 2 - 2 * mean * nu)),
-                               rtol=1e-12)
-
-
 class _Quadratic(_LBFGSState):
     """-(p - 3)² that cannot be evaluated beyond p = 2: the optimum of the feasible part is p = 2."""
 

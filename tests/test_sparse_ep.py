@@ -29,8 +29,8 @@ def test_inducing_at_data_equals_exact_ep(name, likelihood, n):
     assert exact.converged
     factor = InducingFactor(kernel, X, jitter=0.0)
     lik = get_likelihood(likelihood)
-    tau, nu, q, _, converged = run_ep(lik, X, y, factor, np.zeros(len(y)), np.zeros(len(y)),
-                                      damping=0.7, max_iter=1000, tol=1e-12)
+    tau, nu, q, _, converged, _ = run_ep(lik, X, y, factor, np.zeros(len(y)), np.zeros(len(y)),
+                                         damping=0.7, max_iter=1000, tol=1e-12)
     assert converged
     log_z = evidence(lik, X, y, factor, q, tau, nu, block_rows=64, gradient=False)[0]
     mean, var = q.marginals(factor.whiten(X)[0])
@@ -45,10 +45,34 @@ def _converged(lik, X, y, kernel, Z, init=None):
     factor = InducingFactor(kernel, Z, jitter=1e-8)
     n = len(y)
     tau, nu = (np.zeros(n), np.zeros(n)) if init is None else init
-    tau, nu, q, _, converged = run_ep(lik, X, y, factor, tau, nu, damping=0.7, max_iter=2000,
-                                      tol=1e-11)
+    tau, nu, q, _, converged, _ = run_ep(lik, X, y, factor, tau, nu, damping=0.7, max_iter=2000,
+                                         tol=1e-11)
     assert converged
     return factor, q, tau, nu
+
+
+def off_data_problem(likelihood, white=True):
+    """crabs (standardised), 12 inducing points near 12 of its rows, an ARD squared exponential
+    (with white noise: the kernel's general contractions; without: the b x m fast path)."""
+    X, y = _standardised("crabs")
+    rng = np.random.default_rng(0)
+    Z = X[rng.choice(len(y), 12, replace=False)] + 0.1 * rng.standard_normal((12, X.shape[1]))
+    kernel = ConstantKernel(2.0) * RBF(np.full(X.shape[1], 2.0))
+    if white:
+        kernel = kernel + WhiteKernel(0.1)
+    return X, y, Z, kernel, get_likelihood(likelihood)
+
+
+def assert_central_differences(value, theta, Z, g_theta, g_Z, tol, h=1e-5):
+    """g_theta and three entries of g_Z against central differences of value(θ, Z) (step h),
+    relative ``tol`` (absolute below 1)."""
+    fd = [(value(theta + h * e, Z) - value(theta - h * e, Z)) / (2 * h) for e in np.eye(len(theta))]
+    np.testing.assert_allclose(g_theta, fd, rtol=tol, atol=tol)
+    for i, d in [(0, 0), (3, 2), (11, 5)]:
+        E = np.zeros_like(Z)
+        E[i, d] = h
+        fd_z = (value(theta, Z + E) - value(theta, Z - E)) / (2 * h)
+        assert abs(g_Z[i, d] - fd_z) < tol * max(1.0, abs(fd_z))
 
 
 @pytest.mark.parametrize("likelihood, white, held", [
@@ -60,13 +84,7 @@ def test_evidence_gradient_matches_finite_differences(likelihood, white, held):
     # differences re-converge EP (warm started) at θ ± h, so they see the total derivative of
     # the converged log Z_q.  With the white-noise term the kernel's general contractions run;
     # without it, the squared exponential's b x m path (_inducing._SquaredExponential).
-    X, y = _standardised("crabs")
-    rng = np.random.default_rng(0)
-    Z = X[rng.choice(len(y), 12, replace=False)] + 0.1 * rng.standard_normal((12, X.shape[1]))
-    kernel = ConstantKernel(2.0) * RBF(np.full(X.shape[1], 2.0))
-    if white:
-        kernel = kernel + WhiteKernel(0.1)
-    lik = get_likelihood(likelihood)
+    X, y, Z, kernel, lik = off_data_problem(likelihood, white)
     factor, q, tau, nu = _converged(lik, X, y, kernel, Z)
     log_z, g_theta, g_Z, n_bad = evidence(lik, X, y, factor, q, tau, nu, block_rows=64, held=held)
     assert n_bad == 0
@@ -75,17 +93,9 @@ def test_evidence_gradient_matches_finite_differences(likelihood, white, held):
         f, qq, t, v = _converged(lik, X, y, kernel.clone_with_theta(theta), Zp, init=(tau, nu))
         return evidence(lik, X, y, f, qq, t, v, block_rows=64, gradient=False)[0]
 
-    h = 1e-5
-    theta = kernel.theta
-    fd = [(value(theta + h * e, Z) - value(theta - h * e, Z)) / (2 * h) for e in np.eye(len(theta))]
-    # central differences: O(h²) truncation ~1e-9 plus EP stopped at 1e-11 over 2h (~1e-6 at
-    # worst); the gradients are O(1)-O(10)
-    np.testing.assert_allclose(g_theta, fd, rtol=1e-5, atol=1e-5)
-    for i, d in [(0, 0), (3, 2), (11, 5)]:
-        E = np.zeros_like(Z)
-        E[i, d] = h
-        fd_z = (value(theta, Z + E) - value(theta, Z - E)) / (2 * h)
-        assert abs(g_Z[i, d] - fd_z) < 1e-5 * max(1.0, abs(fd_z))
+    # central differences (h = 1e-5): O(h²) truncation ~1e-9 plus EP stopped at 1e-11 over 2h
+    # (~1e-6 at worst); the gradients are O(1)-O(10)
+    assert_central_differences(value, kernel.theta, Z, g_theta, g_Z, 1e-5)
 
 
 SE_KERNELS = [
@@ -134,14 +144,20 @@ def test_other_kernels_take_the_general_path():
     assert _SquaredExponential.of(RBF(1.0) * RBF(2.0)) is None
 
 
+def _refine(lik, y, mean, var, s, tau, nu, damping, moved=None, rule=None):
+    """gpc._sparse.refine_rows with EP's "skip" policy unless told: (τ, ν, n_failed, n_fixed)."""
+    from gpc.sparse.ep import Rule, refine_rows
+    rule = Rule("ep", "skip") if rule is None else rule
+    return refine_rows(lik, y, mean, var, s, tau, nu, damping, rule, moved=moved)
+
+
 @pytest.mark.parametrize("likelihood", ["probit", "logit"])
 def test_compiled_site_rule_matches_the_dense_cavity(likelihood):
-    # gpc._sparse.SiteRule.refine_moved: the cavity of a site that q holds along an old direction
-    # a', seen along the current a, by Sherman-Morrison from three marginals, then the matched
-    # site (ep.matched_site's algebra).  Against the same cavity formed densely: P - τ a'a'ᵀ
-    # inverted, and matched_site on its marginal of a.  O(1) quantities of a 6 x 6 problem:
-    # agreement to 1e-10 is rounding.
-    from gpc._sparse import SiteRule
+    # gpc._sparse.refine_rows with old directions: the cavity of a site that q holds along an old
+    # direction a', seen along the current a, by Sherman-Morrison from three marginals, then the
+    # site rule's matched site (ep.matched_site's algebra).  Against the same cavity formed
+    # densely: P - τ a'a'ᵀ inverted, and matched_site on its marginal of a.  O(1) quantities of a
+    # 6 x 6 problem: agreement to 1e-10 is rounding.
     from gpc.sparse.ep import NaturalPosterior, matched_site
     rng = np.random.default_rng(3)
     m, b = 6, 5
@@ -155,10 +171,9 @@ def test_compiled_site_rule_matches_the_dense_cavity(likelihood):
     mean, var = q.marginals(A)
     mean_old, var_old = q.marginals(A_old)
     cross = np.einsum("ij,jk,ik->i", A, q.cov, A_old)
-    t_new, n_new = np.empty(b), np.empty(b)
-    skipped = SiteRule(lik).refine_moved(y, mean, var, mean_old, var_old, cross, s, tau, nu, 0.7,
-                                         t_new, n_new)
-    assert skipped == 0
+    t_new, n_new, failed, fixed = _refine(lik, y, mean, var, s, tau, nu, 0.7,
+                                          moved=(mean_old, var_old, cross))
+    assert failed == 0 and fixed == 0
     for i in range(b):
         P_cav = P - tau[i] * np.outer(A_old[i], A_old[i])
         C = np.linalg.inv(P_cav)
@@ -167,18 +182,44 @@ def test_compiled_site_rule_matches_the_dense_cavity(likelihood):
         np.testing.assert_allclose([t_new[i], n_new[i]],
                                    [0.7 * t[0] + 0.3 * tau[i], 0.7 * v[0] + 0.3 * nu[i]],
                                    rtol=1e-10, atol=1e-12)
-    # with a' = a it is the usual cavity (refine), and a row without a proper cavity keeps its site
-    t2, n2 = np.empty(b), np.empty(b)
+    # with a' = a it is the usual cavity, and a row without a proper cavity is left to the
+    # policy: "skip" keeps its site (counted as handled)
     tau_big = tau.copy()
     tau_big[0] = 2.0 / var[0]                       # cavity precision 1/σ² - τ < 0
-    skipped = SiteRule(lik).refine(y, mean, var, s, tau_big, nu, 1.0, t2, n2)
-    assert skipped == 1 and t2[0] == tau_big[0] and n2[0] == nu[0]
+    t2, n2, failed, fixed = _refine(lik, y, mean, var, s, tau_big, nu, 1.0)
+    assert failed == 0 and fixed == 1 and t2[0] == tau_big[0] and n2[0] == nu[0]
     for i in range(1, b):
         prec = 1.0 / var[i] - tau[i]
         cvar = 1.0 / prec
         cmean = cvar * (mean[i] / var[i] - nu[i])
         _, t, v, _ = matched_site(lik, y[i:i + 1], np.array([cmean]), np.array([cvar]), s[i:i + 1])
         np.testing.assert_allclose([t2[i], n2[i]], [t[0], v[0]], rtol=1e-10, atol=1e-12)
+
+
+def test_site_rule_takes_a_zero_marginal_variance_as_the_limit():
+    # σ² = 0 (a_i = 0 after underflow) against σ² = 1e-13: the cavity (v, c) = (σ², μ - σ²ν)/(1 -
+    # τσ²) and every term of the evidence move by O(σ²) ~ 1e-13 at O(1) values, so 1e-10 is a
+    # wide margin.  The site update at σ² = 0 is the matched site of the cavity N(μ, 0)
+    # (ep.matched_site), not a skipped row.
+    from gpc import _sparse
+    from gpc.sparse.ep import matched_site
+    lik = get_likelihood("probit")
+    y, mean = np.array([1.0, -1.0, 1.0]), np.array([0.0, 0.3, -1.2])
+    s, tau, nu = np.array([0.5, 1.0, 2.0]), np.array([0.0, 0.4, 1.5]), np.array([0.0, -0.2, 0.7])
+    out = {}
+    for var in (0.0, 1e-13):
+        v = np.full(3, var)
+        g_s, d1, e = np.empty(3), np.empty(3), np.empty(3)
+        total, bad = _sparse.evidence_rows(*lik.compiled_spec(), 0, y, mean, v, s, tau, nu, g_s,
+                                           d1, e)
+        t_new, n_new, failed, fixed = _refine(lik, y, mean, v, s, tau, nu, 1.0)
+        assert bad == 0 and failed == 0 and fixed == 0 and np.isfinite(total)
+        out[var] = np.concatenate([[total], g_s, d1, e, t_new, n_new])
+    np.testing.assert_allclose(out[0.0], out[1e-13], rtol=1e-10, atol=1e-10)
+    log_z, t, v, _ = matched_site(lik, y, mean, np.zeros(3), s)
+    np.testing.assert_allclose(out[0.0][-6:], np.concatenate([t, v]), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(out[0.0][0], np.sum(log_z + 0.5 * (tau * mean ** 2 - 2 * mean * nu)),
+                               rtol=1e-12)
 
 
 def test_compiled_step_checks_its_inputs():
@@ -190,11 +231,19 @@ def test_compiled_step_checks_its_inputs():
         _sparse.congruence(np.ones((4, 3)), np.eye(4))
     with pytest.raises(ValueError, match="work"):
         _sparse.add_weighted_gram(np.eye(5), B, np.ones(3), np.ones((2, 5)))
+    spec = get_likelihood("probit").compiled_spec()
     with pytest.raises(ValueError, match="entries"):
-        _sparse.SiteRule(get_likelihood("probit")).refine(
-            np.ones(3), np.ones(3), np.ones(2), np.ones(3), np.zeros(3), np.zeros(3), 1.0,
-            np.empty(3), np.empty(3))
+        _sparse.refine_rows(*spec, 0, 1, 1.0, np.ones(3), np.ones(3), np.ones(2), np.ones(3),
+                            np.zeros(3), np.zeros(3), np.empty(3), np.empty(3))
     with pytest.raises(ValueError, match="damping"):
-        _sparse.SiteRule(get_likelihood("probit")).refine(
-            *(np.ones(3) for _ in range(4)), np.zeros(3), np.zeros(3), 1.5, np.empty(3),
-            np.empty(3))
+        _sparse.refine_rows(*spec, 0, 1, 1.5, *(np.ones(3) for _ in range(4)), np.zeros(3),
+                            np.zeros(3), np.empty(3), np.empty(3))
+    with pytest.raises(ValueError, match="code"):
+        _sparse.refine_rows(*spec, 0, 9, 1.0, *(np.ones(3) for _ in range(4)), np.zeros(3),
+                            np.zeros(3), np.empty(3), np.empty(3))
+    with pytest.raises(ValueError, match="code"):
+        _sparse.evidence_rows(*spec, 7, *(np.ones(3) for _ in range(4)), np.zeros(3),
+                              np.zeros(3), np.empty(3), np.empty(3), np.empty(3))
+    with pytest.raises(ValueError, match="together"):
+        _sparse.refine_rows(*spec, 0, 1, 1.0, *(np.ones(3) for _ in range(4)), np.zeros(3),
+                            np.zeros(3), np.empty(3), np.empty(3), mean_old=np.ones(3))

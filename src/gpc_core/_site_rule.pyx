@@ -2,12 +2,19 @@
 # calls site_update after each rank-one refresh of the marginal; the parallel schedule calls it
 # through parallel_update for every site against one posterior.
 #
-# A site t_i(f) = exp(-tau_i f^2 / 2 + nu_i f) is refitted from the marginal N(mean, var) of f_i:
-#   EP: cavity tau_c = 1/var - tau_i, nu_c = mean/var - nu_i                        (R&W eq. (3.56))
-#       tilted moments (m_hat, v_hat) of p(y|f) N(f | nu_c/tau_c, 1/tau_c); new site
-#       tau = 1/v_hat - tau_c, nu = m_hat/v_hat - nu_c                               (R&W eq. (3.59))
-#   PL: A = Cov[f, E(y|f)] / var, b = E[E(y|f)] - A mean, Omega = Var[y] - A^2 var; new site
-#       tau = A^2 / Omega, nu = A (y - b) / Omega                             (PL eq. (9)-(16))
+# A site t_i(g) = exp(-tau_i g^2 / 2 + nu_i g) is refitted from the marginal N(mean, var) of g_i.
+# In the dense engine g_i = f_i.  In the sparse engine g_i = a_i^T w and the label sees
+# f_i = g_i + e_i with e_i ~ N(0, s) independent (the FITC variance s_i, SEP eq. (1)): the site
+# approximates phi_i(g) = Int p(y|f) N(f | g, s) df.  The dense engine passes s = 0.
+#   EP: cavity N(c, v) with 1/v = 1/var - tau_i, c/v = mean/var - nu_i              (R&W eq. (3.56))
+#       Z = Int p(y|f) N(f | c, v + s) df with tilted moments (m_f, v_f) of f; the matched site
+#       on g, tau = -d2 / (1 + d2 v), nu = (d1 - c d2) / (1 + d2 v) with d1, d2 the derivatives
+#       of log Z in c (R&W eq. (3.58)-(3.59) in derivative form), written with w = v + s as
+#       tau = (w - v_f) / (s w + v v_f), nu = (m_f w - c v_f) / (s w + v v_f): for s = 0 this is
+#       1/v_f - 1/v, m_f/v_f - c/v, and for v = 0 (a point-mass cavity, s > 0) it stays finite
+#   PL: A = Cov[f, E(y|f)] / (var + s), b = E[E(y|f)] - A mean, Omega = Var[y] - A^2 var under
+#       f ~ N(mean, var + s); new site tau = A^2 / Omega, nu = A (y - b) / Omega   (PL eq. (9)-(16))
+#       (the SLR of y on g: Cov[g, E(y|f)] = var/(var + s) Cov[f, E(y|f)], docs/derivations-ep-pl.md)
 # then damped on the natural parameters, new <- damping new + (1 - damping) old     (RMGPC §3).
 #
 # EP's negative variances (non-log-concave likelihoods, PL supplement) follow on_negative:
@@ -28,12 +35,12 @@ cdef double CLIP_PRECISION = 1e-8
 cdef double OMEGA_FLOOR = 1e-300
 
 
-cdef int slr_site(const LikelihoodSpec* spec, double y, double mean, double var,
+cdef int slr_site(const LikelihoodSpec* spec, double y, double mean, double var, double s,
                   double* tau, double* nu) noexcept nogil:
     cdef double mu_y, cov_fy, var_y, A, b, omega
-    if slr_moments(spec, mean, var, &mu_y, &cov_fy, &var_y) != 0:
+    if slr_moments(spec, mean, var + s, &mu_y, &cov_fy, &var_y) != 0:
         return SITE_LIKELIHOOD_FAILED
-    A = cov_fy / var
+    A = cov_fy / (var + s)
     b = mu_y - A * mean
     omega = var_y - A * A * var
     if not (omega > 0.0):
@@ -43,31 +50,84 @@ cdef int slr_site(const LikelihoodSpec* spec, double y, double mean, double var,
     return SITE_UPDATED
 
 
+cdef int matched_site(const LikelihoodSpec* spec, double y, double mean, double var, double s,
+                      double tau, double nu, double* tau_new, double* nu_new) noexcept nogil:
+    """EP's matched site on g (module comment) against the cavity of the marginal N(mean, var)
+    and the site (tau, nu), which the caller has found proper (1/var - tau > 0).  The cavity in
+    variance form, v = var/(1 - tau var), c = (mean - var nu)/(1 - tau var), is the point mass at
+    the mean for var = 0.  Returns 0 or the likelihood's status."""
+    cdef double keep = 1.0 - tau * var, v, c, w, m_f, v_f, lz, denom
+    cdef int status
+    v = var / keep
+    c = (mean - var * nu) / keep
+    w = v + s
+    status = tilted_moments(spec, y, c, w, &lz, &m_f, &v_f)
+    if status != 0:
+        return status
+    denom = s * w + v * v_f
+    tau_new[0] = (w - v_f) / denom
+    nu_new[0] = (m_f * w - c * v_f) / denom
+    return 0
+
+
+cdef int matched_log_z(const LikelihoodSpec* spec, double y, double cmean, double cvar,
+                       double s, double* log_z, double* d1, double* d2) noexcept nogil:
+    """log Z = log Int p(y|f) N(f | cmean, cvar + s) df and its first two derivatives in cmean
+    (SEP eq. (1): the f-integral widens the cavity by s).  Returns the likelihood's status."""
+    cdef double w = cvar + s, m_f, v_f
+    cdef int status = tilted_moments(spec, y, cmean, w, log_z, &m_f, &v_f)
+    if status != 0:
+        return status
+    d1[0] = (m_f - cmean) / w
+    d2[0] = (v_f - w) / (w * w)
+    return 0
+
+
+cdef int site_log_z(const LikelihoodSpec* spec, int rule, double y, double cmean, double cvar,
+                    double s, double tau, double nu, double* log_z, double* d1,
+                    double* d2) noexcept nogil:
+    """What the evidence needs of a site (tau, nu) whose cavity on g is N(cmean, cvar).
+
+    log_z is the likelihood's log Z of :func:`matched_log_z` under either rule.  d1, d2 are the
+    derivatives in cmean of the log normaliser of the likelihood the site stands for: EP's is
+    phi_i itself (:func:`matched_log_z`); PL's is its linearisation, the Gaussian
+    pseudo-likelihood N(nu/tau | g, 1/tau) up to a constant, whose normaliser against the cavity
+    is N(nu/tau | cmean, cvar + 1/tau): d1 = (nu - tau cmean)/(1 + tau cvar),
+    d2 = -tau/(1 + tau cvar) (finite at tau = 0).  Returns the likelihood's status."""
+    cdef int status = matched_log_z(spec, y, cmean, cvar, s, log_z, d1, d2)
+    if status != 0 or rule != RULE_PL:
+        return status
+    d1[0] = (nu - tau * cmean) / (1.0 + tau * cvar)
+    d2[0] = -tau / (1.0 + tau * cvar)
+    return 0
+
+
 cdef int site_update(const LikelihoodSpec* spec, int rule, int on_negative, double damping,
-                     double y, double mean, double var, double* tau, double* nu,
+                     double y, double mean, double var, double s, double* tau, double* nu,
                      double* cavity_var, long* n_fixed) noexcept nogil:
-    """Refit one site from the marginal N(mean, var); tau, nu hold the old site on entry.
+    """Refit one site from the marginal N(mean, var) of g; tau, nu hold the old site on entry.
+    ``s`` is the variance the label's f adds to g (0 in the dense engine).
 
     Counts in ``n_fixed`` the updates that the on_negative policy handled (SITE_KEPT, SITE_FIXED).
     """
-    cdef int status = refit(spec, rule, on_negative, damping, y, mean, var, tau, nu, cavity_var)
+    cdef int status = refit(spec, rule, on_negative, damping, y, mean, var, s, tau, nu,
+                            cavity_var)
     if status == SITE_KEPT or status == SITE_FIXED:
         n_fixed[0] += 1
     return status
 
 
 cdef int refit(const LikelihoodSpec* spec, int rule, int on_negative, double damping,
-               double y, double mean, double var, double* tau, double* nu,
+               double y, double mean, double var, double s, double* tau, double* nu,
                double* cavity_var) noexcept nogil:
-    cdef double tau_cav, nu_cav, cav_var, lz, m_hat, v_hat, tau_new, nu_new
+    cdef double tau_cav, tau_new, nu_new
     cdef int status = SITE_UPDATED
     if rule == RULE_PL:
-        status = slr_site(spec, y, mean, var, &tau_new, &nu_new)
+        status = slr_site(spec, y, mean, var, s, &tau_new, &nu_new)
         if status != SITE_UPDATED:
             return status
     else:
         tau_cav = 1.0 / var - tau[0]
-        nu_cav = mean / var - nu[0]
         if not (tau_cav > 0.0):
             if on_negative == NEG_RAISE:
                 cavity_var[0] = 1.0 / tau_cav if tau_cav != 0.0 else -1e308
@@ -75,14 +135,11 @@ cdef int refit(const LikelihoodSpec* spec, int rule, int on_negative, double dam
             if on_negative != NEG_PL:
                 return SITE_KEPT                  # clip and skip: no moments without a cavity
             status = SITE_FIXED
-            if slr_site(spec, y, mean, var, &tau_new, &nu_new) != SITE_UPDATED:
+            if slr_site(spec, y, mean, var, s, &tau_new, &nu_new) != SITE_UPDATED:
                 return SITE_LIKELIHOOD_FAILED
         else:
-            cav_var = 1.0 / tau_cav
-            if tilted_moments(spec, y, nu_cav * cav_var, cav_var, &lz, &m_hat, &v_hat) != 0:
+            if matched_site(spec, y, mean, var, s, tau[0], nu[0], &tau_new, &nu_new) != 0:
                 return SITE_LIKELIHOOD_FAILED
-            tau_new = 1.0 / v_hat - tau_cav
-            nu_new = m_hat / v_hat - nu_cav
     tau_new = damping * tau_new + (1.0 - damping) * tau[0]
     nu_new = damping * nu_new + (1.0 - damping) * nu[0]
     if tau_new < 0.0 and on_negative != NEG_RAISE:
@@ -94,7 +151,7 @@ cdef int refit(const LikelihoodSpec* spec, int rule, int on_negative, double dam
             nu_new = nu_new * CLIP_PRECISION / tau_new
             tau_new = CLIP_PRECISION
         else:
-            if slr_site(spec, y, mean, var, &tau_new, &nu_new) != SITE_UPDATED:
+            if slr_site(spec, y, mean, var, s, &tau_new, &nu_new) != SITE_UPDATED:
                 return SITE_LIKELIHOOD_FAILED
             tau_new = damping * tau_new + (1.0 - damping) * tau[0]
             nu_new = damping * nu_new + (1.0 - damping) * nu[0]
@@ -102,6 +159,13 @@ cdef int refit(const LikelihoodSpec* spec, int rule, int on_negative, double dam
     tau[0] = tau_new
     nu[0] = nu_new
     return status
+
+
+cdef int check_codes(int rule, int on_negative) except -1:
+    """ValueError unless ``rule`` and ``on_negative`` are codes of gpc/_site_rule.pxd."""
+    if rule < RULE_EP or rule > RULE_PL or on_negative < NEG_RAISE or on_negative > NEG_PL:
+        raise ValueError("unknown rule or on_negative code")
+    return 0
 
 
 def parallel_update(int kind, double eps, const double[::1] gh_nodes, const double[::1] gh_weights,
@@ -116,7 +180,7 @@ def parallel_update(int kind, double eps, const double[::1] gh_nodes, const doub
     """
     cdef LikelihoodSpec spec
     cdef Py_ssize_t n = y.shape[0], i
-    cdef int status = 0, s
+    cdef int status = 0, st
     cdef long n_fixed = 0
     cdef double bad_value = 0.0
     cdef Py_ssize_t bad_index = -1
@@ -124,15 +188,14 @@ def parallel_update(int kind, double eps, const double[::1] gh_nodes, const doub
         raise ValueError("parallel_update: inconsistent array sizes")
     if not (0.0 < damping <= 1.0):
         raise ValueError("damping must be in (0, 1]")
-    if rule < RULE_EP or rule > RULE_PL or on_negative < NEG_RAISE or on_negative > NEG_PL:
-        raise ValueError("unknown rule or on_negative code")
+    check_codes(rule, on_negative)
     make_spec(&spec, kind, eps, gh_nodes, gh_weights, py_likelihood)
     with nogil:
         for i in range(n):
-            s = site_update(&spec, rule, on_negative, damping, y[i], mean[i], var[i],
-                            &tau[i], &nu[i], &bad_value, &n_fixed)
-            if s == SITE_NEGATIVE_CAVITY or s == SITE_LIKELIHOOD_FAILED:
-                status = s
+            st = site_update(&spec, rule, on_negative, damping, y[i], mean[i], var[i], 0.0,
+                             &tau[i], &nu[i], &bad_value, &n_fixed)
+            if st == SITE_NEGATIVE_CAVITY or st == SITE_LIKELIHOOD_FAILED:
+                status = st
                 bad_index = i
                 break
     return status, bad_index, bad_value, n_fixed

@@ -1,6 +1,6 @@
 # One step of scalable EP with inducing points (SEP paper §2.2-§2.3) in compiled form: its BLAS-3
 # products on C-ordered arrays through scipy's cython_blas with the GIL released, and the per-row
-# algebra of a site update and of the evidence in one pass each (issue 12).
+# site update (the one site rule of gpc._site_rule) and evidence terms in one pass each.
 #
 # Layout (as in gpc._lapack): a C-ordered (k, m) array is the Fortran (m, k) matrix of its
 # transpose, so its rows are Fortran columns; a C-ordered lower-triangular (m, m) matrix L is the
@@ -12,9 +12,9 @@ from libc.math cimport isfinite, log1p, sqrt
 from scipy.linalg.cython_blas cimport dgemm, dgemv, dsyrk, dtrmm
 from scipy.linalg.cython_lapack cimport dlauum, dtrti2
 
-from gpc._likelihoods cimport LikelihoodSpec, make_spec, tilted_moments
-
-import numpy as np
+from gpc._likelihoods cimport LikelihoodSpec, make_spec
+from gpc._site_rule cimport (site_update, site_log_z, check_codes, RULE_PL, SITE_NEGATIVE_CAVITY,
+                             SITE_LIKELIHOOD_FAILED)
 
 
 cdef int _check_square(Py_ssize_t rows, Py_ssize_t cols, str name) except -1:
@@ -235,7 +235,7 @@ def symmetrise(double[:, ::1] S):
                 S[j, i] = v
 
 
-# -- the per-row algebra of a site update and of the evidence (SEP §2.2, eq. (1)-(3)) -----------
+# -- the per-row site update and evidence terms (SEP §2.2, eq. (1)-(3)), through the site rule ---
 
 
 cdef int _check_rows(Py_ssize_t b, tuple lengths) except -1:
@@ -254,8 +254,8 @@ cdef inline bint _cavity(double mean, double var, double tau, double nu, double*
     from the marginal N(μ, σ²) of a_i^T w and the row's site (τ, ν).  False when the cavity has
     no positive precision (1 - τσ² ≤ 0, i.e. 1/σ² - τ ≤ 0) or is not finite.  σ² = 0 (a row
     whose a_i underflows to 0: far, against the length-scales, from every inducing point) is a
-    proper cavity, the point mass at c = μ (infinite precision); the precision form 1/σ² - τ
-    made it 0/0 there, and a marginal variance that had underflowed part-way lost its digits."""
+    proper cavity, the point mass at c = μ (infinite precision), where the precision form
+    1/σ² - τ is 0/0."""
     cdef double keep = 1.0 - tau * var
     if not (var >= 0.0 and isfinite(var) and isfinite(mean) and keep > 0.0 and isfinite(keep)):
         return False
@@ -265,138 +265,125 @@ cdef inline bint _cavity(double mean, double var, double tau, double nu, double*
     return isfinite(cmean[0]) and isfinite(cvar[0])
 
 
-cdef inline int _matched(const LikelihoodSpec* spec, double y, double cmean, double cvar,
-                         double s, double* log_z, double* d1, double* d2) noexcept nogil:
-    """log Z_i and its first two derivatives in the cavity mean, Z_i = ∫ p(y|f) N(f | cmean,
-    cvar + s) df (SEP eq. (1): the f-integral widens the cavity by s_i).  Returns the
-    likelihood's status (0 success)."""
-    cdef double vf = cvar + s, tm, tv
-    cdef int status = tilted_moments(spec, y, cmean, vf, log_z, &tm, &tv)
-    if status != 0:
-        return status
-    d1[0] = (tm - cmean) / vf
-    d2[0] = (tv - vf) / (vf * vf)
-    return 0
+def refine_rows(int kind, double eps, const double[::1] gh_nodes, const double[::1] gh_weights,
+                object py_likelihood, int rule, int on_negative, double damping,
+                const double[::1] y, const double[::1] mean, const double[::1] var,
+                const double[::1] s, const double[::1] tau, const double[::1] nu,
+                double[::1] tau_out, double[::1] nu_out, const double[::1] mean_old=None,
+                const double[::1] var_old=None, const double[::1] cross=None):
+    """Each row's site refitted by the site rule (gpc._site_rule.site_update, rule ``rule``,
+    policy ``on_negative``, ``damping``) on g = a_i^T w, whose label sees f = g + e with the FITC
+    variance s_i (SEP eq. (1)-(2), §2.2); (mean, var) are the marginals of a_i^T w under q and the
+    likelihood is given by its ``compiled_spec()``.  The new sites go to ``tau_out``, ``nu_out``.
 
+    With ``mean_old``, ``var_old``, ``cross`` the sites are held by q along earlier directions
+    a'_i (a minibatch's kept sites): the EP cavity q / exp(-½ τ (a'^T w)² + ν a'^T w) seen along
+    a_i is, by Sherman-Morrison,
 
-cdef class SiteRule:
-    """A likelihood's site update and evidence terms for blocks of rows of SEP, in one pass each.
+        v = σ² + τ ξ² / (1 - τ σ'²),   c = μ + ξ (τ μ' - ν) / (1 - τ σ'²),
 
-    Parameters
-    ----------
-    likelihood : gpc.likelihoods.Likelihood (built-in ones run compiled; a user's runs its Python
-        ``tilted_moments`` row by row)
+    from the marginals (μ, σ²) of a^T w, (μ', σ'²) of a'^T w and ξ = a^T Σ a', and the rule gets
+    the marginal that this cavity and the old site along a_i make, N((c + vν)/(1 + τv),
+    v/(1 + τv)), whose cavity is N(c, v).  1 - τσ'² ≤ 0 (q less the old site has no positive
+    precision along a') hands the rule the marginal along a', whose cavity is then not proper.
+    PL's rule linearises against q's own marginal along a_i.  The refined site lies along a_i.
+
+    Returns (status, index, value, n_fixed, n_failed): status SITE_NEGATIVE_CAVITY (1) when the
+    rule stopped at row ``index`` on a cavity that is not a distribution (``value`` its variance;
+    the rows after it are not refined), else 0; ``n_fixed`` counts the updates the on_negative
+    policy handled; ``n_failed`` the rows whose likelihood integral failed or whose new site is
+    not finite, which keep their sites.
     """
     cdef LikelihoodSpec spec
-    cdef object _keep
-
-    def __init__(self, likelihood):
-        kind, eps, nodes, weights, py = likelihood.compiled_spec()
-        nodes = np.ascontiguousarray(nodes, dtype=np.float64)
-        weights = np.ascontiguousarray(weights, dtype=np.float64)
-        self._keep = (nodes, weights, py)
-        make_spec(&self.spec, kind, eps, nodes, weights, py)
-
-    def refine(self, const double[::1] y, const double[::1] mean, const double[::1] var,
-               const double[::1] s, const double[::1] tau, const double[::1] nu, double damping,
-               double[::1] tau_out, double[::1] nu_out):
-        """Damped EP refinement of each row's site against its cavity (SEP §2.2), the site lying
-        along the row's current a_i; (mean, var) are the marginals of a_i^T w under q.
-
-        With d1, d2 the derivatives of log Z_i in the cavity mean c (cavity variance v), the
-        matched site is τ = -d2 / (1 + d2 v), ν = (d1 - c d2) / (1 + d2 v) (R&W eq. (3.58)-(3.59)
-        in derivative form); the new site is damping · matched + (1 - damping) · old.  A row whose
-        cavity has no positive precision, whose likelihood integral fails or whose site is not
-        finite keeps its site.  Returns the number of such rows.  A row with σ² = 0 (a_i
-        underflowed to 0) has the point-mass cavity N(μ, 0): its site is matched to
-        ∫ p(y|f) N(f | μ, s_i) df, which s_i > 0 keeps proper.
-        """
-        return self.refine_moved(y, mean, var, mean, var, var, s, tau, nu, damping, tau_out,
-                                 nu_out)
-
-    def refine_moved(self, const double[::1] y, const double[::1] mean, const double[::1] var,
-                     const double[::1] mean_old, const double[::1] var_old,
-                     const double[::1] cross, const double[::1] s, const double[::1] tau,
-                     const double[::1] nu, double damping, double[::1] tau_out,
-                     double[::1] nu_out):
-        """:meth:`refine` for sites that q holds along an earlier direction a'_i (the row's site
-        fixed in u-space while θ and Z moved): the cavity q / exp(-½ τ (a'^T w)² + ν a'^T w)
-        seen along the current a_i, by Sherman-Morrison,
-
-            v = σ² + τ ξ² / (1 - τ σ'²),   c = μ + ξ (τ μ' - ν) / (1 - τ σ'²),
-
-        from the marginals (μ, σ²) of a^T w, (μ', σ'²) of a'^T w and ξ = a^T Σ a'.  With a' = a
-        this is the usual cavity.  The refined site lies along a_i.
-        """
-        cdef Py_ssize_t b = y.shape[0], i
-        _check_rows(b, (mean.shape[0], var.shape[0], mean_old.shape[0], var_old.shape[0],
-                        cross.shape[0], s.shape[0], tau.shape[0], nu.shape[0], tau_out.shape[0],
-                        nu_out.shape[0]))
-        if not (0.0 < damping <= 1.0):
-            raise ValueError(f"damping must be in (0, 1], got {damping}")
-        cdef double cmean, cvar, log_z, d1, d2, denom, t, v, keep
-        cdef int skipped = 0
-        with nogil:
-            for i in range(b):
+    cdef Py_ssize_t b = y.shape[0], i, index = -1
+    cdef bint moved = mean_old is not None or var_old is not None or cross is not None
+    _check_rows(b, (mean.shape[0], var.shape[0], s.shape[0], tau.shape[0], nu.shape[0],
+                    tau_out.shape[0], nu_out.shape[0]))
+    if moved:
+        if mean_old is None or var_old is None or cross is None:
+            raise ValueError("mean_old, var_old and cross go together")
+        _check_rows(b, (mean_old.shape[0], var_old.shape[0], cross.shape[0]))
+    if not (0.0 < damping <= 1.0):
+        raise ValueError(f"damping must be in (0, 1], got {damping}")
+    check_codes(rule, on_negative)
+    make_spec(&spec, kind, eps, gh_nodes, gh_weights, py_likelihood)
+    cdef double t, v, m_in, v_in, keep, cmean, cvar, back, value = 0.0
+    cdef long n_fixed = 0
+    cdef int st, status = 0, failed = 0
+    with nogil:
+        for i in range(b):
+            t = tau[i]
+            v = nu[i]
+            m_in = mean[i]
+            v_in = var[i]
+            if moved and rule != RULE_PL:
+                keep = 1.0 - t * var_old[i]
+                if keep > 0.0:
+                    cvar = var[i] + t * cross[i] * cross[i] / keep
+                    cmean = mean[i] + cross[i] * (t * mean_old[i] - v) / keep
+                    back = 1.0 + t * cvar
+                    v_in = cvar / back
+                    m_in = (cmean + cvar * v) / back
+                else:
+                    m_in = mean_old[i]
+                    v_in = var_old[i]
+            st = site_update(&spec, rule, on_negative, damping, y[i], m_in, v_in, s[i], &t, &v,
+                             &value, &n_fixed)
+            if st == SITE_NEGATIVE_CAVITY:
+                status = st
+                index = i
+                break
+            if st == SITE_LIKELIHOOD_FAILED or not (isfinite(t) and isfinite(v)):
                 t = tau[i]
                 v = nu[i]
-                keep = 1.0 - tau[i] * var_old[i]
-                cvar = var[i] + tau[i] * cross[i] * cross[i] / keep
-                cmean = mean[i] + cross[i] * (tau[i] * mean_old[i] - nu[i]) / keep
-                if (keep > 0.0 and cvar >= 0.0 and isfinite(cvar) and isfinite(cmean)
-                        and _matched(&self.spec, y[i], cmean, cvar, s[i], &log_z, &d1, &d2) == 0):
-                    denom = 1.0 + d2 * cvar
-                    t = -d2 / denom
-                    v = (d1 - cmean * d2) / denom
-                    if isfinite(t) and isfinite(v):
-                        t = damping * t + (1.0 - damping) * tau[i]
-                        v = damping * v + (1.0 - damping) * nu[i]
-                    else:
-                        t = tau[i]
-                        v = nu[i]
-                        skipped += 1
-                else:
-                    skipped += 1
-                tau_out[i] = t
-                nu_out[i] = v
-        return skipped
+                failed += 1
+            tau_out[i] = t
+            nu_out[i] = v
+    return status, index, value, n_fixed, failed
 
-    def evidence(self, const double[::1] y, const double[::1] mean, const double[::1] var,
-                 const double[::1] s, const double[::1] tau, const double[::1] nu,
-                 double[::1] g_s, double[::1] d1, double[::1] e):
-        """Σ log Z̃_i of SEP eq. (3) over the rows and the row weights of its gradient, eq. (4);
-        returns (total, rows left out).
 
-        log Z̃_i = log Z_i + ½ log(1 + τ v) + ½ c²/v - ½ μ²/σ² for the cavity N(c, v) and the
-        marginal N(μ, σ²) of a_i^T w.  Per row: d1 = ∂ log Z_i/∂c, g_s = ∂ log Z_i/∂s_i =
-        ½(d1² + d2) and e = (d1 (τ μ - ν) + 2 g_s) v/σ², the weight of Σ_w a_i in the row's
-        gradient (:func:`gpc.sparse.ep.block_evidence`).  A row without a proper cavity, or whose
-        likelihood integral fails, is left out: its terms and weights are 0.
-        """
-        cdef Py_ssize_t b = y.shape[0], i
-        _check_rows(b, (mean.shape[0], var.shape[0], s.shape[0], tau.shape[0], nu.shape[0],
-                        g_s.shape[0], d1.shape[0], e.shape[0]))
-        cdef double cmean, cvar, ratio, log_z, a1, a2, gs, total = 0.0
-        cdef int bad = 0
-        with nogil:
-            for i in range(b):
-                if (_cavity(mean[i], var[i], tau[i], nu[i], &cmean, &cvar, &ratio)
-                        and _matched(&self.spec, y[i], cmean, cvar, s[i], &log_z, &a1, &a2) == 0):
-                    # ½ log(1 + τv) = -½ log(1 - τσ²) and ½ (c²/v - μ²/σ²) = ½ (τμ² - 2μν + σ²ν²)
-                    # / (1 - τσ²): the same terms without dividing by σ² (finite at σ² = 0)
-                    total += (log_z - 0.5 * log1p(-tau[i] * var[i])
-                              + 0.5 * (tau[i] * mean[i] * mean[i] - 2.0 * mean[i] * nu[i]
-                                       + var[i] * nu[i] * nu[i]) * ratio)
-                    gs = 0.5 * (a1 * a1 + a2)
-                    g_s[i] = gs
-                    d1[i] = a1
-                    e[i] = (a1 * (tau[i] * mean[i] - nu[i]) + 2.0 * gs) * ratio
-                else:
-                    g_s[i] = 0.0
-                    d1[i] = 0.0
-                    e[i] = 0.0
-                    bad += 1
-        return total, bad
+def evidence_rows(int kind, double eps, const double[::1] gh_nodes, const double[::1] gh_weights,
+                  object py_likelihood, int rule, const double[::1] y, const double[::1] mean,
+                  const double[::1] var, const double[::1] s, const double[::1] tau,
+                  const double[::1] nu, double[::1] g_s, double[::1] d1, double[::1] e):
+    """Σ log Z̃_i of SEP eq. (3) over the rows and the row weights of its gradient, eq. (4);
+    returns (total, rows left out).
+
+    log Z̃_i = log Z_i + ½ log(1 + τ v) + ½ c²/v - ½ μ²/σ² for the cavity N(c, v) and the
+    marginal N(μ, σ²) of a_i^T w, log Z_i the likelihood's (gpc._site_rule.site_log_z).  Per
+    row: d1 = ∂ log Z_i/∂c, g_s = ∂ log Z_i/∂s_i = ½(d1² + d2) and e = (d1 (τ μ - ν) + 2 g_s)
+    v/σ², the weight of Σ_w a_i in the row's gradient (:func:`gpc.sparse.ep.block_evidence`), of
+    the likelihood the site stands for under ``rule`` (PL: its linearisation).  A row without a
+    proper cavity, or whose likelihood integral fails, is left out: its terms and weights are 0.
+    """
+    cdef LikelihoodSpec spec
+    cdef Py_ssize_t b = y.shape[0], i
+    _check_rows(b, (mean.shape[0], var.shape[0], s.shape[0], tau.shape[0], nu.shape[0],
+                    g_s.shape[0], d1.shape[0], e.shape[0]))
+    check_codes(rule, 0)
+    make_spec(&spec, kind, eps, gh_nodes, gh_weights, py_likelihood)
+    cdef double cmean, cvar, ratio, log_z, a1, a2, gs, total = 0.0
+    cdef int bad = 0
+    with nogil:
+        for i in range(b):
+            if (_cavity(mean[i], var[i], tau[i], nu[i], &cmean, &cvar, &ratio)
+                    and site_log_z(&spec, rule, y[i], cmean, cvar, s[i], tau[i], nu[i], &log_z,
+                                   &a1, &a2) == 0):
+                # ½ log(1 + τv) = -½ log(1 - τσ²) and ½ (c²/v - μ²/σ²) = ½ (τμ² - 2μν + σ²ν²)
+                # / (1 - τσ²): the same terms without dividing by σ² (finite at σ² = 0)
+                total += (log_z - 0.5 * log1p(-tau[i] * var[i])
+                          + 0.5 * (tau[i] * mean[i] * mean[i] - 2.0 * mean[i] * nu[i]
+                                   + var[i] * nu[i] * nu[i]) * ratio)
+                gs = 0.5 * (a1 * a1 + a2)
+                g_s[i] = gs
+                d1[i] = a1
+                e[i] = (a1 * (tau[i] * mean[i] - nu[i]) + 2.0 * gs) * ratio
+            else:
+                g_s[i] = 0.0
+                d1[i] = 0.0
+                e[i] = 0.0
+                bad += 1
+    return total, bad
 
 
 # -- elementwise passes over a block ------------------------------------------------------------

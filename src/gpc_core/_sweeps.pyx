@@ -114,7 +114,7 @@ def sequential_sweep(double[:, ::1] Sigma, double[::1] mu, double[::1] tau, doub
             mui = mu[i]
             tau_new = tau[i]
             nu_new = nu[i]
-            site_status = site_update(&spec, rule, on_negative, damping, y[i], mui, sii,
+            site_status = site_update(&spec, rule, on_negative, damping, y[i], mui, sii, 0.0,
                                       &tau_new, &nu_new, &bad_value, &n_fixed)
             if site_status == SITE_NEGATIVE_CAVITY or site_status == SITE_LIKELIHOOD_FAILED:
                 status = site_status

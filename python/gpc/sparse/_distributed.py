@@ -45,7 +45,7 @@ from ..exceptions import NotPositiveDefiniteError
 from ._passes import as_block, block_parts, block_ranges, evidence_parts, site_pass
 from ._train import site_directions, swap_block_sites, tied_block_sites
 from .baselines import svi_parts
-from .ep import NaturalPosterior, update_sites, whitened_sums
+from .ep import EP, NaturalPosterior, whitened_sums
 
 
 class ShardSites:
@@ -124,24 +124,25 @@ def site_task(X, Y, T0, N0, q, theta, sites):
     """Round 1 of a batch iteration on one shard: new sites for all its rows (or its share of a
     minibatch of all n rows, which is all of them) and their sums (P - I, h) with the current factor
     (SEP §2.2; q is rebuilt from them, so the sites follow their rows and have no kept directions)."""
-    (column, likelihood, factor, damping, block_rows), rows = _share(theta)
+    (column, likelihood, factor, damping, block_rows, rule), rows = _share(theta)
     columns = _columns(T0, N0, sites)
     tau, nu = columns[column].rows()
     if rows is not None and rows != (0, len(tau)):
         raise ValueError(f"a batch step covers every row of a shard, got rows {rows} of {len(tau)}")
-    tau, nu, dP, dh, _ = site_pass(likelihood, X, Y[:, column], factor, q, tau, nu, damping,
-                                   block_rows)
-    return _with(columns, column, ShardSites(tau, nu)), (dP, dh)
+    tau, nu, dP, dh, _, n_fixed = site_pass(likelihood, X, Y[:, column], factor, q, tau, nu,
+                                            damping, block_rows, rule)
+    return _with(columns, column, ShardSites(tau, nu)), (dP, dh, n_fixed)
 
 
 def swap_task(X, Y, T0, N0, q, theta, sites):
     """Round 1 of a minibatch step on one shard: its share of the minibatch refined along SEP eq. (6)
     (:func:`gpc.sparse._train.swap_block_sites`) and (ΔP, Δh, rows that had no site), the change
-    their sites make to q.  The new sites and directions stay pending in the shard's sites."""
-    (column, likelihood, factor, damping), (start, stop) = theta
+    their sites make to q (and the updates the site rule's on_negative policy handled).  The new
+    sites and directions stay pending in the shard's sites."""
+    (column, likelihood, factor, damping, rule), (start, stop) = theta
     m = factor.m
     if start == stop:
-        return sites, (np.zeros((m, m)), np.zeros(m), 0)
+        return sites, (np.zeros((m, m)), np.zeros(m), 0, 0)
     columns = _columns(T0, N0, sites)
     current = columns[column].settled()
     if current.V is None:
@@ -151,11 +152,11 @@ def swap_task(X, Y, T0, N0, q, theta, sites):
         current.V = np.zeros((len(current.tau), m), dtype=np.float32)
     A, s = factor.whiten(as_block(X, start, stop))
     dP, dh = np.zeros((m, m)), np.zeros(m)
-    tau, nu, V, n_fresh = swap_block_sites(
+    tau, nu, V, n_fresh, n_fixed = swap_block_sites(
         likelihood, Y[start:stop, column], A, s, q, current.tau[start:stop], current.nu[start:stop],
-        current.V[start:stop], factor, damping, dP, dh, _scratch)
+        current.V[start:stop], factor, damping, dP, dh, _scratch, rule, start)
     current.pending = (start, stop, tau, nu, V.astype(np.float32))
-    return _with(columns, column, current), (dP, dh, n_fresh)
+    return _with(columns, column, current), (dP, dh, n_fresh, n_fixed)
 
 
 def directions_task(X, Y, T0, N0, q, theta, sites):
@@ -175,12 +176,12 @@ def evidence_task(X, Y, T0, N0, q, theta, sites):
     """Round 2 on one shard: its parts of log Z_q and of the gradient (eq. (3)-(4)) over its rows of
     the step, in the form ``held`` (:func:`gpc.sparse.ep.block_evidence`); the sites are returned as
     they are (the same object: nothing to log for recovery)."""
-    (column, likelihood, factor, gradient, block_rows, held), rows = _share(theta)
+    (column, likelihood, factor, gradient, block_rows, held, rule), rows = _share(theta)
     current = _columns(T0, N0, sites)[column]
     if rows is None:
         tau, nu = current.rows()
         parts = evidence_parts(likelihood, X, Y[:, column], factor, q, tau, nu, block_rows, gradient,
-                               held)
+                               held, rule)
     elif rows[0] == rows[1]:
         m, Z = factor.m, factor.Z
         parts = (0.0, np.zeros(len(factor.kernel.theta)), np.zeros_like(Z), np.zeros((m, m)), 0)
@@ -190,7 +191,7 @@ def evidence_task(X, Y, T0, N0, q, theta, sites):
         A, s, Kbu = factor.whiten(Xb, keep_cross=True)
         tau, nu = current.rows(start, stop)
         parts = block_parts(likelihood, Xb, Y[start:stop, column], A, s, factor, q, tau, nu, gradient,
-                            Kbu, held)
+                            Kbu, held, rule)
     if not gradient:                      # no None leaves: the engine adds every leaf
         parts = (parts[0], parts[4])
     return sites, parts
@@ -200,11 +201,11 @@ def tied_task(X, Y, T0, N0, q, theta, sites):
     """Round 1 of a tied-site step on one shard: its rows of the minibatch matched against the tied
     cavity ``q`` (:func:`gpc.sparse._train.tied_block_sites`) and their sums.  The matched sites wait
     in the shard's sites, where round 2 (:func:`evidence_task`) reads them."""
-    (column, likelihood, factor), (start, stop) = theta
+    (column, likelihood, factor, rule), (start, stop) = theta
     if start == stop:
         return sites, (np.zeros((factor.m, factor.m)), np.zeros(factor.m))
     A, s = factor.whiten(as_block(X, start, stop))
-    matched = tied_block_sites(likelihood, Y[start:stop, column], A, s, q)
+    matched = tied_block_sites(likelihood, Y[start:stop, column], A, s, q, rule)
     columns = _columns(T0, N0, sites)
     current = columns[column].settled()
     current.pending = (start, stop, *matched, None)
@@ -249,7 +250,7 @@ def minibatch_plan(bounds, batch_size):
 class ShardedRows:
     """The rows of problem ``column`` covered by one step on an engine: all of them, or one minibatch
     (``batch``, a row of :func:`minibatch_plan`).  The interface of ``_train.LocalRows`` and
-    ``_train.LocalBatch``.
+    ``_train.LocalBatch``, the site rule (:class:`gpc.sparse.ep.Rule`) sent with each task.
 
     Parameters
     ----------
@@ -264,25 +265,32 @@ class ShardedRows:
         self.engine, self.column, self.likelihood, self.block_rows, self.batch = (
             engine, column, likelihood, block_rows, batch)
         self.size = engine.n_rows if batch is None else sum(stop - start for start, stop in batch)
+        self.n_fixed = 0
 
-    def update_sites(self, factor, q, damping):
+    def update_sites(self, factor, q, damping, rule=EP):
         """All n rows: every site refined, their sums with the current factor (:func:`site_task`)."""
         q, factor = _light(q, factor)
-        return self.engine.step(site_task, q, (self.column, self.likelihood, factor, damping,
-                                               self.block_rows), self.batch)
+        dP, dh, n_fixed = self.engine.step(site_task, q, (self.column, self.likelihood, factor,
+                                                          damping, self.block_rows, rule),
+                                           self.batch)
+        self.n_fixed = int(n_fixed)
+        return dP, dh
 
-    def swap_sites(self, factor, q, damping):
+    def swap_sites(self, factor, q, damping, rule=EP):
         """A minibatch: the shards' shares refined and swapped (:func:`swap_task`); q's new natural
         parameters (P, h) and the rows that had no site."""
         light, light_factor = _light(q, factor)
-        dP, dh, n_fresh = self.engine.step(swap_task, light, (self.column, self.likelihood,
-                                                              light_factor, damping), self.batch)
+        dP, dh, n_fresh, n_fixed = self.engine.step(
+            swap_task, light, (self.column, self.likelihood, light_factor, damping, rule),
+            self.batch)
+        self.n_fixed = int(n_fixed)
         return q.P + dP, q.h + dh, int(n_fresh)
 
-    def match_sites(self, factor, cavity):
+    def match_sites(self, factor, cavity, rule=EP):
         """Tied sites: each row of the minibatch matched against the cavity, their sums."""
         cavity, factor = _light(cavity, factor)
-        return self.engine.step(tied_task, cavity, (self.column, self.likelihood, factor), self.batch)
+        return self.engine.step(tied_task, cavity, (self.column, self.likelihood, factor, rule),
+                                self.batch)
 
     def commit(self):
         """The new sites are already the shards' current ones."""
@@ -290,10 +298,10 @@ class ShardedRows:
     def revert(self):
         self.engine.revert()
 
-    def evidence_parts(self, factor, q, gradient, held):
+    def evidence_parts(self, factor, q, gradient, held, rule=EP):
         q, factor = _light(q, factor)
         parts = self.engine.step(evidence_task, q, (self.column, self.likelihood, factor,
-                                                    bool(gradient), self.block_rows, held),
+                                                    bool(gradient), self.block_rows, held, rule),
                                  self.batch)
         return parts if gradient else (parts[0], None, None, None, parts[1])
 

@@ -8,7 +8,8 @@ distributed fit sends back (:mod:`gpc.sparse._distributed`).
 
 import numpy as np
 
-from .ep import NaturalPosterior, block_evidence, prior_term, update_sites, whitened_sums
+from .ep import (EP, NaturalPosterior, block_evidence, linearisation, linearised_sites, prior_term,
+                 update_sites, whitened_sums)
 
 
 def as_block(X, start, stop):
@@ -26,28 +27,30 @@ def block_ranges(n, block_rows):
     return [(i, min(i + block_rows, n)) for i in range(0, n, block_rows)]
 
 
-def site_pass(likelihood, X, y, factor, q, tau, nu, damping, block_rows):
-    """One parallel EP pass (SEP §2.2): every site from the same q.
+def site_pass(likelihood, X, y, factor, q, tau, nu, damping, block_rows, rule=EP):
+    """One parallel pass of the site rule ``rule`` (SEP §2.2): every site from the same q.
 
-    Returns (tau, nu, dP, dh, skipped): the new sites, (P - I, h) of the new sites with the
-    current factor (q is rebuilt from them, not updated: after a θ or Z step the old sites' sums,
-    carried over in u-space, no longer equal what the sites give with the new factor, and adding
-    changes to them let that difference accumulate until EP broke down), and how many rows had
-    no proper cavity.
+    Returns (tau, nu, dP, dh, skipped, n_fixed): the new sites, (P - I, h) of the new sites with
+    the current factor (q is rebuilt from them, not updated: after a θ or Z step the old sites'
+    sums, carried over in u-space, no longer equal what the sites give with the new factor, and
+    adding changes to them let that difference accumulate until EP broke down), how many rows
+    kept their sites because their likelihood integral failed, and how many updates the rule's
+    on_negative policy handled.
     """
     m = factor.m
     tau, nu = tau.copy(), nu.copy()
     dP, dh = np.zeros((m, m)), np.zeros(m)
-    skipped = 0
+    skipped = n_fixed = 0
     for start, stop in block_ranges(len(y), block_rows):
         A, s = factor.whiten(as_block(X, start, stop))
         up = update_sites(likelihood, y[start:stop], A, s, q, tau[start:stop], nu[start:stop],
-                          damping, sums="new")
+                          damping, sums="new", rule=rule, first_row=start)
         tau[start:stop], nu[start:stop] = up.tau, up.nu
         dP += up.dP
         dh += up.dh
         skipped += up.n_skipped
-    return tau, nu, dP, dh, skipped
+        n_fixed += up.n_fixed
+    return tau, nu, dP, dh, skipped, n_fixed
 
 
 def natural_sums(X, factor, tau, nu, block_rows):
@@ -65,10 +68,10 @@ def natural_sums(X, factor, tau, nu, block_rows):
 
 
 def block_parts(likelihood, Xb, y, A, s, factor, q, tau, nu, gradient=True, Kbu=None,
-                held="sites"):
+                held="sites", rule=EP):
     """One block's share of log Z_q and of its gradient: (log_z, g_theta, g_Z, AtG, n_bad);
-    ``held`` as in :func:`ep.block_evidence`."""
-    ev = block_evidence(likelihood, y, A, s, q, tau, nu, gradient=gradient, held=held)
+    ``held`` and ``rule`` as in :func:`ep.block_evidence`."""
+    ev = block_evidence(likelihood, y, A, s, q, tau, nu, gradient=gradient, held=held, rule=rule)
     if not gradient:
         return ev.log_z, None, None, None, ev.n_bad
     g_theta, g_Z = factor.block_gradient(Xb, ev.G_A, ev.g_s, Kbu, overwrite=True)
@@ -83,7 +86,7 @@ def add_parts(total, part):
 
 
 def evidence_parts(likelihood, X, y, factor, q, tau, nu, block_rows, gradient=True,
-                   held="sites"):
+                   held="sites", rule=EP):
     """The summed block parts of log Z_q over all rows of X (before :func:`finish_evidence`)."""
     parts = None
     for start, stop in block_ranges(len(y), block_rows):
@@ -91,7 +94,7 @@ def evidence_parts(likelihood, X, y, factor, q, tau, nu, block_rows, gradient=Tr
         A, s, Kbu = factor.whiten(Xb, keep_cross=True)
         parts = add_parts(parts, block_parts(likelihood, Xb, y[start:stop], A, s, factor, q,
                                              tau[start:stop], nu[start:stop], gradient, Kbu,
-                                             held))
+                                             held, rule))
     return parts
 
 
@@ -117,28 +120,68 @@ def finish_evidence(factor, q, parts, scale=1.0, held="sites"):
     return log_z, scale * g_theta + gt, scale * g_Z + gz, n_bad
 
 
-def evidence(likelihood, X, y, factor, q, tau, nu, block_rows, gradient=True, held="sites"):
-    """log Z_q (SEP eq. (3)) and, with ``gradient``, its derivative in log θ and in Z (the sites
-    ``held`` as in :func:`ep.block_evidence`).
+def evidence(likelihood, X, y, factor, q, tau, nu, block_rows, gradient=True, held="sites",
+             rule=EP):
+    """log Z_q (SEP eq. (3); under ``rule`` PL, PL eq. (18) for the sparse model) and, with
+    ``gradient``, its derivative in log θ and in Z (the sites ``held`` as in
+    :func:`ep.block_evidence`; PL: that of log p̂(D) at a fixed linearisation).
 
     Returns (log_z, g_theta, g_Z, n_bad), n_bad counting rows without a proper cavity.
     """
     return finish_evidence(factor, q, evidence_parts(likelihood, X, y, factor, q, tau, nu,
-                                                     block_rows, gradient, held), held=held)
+                                                     block_rows, gradient, held, rule), held=held)
+
+
+def linearisation_of(likelihood, X, y, factor, q, block_rows):
+    """PL's linearisation (slope, intercept, noise on f) of every row against q
+    (:func:`ep.linearisation`), three (n,) arrays."""
+    parts = [linearisation(likelihood, y[start:stop], *factor.whiten(as_block(X, start, stop)), q)
+             for start, stop in block_ranges(len(y), block_rows)]
+    return tuple(np.concatenate([p[k] for p in parts]) for k in range(3))
+
+
+def linearised_evidence(X, y, factor, slope, intercept, omega, block_rows):
+    """log p̂(D) = log N(y; b, Ã (Q + diag s) Ã + Ω), the Gaussian evidence of the sparse model
+    with every likelihood replaced by its linearisation N(y_i; A_i f_i + b_i, Ω_i) (held fixed),
+    at the factor's θ and Z (Q = K_fu K_uu⁻¹ K_uf, s the FITC variances): the analogue of PL
+    eq. (17), computed through q of the linearisation's sites (:func:`ep.linearised_sites`),
+
+        log p̂(D) = ½ hᵀP⁻¹h - ½ log|P| + Σ_i c_i,
+
+    which is what sparse PL's gradient differentiates (docs/derivations-ep-pl.md)."""
+    m = factor.m
+    P, h, const = np.eye(m), np.zeros(m), 0.0
+    for start, stop in block_ranges(len(y), block_rows):
+        A, s = factor.whiten(as_block(X, start, stop))
+        tau, nu, c = linearised_sites(y[start:stop], s, slope[start:stop], intercept[start:stop],
+                                      omega[start:stop])
+        dP, dh = whitened_sums(A, tau, nu)
+        P += dP
+        h += dh
+        const += float(np.sum(c))
+    return NaturalPosterior(0.5 * (P + P.T), h).log_normaliser_ratio() + const
 
 
 def run_ep(likelihood, X, y, factor, tau, nu, damping=0.5, max_iter=200, tol=1e-9,
-           block_rows=4096):
-    """Parallel damped EP at fixed θ and Z until the sites move less than ``tol`` (max abs)."""
+           block_rows=4096, rule=EP):
+    """Parallel damped passes of the site rule ``rule`` (EP by default) at fixed θ and Z until the
+    sites move less than ``tol`` (max abs).
+
+    Returns (tau, nu, q, passes, converged, n_fixed), n_fixed the updates the rule's on_negative
+    policy handled over all passes.  A pass whose sites give q no factor (negative sites kept by
+    on_negative="raise") raises NotPositiveDefiniteError.
+    """
     P, h = natural_sums(X, factor, tau, nu, block_rows)
     q = NaturalPosterior(P, h)
+    n_fixed = 0
     for it in range(1, max_iter + 1):
-        new_tau, new_nu, dP, dh, _ = site_pass(likelihood, X, y, factor, q, tau, nu, damping,
-                                               block_rows)
+        new_tau, new_nu, dP, dh, _, fixed = site_pass(likelihood, X, y, factor, q, tau, nu,
+                                                      damping, block_rows, rule)
+        n_fixed += fixed
         change = max(np.max(np.abs(new_tau - tau)), np.max(np.abs(new_nu - nu)))
         tau, nu = new_tau, new_nu
         dP.flat[:: factor.m + 1] += 1.0
         q = NaturalPosterior(0.5 * (dP + dP.T), dh)
         if change < tol:
-            return tau, nu, q, it, True
-    return tau, nu, q, max_iter, False
+            return tau, nu, q, it, True, n_fixed
+    return tau, nu, q, max_iter, False, n_fixed

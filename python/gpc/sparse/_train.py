@@ -14,11 +14,11 @@ worth at b = m (docs/sparse.md, "One minibatch step").
 import numpy as np
 
 from .. import _lapack, _sparse
-from .._sparse import SiteRule
 from ..exceptions import NotPositiveDefiniteError, NumericalError
 from ._inducing import InducingFactor
 from ._passes import as_block, block_parts, block_ranges, evidence_parts, finish_evidence, site_pass
-from .ep import NaturalPosterior, refine_sites, transform_natural, update_sites, whitened_sums
+from .ep import (DEFAULT_ON_NEGATIVE, EP, NaturalPosterior, Rule, refine_rows, refine_sites,
+                 transform_natural, update_sites, whitened_sums)
 
 
 class Adadelta:
@@ -49,12 +49,18 @@ class SEPState:
     :mod:`gpc.sparse._distributed`).  With ``tied`` there are no
     per-row sites: (P - I, h) are n times one shared average site (stochastic EP, Li,
     Hernández-Lobato & Turner 2015), so the state is O(m²) whatever n is.
+
+    ``method`` ("ep" or "pl") and ``on_negative`` choose the site rule (:class:`ep.Rule`) that
+    refits the sites; ``n_fixed`` counts the updates its on_negative policy handled.
     """
 
-    def __init__(self, kernel, Z, n, jitter, optimize_inducing, lr, tied=False):
+    def __init__(self, kernel, Z, n, jitter, optimize_inducing, lr, tied=False, method="ep",
+                 on_negative=DEFAULT_ON_NEGATIVE):
         self.kernel, self.Z, self.jitter = kernel, np.array(Z, dtype=np.float64), jitter
         self.optimize_inducing = optimize_inducing
         self.tied, self.n = tied, n
+        self.rule = Rule(method, on_negative)
+        self.n_fixed = 0
         self.tau, self.nu = (None, None) if tied else (np.zeros(n), np.zeros(n))
         self.V = None               # the sites' u-space directions (minibatch training)
         self.n_sited = 0            # rows whose site q holds
@@ -179,7 +185,9 @@ class LocalRows:
     """The training rows of one binary problem in this process, their sites in ``state``.
 
     The interface a batch iteration needs (:func:`iteration` with all n rows): ``size``,
-    ``update_sites``, ``commit``, ``revert``, ``evidence_parts``; the distributed twin is
+    ``update_sites``, ``commit``, ``revert``, ``evidence_parts`` (each refit or evidence by the
+    site rule it is given, :class:`ep.Rule`), and ``n_fixed``, the updates of the last refit that
+    the rule's on_negative policy handled; the distributed twin is
     :class:`gpc.sparse._distributed.ShardedRows`.
     """
 
@@ -188,12 +196,14 @@ class LocalRows:
             state, likelihood, X, y, block_rows)
         self.size = len(y)
         self._pending = None
+        self.n_fixed = 0
 
-    def update_sites(self, factor, q, damping):
+    def update_sites(self, factor, q, damping, rule=EP):
         """Refine every site from q (SEP §2.2); returns their sums (P - I, h) with the current
         factor (q is rebuilt from them), the new sites pending until commit."""
-        tau, nu, dP, dh, _ = site_pass(self.likelihood, self.X, self.y, factor, q, self.state.tau,
-                                       self.state.nu, damping, self.block_rows)
+        tau, nu, dP, dh, _, self.n_fixed = site_pass(self.likelihood, self.X, self.y, factor, q,
+                                                     self.state.tau, self.state.nu, damping,
+                                                     self.block_rows, rule)
         self._pending = tau, nu
         return dP, dh
 
@@ -204,9 +214,9 @@ class LocalRows:
     def revert(self):
         self._pending = None
 
-    def evidence_parts(self, factor, q, gradient, held):
+    def evidence_parts(self, factor, q, gradient, held, rule=EP):
         return evidence_parts(self.likelihood, self.X, self.y, factor, q, self.state.tau,
-                              self.state.nu, self.block_rows, gradient, held)
+                              self.state.nu, self.block_rows, gradient, held, rule)
 
 
 class LocalBatch:
@@ -221,26 +231,32 @@ class LocalBatch:
         self.state, self.likelihood, self.Xb, self.yb, self.rows = state, likelihood, Xb, yb, rows
         self.size = len(yb)
         self._pending = self._matched = None
+        self.n_fixed = 0
 
     def _whiten(self, factor):
         self._whitened = factor.whiten(self.Xb, keep_cross=True)
         return self._whitened
 
-    def match_sites(self, factor, cavity):
+    def _first_row(self):
+        return 0 if self.rows is None else self.rows.start or 0
+
+    def match_sites(self, factor, cavity, rule=EP):
         """Each row's site matched against the tied cavity; their sums (Σ τ a aᵀ, Σ ν a)."""
         A, s, _ = self._whiten(factor)
-        self._matched = tied_block_sites(self.likelihood, self.yb, A, s, cavity)
+        self._matched = tied_block_sites(self.likelihood, self.yb, A, s, cavity, rule)
         return whitened_sums(A, *self._matched)
 
-    def update_sites(self, factor, q, damping):
+    def update_sites(self, factor, q, damping, rule=EP):
         """All n rows: :meth:`LocalRows.update_sites` on one block."""
         A, s, _ = self._whiten(factor)
         up = update_sites(self.likelihood, self.yb, A, s, q, self.state.tau[self.rows],
-                          self.state.nu[self.rows], damping, sums="new")
+                          self.state.nu[self.rows], damping, sums="new", rule=rule,
+                          first_row=self._first_row())
         self._pending = up.tau, up.nu, None
+        self.n_fixed = up.n_fixed
         return up.dP, up.dh
 
-    def swap_sites(self, factor, q, damping):
+    def swap_sites(self, factor, q, damping, rule=EP):
         """Refine the rows' sites and swap them in q (:func:`swap_block_sites`): returns q's new
         natural parameters (P, h) and the rows that had no site; the sites and their new
         directions pending until commit."""
@@ -252,9 +268,9 @@ class LocalBatch:
             state.V = np.zeros((state.n, factor.m), dtype=np.float32)
         A, s, _ = self._whiten(factor)
         P, h = q.P.copy(), q.h.copy()
-        t_new, n_new, V_new, n_fresh = swap_block_sites(
+        t_new, n_new, V_new, n_fresh, self.n_fixed = swap_block_sites(
             self.likelihood, self.yb, A, s, q, state.tau[self.rows], state.nu[self.rows],
-            state.V[self.rows], factor, damping, P, h, state.workspace)
+            state.V[self.rows], factor, damping, P, h, state.workspace, rule, self._first_row())
         self._pending = t_new, n_new, V_new
         return P, h, n_fresh
 
@@ -268,12 +284,12 @@ class LocalBatch:
     def revert(self):
         self._pending = None
 
-    def evidence_parts(self, factor, q, gradient, held):
+    def evidence_parts(self, factor, q, gradient, held, rule=EP):
         A, s, Kbu = self._whitened
         tau, nu = (self._matched if self._matched is not None
                    else (self.state.tau[self.rows], self.state.nu[self.rows]))
         return block_parts(self.likelihood, self.Xb, self.yb, A, s, factor, q, tau, nu, gradient,
-                           Kbu, held)
+                           Kbu, held, rule)
 
 
 def iteration(state, rows, damping):
@@ -295,14 +311,19 @@ def iteration(state, rows, damping):
     rows (scaled by n / |M| from the first step, the data terms outweighed the prior term and the
     amplitude grew without bound).
 
+    The sites are refitted by the state's site rule (``state.rule``: EP with its on_negative
+    policy, or PL); a cavity that is not a distribution under on_negative="raise" raises
+    NegativeVarianceError.
+
     Returns log Z_q (eq. (3)), or for a minibatch its estimate over all n rows (data terms
     scaled by n / |M|).
     """
     if rows.size == state.n:
-        dP, dh = rows.update_sites(state.factor, state.q, damping)
+        dP, dh = rows.update_sites(state.factor, state.q, damping, state.rule)
         if state.add_sites(dP, dh, shrink=0.0):        # q rebuilt from the new sites
             rows.commit()
             state.n_sited = state.n
+            state.n_fixed += rows.n_fixed
         else:
             rows.revert()
         return _inner_step(state, rows, state.n, "sites")
@@ -313,7 +334,7 @@ def iteration(state, rows, damping):
 def _refine_minibatch(state, rows, damping):
     """The site update of :func:`iteration` for a minibatch: the rows' sites refined and swapped
     in q (``rows.swap_sites``), kept if that q has a factor."""
-    P, h, n_fresh = rows.swap_sites(state.factor, state.q, damping)
+    P, h, n_fresh = rows.swap_sites(state.factor, state.q, damping, state.rule)
     try:
         state.q = NaturalPosterior(P, h)
     except NotPositiveDefiniteError:         # negative sites made q improper: keep the old sites
@@ -322,6 +343,7 @@ def _refine_minibatch(state, rows, damping):
     else:
         rows.commit()
         state.n_sited = min(state.n, state.n_sited + n_fresh)
+        state.n_fixed += rows.n_fixed
 
 
 def _inner_step(state, rows, n_held, held):
@@ -329,7 +351,7 @@ def _inner_step(state, rows, n_held, held):
     Adadelta step on its gradient, data terms scaled by ``n_held`` / |M| (eq. (4), (6)); ``held``
     as in :func:`ep.block_evidence`.  Returns the estimate of log Z_q over all n rows."""
     b = rows.size
-    parts = rows.evidence_parts(state.factor, state.q, state.learns, held)
+    parts = rows.evidence_parts(state.factor, state.q, state.learns, held, state.rule)
     _, g_theta, g_Z, _ = finish_evidence(state.factor, state.q, parts, scale=n_held / b,
                                          held=held)
     log_z = state.q.log_normaliser_ratio() + state.n / b * parts[0]
@@ -357,19 +379,23 @@ def minibatch_step(state, likelihood, Xb, yb, rows, n, damping):
     return iteration(state, LocalBatch(state, likelihood, Xb, yb, rows), damping)
 
 
-def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P, h, workspace):
+def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P, h, workspace,
+                     rule=EP, first_row=0):
     """A minibatch block's sites refined along SEP eq. (6) and swapped into (P, h), in place.
 
     ``A`` (b x m) holds the rows' current directions a_i = L⁻¹k_i, ``V_old`` their kept u-space
     directions v_i (zero rows for rows without a site).  The old site lies along a'_i = Lᵀv_i; the
-    cavity removes it there (:meth:`gpc._sparse.SiteRule.refine_moved`; a block without old sites
-    refines against q itself), and (P, h) gains Σ τ_new a aᵀ - Σ τ_old a'a'ᵀ, Σ ν_new a - Σ ν_old a'
-    (P's lower triangle mirrored).  ``workspace(name, shape)`` gives scratch arrays
-    (:meth:`SEPState.workspace`).  The same code serves the in-process step (P, h a copy of q's)
-    and a shard's share of a minibatch ((P, h) zero: the shard's sums).
+    cavity removes it there (:func:`gpc._sparse.refine_rows` with the old directions' marginals;
+    a block without old sites refines against q itself), the site rule ``rule`` refits it, and
+    (P, h) gains Σ τ_new a aᵀ - Σ τ_old a'a'ᵀ, Σ ν_new a - Σ ν_old a' (P's lower triangle
+    mirrored).  ``workspace(name, shape)`` gives scratch arrays (:meth:`SEPState.workspace`).  The
+    same code serves the in-process step (P, h a copy of q's) and a shard's share of a minibatch
+    ((P, h) zero: the shard's sums).  ``first_row``: the block's first row, for the error of a
+    cavity that is not a distribution under on_negative="raise".
 
-    Returns (τ_new, ν_new, V_new, n_fresh): V_new (b x m, scratch memory) holds the rows' new
-    directions v_i = L⁻ᵀa_i, n_fresh the rows that had no site.
+    Returns (τ_new, ν_new, V_new, n_fresh, n_fixed): V_new (b x m, scratch memory) holds the rows'
+    new directions v_i = L⁻ᵀa_i, n_fresh the rows that had no site, n_fixed the updates the
+    rule's on_negative policy handled.
     """
     b, m = A.shape
     fresh = (tau == 0.0) & (nu == 0.0)
@@ -378,13 +404,8 @@ def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P
     W[:b] = A
     B = workspace("solved", (b, m))
     mean, var = q.marginals(A, out=B)
-    t_new, n_new = np.empty(b), np.empty(b)
-    rule = SiteRule(likelihood)
-    if n_fresh == b:                               # no old site: the cavity is q itself
-        rule.refine(_f64(yb), mean, var, s, _f64(tau), _f64(nu), float(damping), t_new, n_new)
-        weights, rows_used = t_new, W[:b]
-        dh = n_new
-    else:
+    moved = None
+    if n_fresh < b:                                # old sites: the cavity removes them along a'
         A_old = W[b:]
         np.copyto(A_old, V_old)
         _lapack.multiply_triangular_rows(factor.L, A_old, True)   # a'_i = Lᵀ v_i
@@ -392,8 +413,12 @@ def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P
         mean_old, var_old = q.marginals(A_old, out=B_old)
         cross = np.empty(b)
         _sparse.row_dots(B, B_old, cross)                              # a_iᵀ Σ a'_i
-        rule.refine_moved(_f64(yb), mean, var, mean_old, var_old, cross, s, _f64(tau), _f64(nu),
-                          float(damping), t_new, n_new)
+        moved = (mean_old, var_old, cross)
+    t_new, n_new, _, n_fixed = refine_rows(likelihood, yb, mean, var, s, tau, nu, damping, rule,
+                                           moved=moved, first_row=first_row)
+    if moved is None:
+        weights, rows_used, dh = t_new, W[:b], n_new
+    else:
         weights, rows_used = np.concatenate([t_new, -tau]), W
         dh = np.concatenate([n_new, -nu])
     # P + Σ τ_new a aᵀ - Σ τ_old a'a'ᵀ, h + Σ ν_new a - Σ ν_old a'
@@ -402,18 +427,14 @@ def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P
     _sparse.add_transpose_dot(rows_used, dh, h)
     V_new = W[:b]                                                      # A' is no longer needed
     _lapack.multiply_triangular_rows(factor.Li, V_new, True)   # v_i = L⁻ᵀ a_i
-    return t_new, n_new, V_new, n_fresh
+    return t_new, n_new, V_new, n_fresh, n_fixed
 
 
-def _f64(v):
-    return np.ascontiguousarray(v, dtype=np.float64)
-
-
-def tied_block_sites(likelihood, y, A, s, cavity):
+def tied_block_sites(likelihood, y, A, s, cavity, rule=EP):
     """The sites (τ, ν) of a block's rows matched against the tied cavity: a refinement from zero
-    sites, undamped (rows whose likelihood integral fails keep the zero site)."""
+    sites by ``rule``, undamped (rows whose likelihood integral fails keep the zero site)."""
     zero = np.zeros(len(y))
-    tau, nu, _ = refine_sites(likelihood, y, A, s, cavity, zero, zero, 1.0)
+    tau, nu, _, _ = refine_sites(likelihood, y, A, s, cavity, zero, zero, 1.0, rule)
     return tau, nu
 
 
@@ -432,7 +453,7 @@ def tied_iteration(state, rows, damping):
     keep = 1.0 - 1.0 / n
     P_cav = keep * state.q.P
     P_cav.flat[:: m + 1] += 1.0 - keep
-    dP, dh = rows.match_sites(state.factor, NaturalPosterior(P_cav, keep * state.q.h))
+    dP, dh = rows.match_sites(state.factor, NaturalPosterior(P_cav, keep * state.q.h), state.rule)
     state.add_sites(damping * dP, damping * dh, shrink=1.0 - damping * rows.size / n)
     return _inner_step(state, rows, n, "cavity")
 

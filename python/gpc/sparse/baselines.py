@@ -24,7 +24,7 @@ from scipy.optimize import minimize
 from ..exceptions import NotPositiveDefiniteError, NumericalError
 from ._inducing import InducingFactor
 from ._passes import add_parts, as_block, block_parts, block_ranges, finish_evidence
-from .ep import NaturalPosterior, Posterior, update_sites, whitened_sums
+from .ep import DEFAULT_ON_NEGATIVE, NaturalPosterior, Posterior, Rule, update_sites, whitened_sums
 
 
 def _pack(kernel, Z, optimize_inducing, extra=()):
@@ -94,9 +94,13 @@ class GFITCState(_LBFGSState):
     EP stops when no site moves more than ``tol`` (1e-4, the GFITC code of the SEP paper's
     authors stops there too); on pima with m = 173, 1e-6 took 15 passes per evaluation and 1e-4
     took 6, and the fitted models' test NLL differed by < 0.007.
+
+    ``on_negative`` is EP's policy for negative variances (:class:`ep.Rule`).
     """
 
-    def __init__(self, kernel, Z, n, jitter, optimize_inducing, damping, tol=1e-4, max_passes=200):
+    def __init__(self, kernel, Z, n, jitter, optimize_inducing, damping, tol=1e-4, max_passes=200,
+                 on_negative=DEFAULT_ON_NEGATIVE):
+        self.rule = Rule("ep", on_negative)
         self.kernel, self.Z, self.jitter = kernel, np.array(Z, dtype=np.float64), jitter
         self.optimize_inducing, self.damping, self.tol, self.max_passes = (
             optimize_inducing, damping, tol, max_passes)
@@ -122,7 +126,7 @@ class GFITCState(_LBFGSState):
         likelihood integral fails); L-BFGS-B backtracks from such a point.  A row whose marginal
         variance σ_i² underflows to 0 (a_i = 0: the length-scales are tiny against its distance
         to every inducing point, where L-BFGS-B's long steps do go) is not one of them: its
-        cavity is the point mass at a_iᵀμ (:class:`gpc._sparse.SiteRule`), and the row adds its
+        cavity is the point mass at a_iᵀμ (:func:`gpc._sparse.evidence_rows`), and the row adds its
         log Z_i to the evidence.
         """
         kernel, Z, _ = _unpack_kernel(self, p)
@@ -140,7 +144,7 @@ class GFITCState(_LBFGSState):
                 for start, stop, Xb, A, s, Kbu in blocks:
                     parts = add_parts(parts, block_parts(likelihood, Xb, y[start:stop], A, s, factor,
                                                          q, tau[start:stop], nu[start:stop], True,
-                                                         Kbu))
+                                                         Kbu, rule=self.rule))
                 log_z, g_theta, g_Z, n_bad = finish_evidence(factor, q, parts)
             if n_bad:
                 # the site rule keeps such rows' sites and the evidence leaves their terms out,
@@ -173,7 +177,8 @@ class GFITCState(_LBFGSState):
             P, h = np.eye(m), np.zeros(m)
             for start, stop, _, A, s, _ in blocks:
                 up = update_sites(likelihood, y[start:stop], A, s, q, tau[start:stop],
-                                  nu[start:stop], self.damping, sums="new")
+                                  nu[start:stop], self.damping, sums="new", rule=self.rule,
+                                  first_row=start)
                 new_tau[start:stop], new_nu[start:stop] = up.tau, up.nu
                 P += up.dP
                 h += up.dh

@@ -18,21 +18,65 @@ the current factor).  q is held by the inverse of the Cholesky factor of P ⪰ I
 K_uu⁻¹, never P⁻¹): refining a block of sites adds Aᵀ diag(Δτ) A and Aᵀ Δν to (P, h), an
 O(b m²) product, and a step of θ or Z from L to L' keeps the sites (SEP §2.3: q is
 "reconstructed") by :func:`transform_natural`, P' = I + Mᵀ(P - I)M with M = L⁻¹L', O(m³).
-The BLAS-3 products run through gpc._sparse (scipy's cython_blas), the per-row algebra through
-its SiteRule.
+The BLAS-3 products run through gpc._sparse (scipy's cython_blas); the per-row site update is the
+one site rule of the exact engine (gpc._site_rule.site_update, called by gpc._sparse per block),
+fed with the u-space cavity and the FITC variance s_i, so that EP's on_negative policies and PL's
+statistical linear regression (:class:`Rule`) serve the sparse model as they serve the dense one.
+
+PL in u-space (``Rule("pl")``) is the exact engine's PL applied to the prior N(0, Q) of
+g = (a_iᵀw)_i and the likelihoods φ_i(g): the SLR of y_i on g_i under q's marginal N(μ_i, σ_i²),
+f_i = g_i + ε_i, has A = Cov[f, E(y|f)]/(σ² + s), b = E[y] - A μ, Ω = Var[y] - A²σ² (moments
+under f ~ N(μ, σ² + s); PL eq. (15)-(16)), and its evidence is PL eq. (18) for that model
+(docs/derivations-ep-pl.md, "Sparse PL").
 
 The functions below are pure: a block of rows, the posterior q, the factor of K_uu and the rows'
 sites in; new sites, their sums, and the block's log Z and gradient parts out (sums taken in row
 order), so that a distributed engine can call them per shard and add the parts.
 """
 
+import inspect
 from dataclasses import dataclass
 
 import numpy as np
 
 from .. import _lapack, _sparse
-from .._sparse import SiteRule
-from ..exceptions import NotPositiveDefiniteError
+from ..exceptions import NegativeVarianceError, NotPositiveDefiniteError
+from ..inference import ep as _exact_ep
+from ..inference._sites import ON_NEGATIVE, RULES
+from ..inference.pl import slr
+
+#: the exact EP's default ``on_negative`` (gpc.inference.ep.run), which the sparse EP shares
+DEFAULT_ON_NEGATIVE = inspect.signature(_exact_ep.run).parameters["on_negative"].default
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How the sparse sites are refitted: ``method`` "ep" (moment matching) or "pl" (PL's
+    statistical linear regression), and EP's policy ``on_negative`` for negative cavity or site
+    variances (gpc.inference._sites: "raise", "clip", "skip", "pl"; default the exact EP's).
+
+    Both run the site rule of gpc._site_rule; the codes are those of gpc.inference._sites.
+    """
+
+    method: str = "ep"
+    on_negative: str = DEFAULT_ON_NEGATIVE
+
+    def __post_init__(self):
+        if self.method not in RULES:
+            raise ValueError(f"the sparse site rule must be one of {', '.join(RULES)}, got "
+                             f"{self.method!r}")
+        if self.on_negative not in ON_NEGATIVE:
+            raise ValueError(f"on_negative must be one of {', '.join(ON_NEGATIVE)}, got "
+                             f"{self.on_negative!r}")
+
+    @property
+    def codes(self):
+        """(rule, on_negative) as the codes of gpc._site_rule."""
+        return RULES[self.method], ON_NEGATIVE[self.on_negative]
+
+
+#: EP with the default policy: the rule of a caller that names none
+EP = Rule()
 
 
 @dataclass
@@ -157,8 +201,8 @@ def transform_natural(P, h, Li_old, L_new):
 def matched_site(likelihood, y, cmean, cvar, s):
     """Moment matching for φ_i (SEP eq. (1)): the f-integral widens the cavity by s_i.
 
-    The reference of the compiled rule (:class:`gpc._sparse.SiteRule`, which trains; tested
-    against this).
+    A NumPy reference of the compiled site rule's EP branch (gpc._site_rule, which trains;
+    tested against this).
 
     With Z_i = ∫ p(y|f) N(f | c, v + s) df, d1 = ∂ log Z_i/∂c and d2 = ∂² log Z_i/∂c², the new
     site is τ = -d2 / (1 + d2 v), ν = (d1 - c d2) / (1 + d2 v) (R&W eq. (3.58)-(3.59) in
@@ -181,29 +225,44 @@ class SiteUpdate:
     nu: np.ndarray           # and locations
     dP: np.ndarray           # Aᵀ diag(τ_new - τ_old) A (m x m): the change of P
     dh: np.ndarray           # Aᵀ (ν_new - ν_old): the change of h
-    n_skipped: int           # rows whose cavity had no positive precision (left unchanged)
+    n_skipped: int           # rows whose likelihood integral failed (left unchanged)
+    n_fixed: int = 0         # updates the rule's on_negative policy handled
 
 
-def refine_sites(likelihood, y, A, s, q, tau, nu, damping):
-    """Damped EP refinement of a block's sites against q (SEP §2.2): (τ_new, ν_new, n_skipped).
-
-    The cavity of each row (q less its site) is moment-matched with φ_i (:func:`matched_site`'s
-    algebra, compiled in :class:`gpc._sparse.SiteRule`).  Rows whose cavity has no positive
-    precision, whose likelihood integral fails or whose matched site is not finite keep their
-    sites (counted in ``n_skipped``)."""
-    mean, var = q.marginals(A)
+def refine_rows(likelihood, y, mean, var, s, tau, nu, damping, rule=EP, moved=None, first_row=0):
+    """The compiled site rule over a block's rows (:func:`gpc._sparse.refine_rows`):
+    (τ_new, ν_new, n_failed, n_fixed).  ``moved`` = (mean_old, var_old, cross) for sites held
+    along earlier directions.  A cavity that is not a distribution under on_negative="raise"
+    raises NegativeVarianceError naming the row (``first_row`` + its place in the block)."""
     t_new, n_new = np.empty(len(y)), np.empty(len(y))
-    skipped = SiteRule(likelihood).refine(_vector(y), mean, var, _vector(s), _vector(tau),
-                                          _vector(nu), float(damping), t_new, n_new)
-    return t_new, n_new, skipped
+    extra = {} if moved is None else dict(zip(("mean_old", "var_old", "cross"),
+                                              map(_vector, moved)))
+    status, index, value, n_fixed, failed = _sparse.refine_rows(
+        *likelihood.compiled_spec(), *rule.codes, float(damping), _vector(y), _vector(mean),
+        _vector(var), _vector(s), _vector(tau), _vector(nu), t_new, n_new, **extra)
+    if status:
+        raise NegativeVarianceError(first_row + index, value)
+    return t_new, n_new, failed, n_fixed
+
+
+def refine_sites(likelihood, y, A, s, q, tau, nu, damping, rule=EP, first_row=0):
+    """Damped refinement of a block's sites against q by ``rule`` (SEP §2.2): (τ_new, ν_new,
+    n_skipped, n_fixed).
+
+    EP matches each row's cavity (q less its site) with φ_i (:func:`matched_site`'s algebra in
+    the site rule of gpc._site_rule); PL linearises φ_i against q's marginal.  Rows whose
+    likelihood integral fails or whose new site is not finite keep their sites (counted in
+    ``n_skipped``); the on_negative policy's updates are counted in ``n_fixed``."""
+    mean, var = q.marginals(A)
+    return refine_rows(likelihood, y, mean, var, s, tau, nu, damping, rule, first_row=first_row)
 
 
 def _vector(v):
     return np.ascontiguousarray(v, dtype=np.float64)
 
 
-def update_sites(likelihood, y, A, s, q, tau, nu, damping, sums="change"):
-    """Parallel damped EP update of one block's sites (SEP §2.2).
+def update_sites(likelihood, y, A, s, q, tau, nu, damping, sums="change", rule=EP, first_row=0):
+    """Parallel damped update of one block's sites (SEP §2.2).
 
     Parameters
     ----------
@@ -217,13 +276,35 @@ def update_sites(likelihood, y, A, s, q, tau, nu, damping, sums="change"):
         What ``dP, dh`` hold: the change the block's update makes to q's natural parameters
         (a minibatch step adds it to q), or the block's share of (P - I, h) for its new sites with
         the current factor (a batch pass sums these into q afresh: :func:`_passes.site_pass`).
+    rule : Rule, default EP with the exact EP's on_negative
+    first_row : int, the block's first row in the data (named by a NegativeVarianceError)
     """
-    t_new, n_new, skipped = refine_sites(likelihood, y, A, s, q, tau, nu, damping)
+    t_new, n_new, skipped, n_fixed = refine_sites(likelihood, y, A, s, q, tau, nu, damping, rule,
+                                                  first_row)
     if sums == "new":
         dP, dh = whitened_sums(A, t_new, n_new)
     else:
         dP, dh = whitened_sums(A, t_new - tau, n_new - nu)
-    return SiteUpdate(tau=t_new, nu=n_new, dP=dP, dh=dh, n_skipped=skipped)
+    return SiteUpdate(tau=t_new, nu=n_new, dP=dP, dh=dh, n_skipped=skipped, n_fixed=n_fixed)
+
+
+def linearisation(likelihood, y, A, s, q):
+    """PL's linearisation of each row's likelihood against q (PL eq. (15)-(16)): (slope A,
+    intercept b, noise Ω on f) of y ≈ A f + b + e under f ~ N(μ_i, σ_i² + s_i), the marginal of
+    f_i = a_iᵀw + ε_i.  Its site on a_iᵀw (:func:`linearised_sites`) is the one PL's rule fits."""
+    mean, var = q.marginals(A)
+    return slr(likelihood, mean, var + np.asarray(s, dtype=np.float64))
+
+
+def linearised_sites(y, s, slope, intercept, omega):
+    """The rank-one sites of the linearised likelihoods N(y_i; A_i f + b_i, Ω_i), f = a_iᵀw + ε_i
+    with ε_i ~ N(0, s_i): (τ, ν, c) with τ = A²/Ω', ν = A (y - b)/Ω', Ω' = Ω + A² s (the label
+    seen from a_iᵀw), and c = -½ log(2πΩ') - ½ (y - b)²/Ω', the log of the site's constant, so
+    that N(y_i; A_i a_iᵀw + b_i, Ω'_i) = exp(c - ½ τ (a_iᵀw)² + ν a_iᵀw)."""
+    omega_g = omega + slope * slope * s
+    r = y - intercept
+    return (slope * slope / omega_g, slope * r / omega_g,
+            -0.5 * (np.log(2.0 * np.pi * omega_g) + r * r / omega_g))
 
 
 @dataclass
@@ -237,8 +318,14 @@ class BlockEvidence:
     n_bad: int            # rows with a non-positive cavity (their terms are left out)
 
 
-def block_evidence(likelihood, y, A, s, q, tau, nu, gradient=True, held="sites"):
+def block_evidence(likelihood, y, A, s, q, tau, nu, gradient=True, held="sites", rule=EP):
     """Σ_b log Z̃_i of SEP eq. (3) and the block's parts of its gradient, eq. (4).
+
+    Under ``rule`` PL the same sum is PL eq. (18) for the sparse model (log p̂(D) plus the
+    correction integrals, exactly), and the gradient is that of log p̂(D), the linearised model's
+    Gaussian evidence, at a fixed linearisation: the formulas below with the row derivatives (d1,
+    g_s, e) of the Gaussian pseudo-likelihood each site stands for (gpc._site_rule.site_log_z;
+    docs/derivations-ep-pl.md, "Sparse PL").
 
     log Z̃_i = log Z_i + g(θ^{\\i}) - g(θ) = log Z_i + ½ log(1 + τ_i v_c) + ½ c²/v_c - ½ μ²/σ²
     for the cavity N(c, v_c) and the marginal N(μ, σ²) of a_iᵀw.
@@ -269,7 +356,7 @@ def block_evidence(likelihood, y, A, s, q, tau, nu, gradient=True, held="sites")
         ∂ log Z_i/∂K_uu = L⁻ᵀ(g_s a_i a_iᵀ - γ_i a_iᵀ)L⁻¹,   ∂ log Z_i/∂k_ii = g_s.
 
     The cavity is q less the row's site, Σ_c a_i = Σ_w a_i v_c/σ² and μ_c = μ_w + Σ_w a_i (τμ_i -
-    ν_i) v_c/σ², so γ_i = d1 μ_w + e_i Σ_w a_i (e_i from :meth:`gpc._sparse.SiteRule.evidence`).
+    ν_i) v_c/σ², so γ_i = d1 μ_w + e_i Σ_w a_i (e_i from :func:`gpc._sparse.evidence_rows`).
     G_A has rows γ_i - 2 g_s a_i and AtG = Σ_b (g_s a_i - γ_i) a_iᵀ, the w-space K_uu part for
     :func:`gpc.sparse._passes.finish_evidence`.  The rows' terms depend on their cavities, not
     on their own sites, so a minibatch refined just before the gradient is a fair sample of all
@@ -287,8 +374,8 @@ def block_evidence(likelihood, y, A, s, q, tau, nu, gradient=True, held="sites")
     b = len(y)
     tau, nu = _vector(tau), _vector(nu)
     g_s, d1, e = np.empty(b), np.empty(b), np.empty(b)
-    total, n_bad = SiteRule(likelihood).evidence(_vector(y), mean, var, _vector(s), tau, nu, g_s,
-                                                 d1, e)
+    total, n_bad = _sparse.evidence_rows(*likelihood.compiled_spec(), rule.codes[0], _vector(y),
+                                         mean, var, _vector(s), tau, nu, g_s, d1, e)
     if not gradient:
         return BlockEvidence(total, None, None, None, n_bad)
     AtG = np.empty((A.shape[1], A.shape[1]))

@@ -2,8 +2,8 @@
 
 Method names.  The exact engine (``gpc.infer``, ``python -m gpc compare``) uses "sep" for
 *sequential* EP, after PL Table I's labels PEP/SEP/PPL/SPL.  The sparse estimator therefore never
-says "sep": its ``method`` is "ep" (the scalable EP of the SEP paper, §2), "gfitc" or "svi" (the
-baselines of SEP §3).
+says "sep": its ``method`` is "ep" (the scalable EP of the SEP paper, §2), "pl" (posterior
+linearisation on the same sites), "gfitc" or "svi" (the baselines of SEP §3).
 """
 
 import time
@@ -19,9 +19,9 @@ from ._passes import as_block, block_ranges
 from ._train import (SEPState, batch_step, iteration, minibatch_step, tied_iteration,
                      tied_minibatch_step)
 from .baselines import GFITCState, SVIState, _LBFGSState
-from .ep import posterior_predict
+from .ep import DEFAULT_ON_NEGATIVE, Rule, posterior_predict
 
-METHODS = ("ep", "gfitc", "svi")
+METHODS = ("ep", "pl", "gfitc", "svi")
 
 #: rows used for the k-means initialisation of Z and for the median heuristic
 _INIT_ROWS = 10_000
@@ -123,13 +123,23 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         m, the number of inducing points (at most n).
     inducing_points : "kmeans", "random" or array (m, d), default "kmeans"
         k-means (scipy) on a subsample of at most 10,000 rows, random rows, or given points.
-    method : "ep", "gfitc" or "svi", default "ep"
+    method : "ep", "pl", "gfitc" or "svi", default "ep"
         "ep" is the scalable EP of the SEP paper (not "sep": gpc's exact engine uses that name
-        for *sequential* EP).  "gfitc": EP on the FITC prior run to convergence (tol 1e-6) at
+        for *sequential* EP).  "pl": posterior linearisation (PL paper eq. (9)-(18)) on the same
+        rank-one sites and the same training, each site the statistical linear regression of its
+        label on a_iᵀw under q (never a negative site); its log Z_q is PL eq. (18) for the sparse
+        model and its gradient that of the linearised model's evidence (docs/sparse.md).  "gfitc": EP on the FITC prior run to convergence (tol 1e-6) at
         every (θ, Z), with L-BFGS-B on its evidence; batch only.  "svi": the bound (8) with a
         whitened q(u) = N(μ, L_q L_qᵀ), by L-BFGS-B in batch or Adadelta on minibatches.  See
         :mod:`gpc.sparse.baselines`.
     likelihood : "probit", "logit", "noisy_threshold" or a Likelihood, default "probit"
+    on_negative : "clip", "raise", "skip" or "pl", default: that of the exact EP (``gpc.infer``)
+        Methods "ep" and "gfitc": what a site update meets with a negative cavity or site
+        variance does, as in the exact EP (non-log-concave likelihoods such as the noisy
+        threshold): "raise" keeps negative sites and raises NegativeVarianceError at a cavity
+        that is not a distribution; "clip" sets a negative site precision to 1e-8; "skip" keeps
+        the old site; "pl" takes PL's update for that site.  ``n_fixed`` of each problem's state
+        counts the updates so handled.
     batch_size : int or None, default None
         None trains in batch (parallel site passes over all rows, one inner step per pass);
         an int trains on minibatches of that many rows (eq. (6), stochastic step scaled by ``n/|M|``).
@@ -217,7 +227,8 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
                  likelihood="probit", batch_size=None, max_iter=100, learning_rate=1.0,
                  damping=None, optimize_inducing=True, tied_sites=False, jitter=1e-8,
                  validation_data=None,
-                 progress=True, random_state=None, verbose=False, client=None):
+                 progress=True, random_state=None, verbose=False, client=None,
+                 on_negative=DEFAULT_ON_NEGATIVE):
         self.kernel = kernel
         self.n_inducing = n_inducing
         self.inducing_points = inducing_points
@@ -235,6 +246,7 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         self.random_state = random_state
         self.verbose = verbose
         self.client = client
+        self.on_negative = on_negative
 
     # -- checks --------------------------------------------------------------------------------
     def _check_X(self, X, fitting):
@@ -270,6 +282,7 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
     def _check_params(self):
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+        Rule("ep", self.on_negative)                  # a ValueError naming on_negative
         check_positive_int(self.n_inducing, "n_inducing")
         check_positive_int(self.max_iter, "max_iter")
         if self.batch_size is not None:
@@ -342,11 +355,12 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
     def _new_state(self, kernel, Z, n):
         if self.method == "gfitc":
             return GFITCState(kernel, Z, n, self.jitter, self.optimize_inducing,
-                              self._damping(False))
+                              self._damping(False), on_negative=self.on_negative)
         if self.method == "svi":
             return SVIState(kernel, Z, n, self.jitter, self.optimize_inducing)
         return SEPState(kernel, Z, n, self.jitter, self.optimize_inducing, self.learning_rate,
-                        tied=bool(self.tied_sites))
+                        tied=bool(self.tied_sites), method=self.method,
+                        on_negative=self.on_negative)
 
     def partial_fit(self, X, y, classes=None):
         """One more epoch over (X, y), continuing from the current state.

@@ -22,6 +22,19 @@ cdef enum:
     SITE_KEPT = 3               # the policy kept the old site (tau, nu unchanged)
     SITE_FIXED = 4              # the policy replaced a negative EP update (tau, nu hold it)
 
+# Refit one site from the marginal N(mean, var) of g (tau, nu: the old site on entry, the new one on
+# return); s is the variance the label's f = g + e adds to g (the sparse engine's FITC variance,
+# SEP eq. (1); 0 in the dense engine).
 cdef int site_update(const LikelihoodSpec* spec, int rule, int on_negative, double damping,
-                     double y, double mean, double var, double* tau, double* nu,
+                     double y, double mean, double var, double s, double* tau, double* nu,
                      double* cavity_var, long* n_fixed) noexcept nogil
+
+# The evidence's per-site quantities against the cavity N(cmean, cvar) of g: log Z of the
+# likelihood widened by s, and the derivatives d1, d2 in cmean of the log normaliser of what the
+# site stands for (EP: the likelihood; PL: its linearisation).  Returns the likelihood's status.
+cdef int site_log_z(const LikelihoodSpec* spec, int rule, double y, double cmean, double cvar,
+                    double s, double tau, double nu, double* log_z, double* d1,
+                    double* d2) noexcept nogil
+
+# ValueError unless rule and on_negative are codes above (the entry check of every caller).
+cdef int check_codes(int rule, int on_negative) except -1
