@@ -11,9 +11,9 @@ import pytest
 from helpers import run_cli
 
 from gpc import datasets
-from gpc.experiments import compare, plots
-from gpc.experiments.compare_multiclass import METHODS as MULTICLASS_METHODS
-from gpc.experiments.compare_sparse import METHODS as SPARSE_METHODS
+from gpc.experiments import compare, compare_multiclass, compare_sparse, plots
+
+MULTICLASS_METHODS, SPARSE_METHODS = compare_multiclass.METHODS, compare_sparse.METHODS
 
 SECTION_HEADINGS = ("== exact ==", "== sparse ==", "== multiclass ==")
 
@@ -48,8 +48,7 @@ def test_quick_compare_shows_every_estimator(tmp_path, capsys, monkeypatch):
     assert code == 0, err
     positions = [stdout.index(h) for h in SECTION_HEADINGS]
     assert positions == sorted(positions)              # one report, the sections in order
-    for caption in (compare.EXACT_CAPTION, "SparseGaussianProcessClassifier on a large binary set",
-                    "MultiClassGPC (one model of all classes)"):
+    for caption in (compare.EXACT_CAPTION, compare_sparse.CAPTION, compare_multiclass.CAPTION):
         assert caption in stdout
     recs = json.loads(out.read_text())
     assert _sections(recs) == {"exact", "sparse", "multiclass"}
@@ -259,3 +258,14 @@ def test_options_reject_what_cannot_run():
                            exact_rows=[0], sparse_iter=None, seed=0, quiet=True)
     with pytest.raises(ValueError, match="--exact-rows must be at least 1"):
         compare._options(args)
+
+
+def test_stratified_subset_keeps_the_class_proportions():
+    y = np.repeat(["a", "b", "c"], [700, 200, 100])               # sorted by class, as many files are
+    keep = compare.stratified_subset(y, 150, seed=3)
+    assert len(keep) == 150 and len(np.unique(keep)) == 150
+    # 150 · (0.7, 0.2, 0.1) = (105, 30, 15) exactly; no class lost to the file's order
+    assert [np.sum(y[keep] == c) for c in "abc"] == [105, 30, 15]
+    assert np.array_equal(keep, compare.stratified_subset(y, 150, seed=3))
+    # 7 · (0.7, 0.2, 0.1) = (4.9, 1.4, 0.7): floors (4, 1, 0), the two rows left to a and c
+    assert [np.sum(y[compare.stratified_subset(y, 7, seed=0)] == c) for c in "abc"] == [5, 1, 1]

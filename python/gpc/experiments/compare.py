@@ -72,12 +72,18 @@ def stratified_folds(y, n_folds, seed):
 
 
 def stratified_subset(y, size, seed):
-    """Sorted indices of a seeded subset of ``size`` rows with y's class proportions (all if fewer)."""
+    """Sorted indices of a seeded random subset of ``size`` rows with y's class proportions (all rows
+    if there are no more): each class gives ⌊size · n_c / n⌋ rows, and the rows left over go to the
+    classes with the largest remainders."""
     if size >= len(y):
         return np.arange(len(y))
-    # the first fold of a stratified partition into len(y)/size parts is a stratified subset
-    parts = max(2, int(np.floor(len(y) / size)))
-    return stratified_folds(y, parts, seed)[0][:size]
+    rng = np.random.default_rng(seed)
+    classes, counts = np.unique(y, return_counts=True)
+    share = size * counts / len(y)
+    take = np.floor(share).astype(int)
+    take[np.argsort(take - share, kind="stable")[: size - take.sum()]] += 1
+    return np.sort(np.concatenate([rng.choice(np.flatnonzero(y == c), size=k, replace=False)
+                                   for c, k in zip(classes, take)]))
 
 
 def holdout_split(X, y, test_fraction, seed):
@@ -394,13 +400,13 @@ def _options(args):
         raise ValueError(f"unknown likelihood(s) {', '.join(bad)}; choose from {', '.join(LIKELIHOODS)}")
     inducing = args.inducing or (QUICK["inducing"] if quick else [8, 32])
     exact_rows = args.exact_rows or (QUICK["exact_rows"] if quick else [500, 1000])
-    sparse_iter = args.sparse_iter or (QUICK["sparse_iter"] if quick else 100)
+    sparse_iter = args.sparse_iter if args.sparse_iter is not None else (QUICK["sparse_iter"] if quick else 100)
     for flag, values in (("--inducing", inducing), ("--exact-rows", exact_rows), ("--sparse-iter", [sparse_iter])):
         if min(values) < 1:
             raise ValueError(f"{flag} must be at least 1")
     return {"folds": folds, "likelihoods": likelihoods, "seed": args.seed, "jobs": args.jobs,
             "progress": not args.quiet, "inducing": inducing, "exact_rows": exact_rows,
-            "sparse_iter": sparse_iter, "quick": quick}
+            "sparse_iter": sparse_iter}
 
 
 def plan(args, labels):

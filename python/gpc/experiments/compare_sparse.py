@@ -21,8 +21,8 @@ TEST_FRACTION = 0.25
 #: the likelihoods the sparse estimator takes by name
 SPARSE_LIKELIHOODS = ("probit", "logit", "noisy_threshold")
 
-CAPTION = ("SparseGaussianProcessClassifier on a large binary set: m inducing points on every training "
-           "row (O(n m²)) against exact EP on n of them (O(n³)); lower test error and NLL are better")
+CAPTION = ("SparseGaussianProcessClassifier on a set too large for exact methods: m inducing points on every "
+           "training row (O(n m²)) against exact EP on n of them (O(n³)); lower test error and NLL are better")
 
 
 def _fit_one(task):
