@@ -38,8 +38,9 @@ def test_compare_user_csv(tmp_path, capsys):
     code, stdout, _ = run_cli(["compare", "--csv", str(path), "--label", "outcome", "--methods", "laplace",
                                "--folds", "2", "--quiet", "--out", str(out)], capsys)
     assert code == 0, stdout
+    assert "== exact ==" in stdout and "== sparse ==" not in stdout   # a small binary set: exact methods
     rec = json.loads(out.read_text())[0]
-    assert rec["dataset"] == str(path) and rec["error_mean"] < 0.35
+    assert rec["dataset"] == str(path) and rec["section"] == "exact" and rec["error_mean"] < 0.35
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -28,21 +28,94 @@ def _save(fig, path):
     return path
 
 
-def plot_compare(records, path, title=""):
-    """Cross-validated test error (± one s.e.) and negative test log-likelihood per method/likelihood."""
+SECTION_TITLES = {"exact": "exact: GaussianProcessClassifier", "sparse": "sparse: inducing points",
+                  "multiclass": "multiclass: MultiClassGPC, one-vs-rest"}
+
+
+def compare_panels(records):
+    """{section: [(label, fit CPU s, test error, test NLL), ...]} of ``gpc compare``'s records, the
+    sections in the order they first appear, failed fits left out."""
+    from .compare import point
+    panels = {}
+    for r in records:
+        p = point(r)
+        if p is not None:
+            panels.setdefault(r.get("section", "exact"), []).append(p)
+    return panels
+
+
+def _log_or_symlog(ax, values, axis):
+    """Log scale, or symmetric log (linear below 1e-3) when a value is 0, e.g. a test error of 0."""
+    scale = "log" if min(values) > 0 else "symlog"
+    kw = {"linthresh": 1e-3} if scale == "symlog" else {}
+    (ax.set_yscale if axis == "y" else ax.set_xscale)(scale, **kw)
+
+
+def _merge_labels(points, close=0.03):
+    """[(label, x, y)] with points closer than ``close`` decades on both axes merged into one label."""
+    merged = []
+    for label, x, y in points:
+        for i, (other, ox, oy) in enumerate(merged):
+            if abs(np.log10(x / ox)) < close and abs(np.log10(max(y, 1e-12) / max(oy, 1e-12))) < close:
+                merged[i] = (f"{other}, {label}", ox, oy)
+                break
+        else:
+            merged.append((label, x, y))
+    return merged
+
+
+def _log_ticks(lo, hi):
+    """At least three ticks in [lo, hi] at 1, 2, 5 × 10^k, or finer steps of a decade for a narrow
+    range; evenly spaced ones where even those are too few."""
+    decades = range(int(np.floor(np.log10(lo))), int(np.ceil(np.log10(hi))) + 1)
+    for subs in ((1.0,), (1.0, 2.0, 5.0), (1.0, 2.0, 3.0, 5.0, 7.0), tuple(np.arange(1.0, 10.0, 0.5))):
+        inside = [s * 10.0 ** k for k in decades for s in subs if lo <= s * 10.0 ** k <= hi]
+        if len(inside) >= 3:
+            return inside
+    from matplotlib import ticker
+    return [t for t in ticker.MaxNLocator(4).tick_values(lo, hi) if lo <= t <= hi]
+
+
+def _plain_ticks(ax):
+    """Labelled ticks on the log axes of a panel, written as plain numbers (a panel can span less
+    than a decade, where matplotlib's log ticks would leave it unlabelled)."""
+    from matplotlib import ticker
+    for axis, scale, limits in ((ax.xaxis, ax.get_xscale(), ax.get_xlim()),
+                                (ax.yaxis, ax.get_yscale(), ax.get_ylim())):
+        if scale == "log":
+            axis.set_major_locator(ticker.FixedLocator(_log_ticks(*limits)))
+        axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_formatter(ticker.NullFormatter())
+    ax.tick_params(labelsize=7)
+
+
+def plot_compare(records, path):
+    """Test error (top) and test NLL (bottom) against fit CPU time, a column per section of
+    ``gpc compare``, log axes, every point labelled with its method."""
     plt = _pyplot()
-    ok = [r for r in records if "error_mean" in r]
-    labels = [f"{r['method']}\n{r['likelihood']}" for r in ok]
-    x = np.arange(len(ok))
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(6, 1.3 * len(ok) + 2), 3.2))
-    ax1.bar(x, [r["error_mean"] for r in ok], yerr=[r["error_se"] for r in ok], color="tab:blue",
-            alpha=0.8, capsize=3)
-    ax1.set_ylabel("test error")
-    ax2.bar(x, [r["nll_mean"] for r in ok], color="tab:orange", alpha=0.8)
-    ax2.set_ylabel("negative test log-likelihood")
-    for ax in (ax1, ax2):
-        ax.set_xticks(x, labels, fontsize=7)
-    fig.suptitle(title or "cross-validated comparison", fontsize=10)
+    panels = compare_panels(records)
+    if not panels:
+        raise ValueError("nothing to plot: every fit failed")
+    fig, axes = plt.subplots(2, len(panels), figsize=(4.2 * len(panels), 6.0), squeeze=False)
+    for col, (section, points) in enumerate(panels.items()):
+        seconds = [p[1] for p in points]
+        for row, (value, name) in enumerate(((2, "test error"), (3, "test NLL"))):
+            ax = axes[row, col]
+            ys = [p[value] for p in points]
+            ax.plot(seconds, ys, "o", color=f"C{col}", ms=5)
+            for label, x, yv in _merge_labels([(p[0], x, yv) for p, x, yv in zip(points, seconds, ys)]):
+                ax.annotate(label, (x, yv), xytext=(3, 2), textcoords="offset points", fontsize=6.5)
+            ax.set_xscale("log")
+            _log_or_symlog(ax, ys, "y")
+            ax.margins(x=0.15, y=0.1)
+            _plain_ticks(ax)
+            ax.set_ylabel(name)
+            ax.grid(True, which="both", lw=0.3, alpha=0.5)
+            if row == 0:
+                ax.set_title(SECTION_TITLES.get(section, section), fontsize=9)
+            else:
+                ax.set_xlabel("fit time (CPU s)")
+    fig.suptitle("gpc compare: lower left is better (faster, more accurate)", fontsize=10)
     return _save(fig, path)
 
 
