@@ -27,9 +27,9 @@ from scipy.linalg import cho_factor, cho_solve, eigh, solve_triangular
 from scipy.special import log_ndtr
 
 from .._linalg import cholesky_lower
+from .._special import LOG_SQRT_2PI
 from ..exceptions import ConvergenceWarning, NotPositiveDefiniteError
 
-LOG_SQRT_2PI = 0.5 * np.log(2.0 * np.pi)
 #: Monte Carlo samples of u(x*) per test point in the predictive integral
 N_PREDICT_SAMPLES = 2000
 
