@@ -230,6 +230,7 @@ def test_kernel_amplitude_is_not_identifiable_and_is_held(model):
     assert starts == [clf.theta_.size - 1]
 
 
+@pytest.mark.filterwarnings("ignore::gpc.exceptions.ConvergenceWarning")   # short EP on purpose
 def test_amplitudes_with_one_kernel_per_class():
     """One kernel per class: only the common scale is free of the evidence, so the first class's
     amplitude is held and the others are learnt (their ratios matter)."""
