@@ -11,6 +11,7 @@ import pytest
 from gpc.exceptions import NotPositiveDefiniteError
 from gpc.kernels import RBF
 from gpc.multiclass._block import ClassBlock
+from gpc.posterior import SitePosterior
 
 
 def _sites(rng, n, negative_share):
@@ -52,12 +53,21 @@ def test_block_matches_the_dense_posterior(negative_share):
         np.testing.assert_allclose(v, np.diag(Sigma), rtol=1e-9, atol=1e-10)
         post = block.posterior(eta)
         np.testing.assert_allclose(post.mean, mean, rtol=1e-9, atol=1e-10)
-        np.testing.assert_allclose(post.b, b, rtol=1e-8, atol=1e-8)
-        assert post.logdet == pytest.approx(logdet, rel=1e-10, abs=1e-10)
+        np.testing.assert_allclose(post.alpha, b, rtol=1e-8, atol=1e-8)
+        assert post.log_det_B == pytest.approx(logdet, rel=1e-10, abs=1e-10)
         np.testing.assert_allclose(post.gradient_matrix(), 0.5 * (np.outer(b, b) - R), atol=1e-8)
         pm, pv = post.latent_moments(Kc, kd)
         np.testing.assert_allclose(pm, Kc @ b, atol=1e-9)
         np.testing.assert_allclose(pv, kd - np.einsum("ij,jk,ik->i", Kc, R, Kc), atol=1e-9)
+        np.testing.assert_allclose(post.R(), R, atol=1e-8)
+        if not negative_share:
+            # no negative site: the binary engine's SitePosterior of the same sites, to rounding
+            site = SitePosterior(K, tau, eta, np.zeros(n))
+            np.testing.assert_allclose(post.gradient_matrix(), site.gradient_matrix(), atol=1e-10)
+            np.testing.assert_allclose(post.predict(Kc.T, kd)[1], site.predict(Kc.T, kd)[1],
+                                       atol=1e-10)
+            np.testing.assert_allclose(post.diag_cov(), site.diag_cov(), rtol=1e-9, atol=1e-12)
+            assert post.log_det_B == pytest.approx(site.log_det_B, rel=1e-12)
         # single precision: float32 factor (unit roundoff 6e-8) times cond(B) ≲ 1e3, i.e. ~1e-4
         m32, v32 = ClassBlock(K).marginals(tau, eta, single=True)
         np.testing.assert_allclose(m32, mean, atol=1e-3)

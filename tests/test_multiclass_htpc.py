@@ -8,8 +8,8 @@ from scipy.special import ndtr
 
 from gpc import MultiClassGPC
 from gpc.kernels import RBF
-from gpc.multiclass.htpc import (_likelihood_terms, htpc_laplace, htpc_latent_moments,
-                                 secant_cdf, secant_transform)
+from gpc.multiclass.htpc import (_dense_curvature, _gauss_newton_blocks, _likelihood_terms,
+                                 htpc_laplace, htpc_latent_moments, secant_cdf, secant_transform)
 
 
 def test_secant_copula_has_hyperbolic_secant_marginals_and_right_derivatives():
@@ -77,7 +77,7 @@ def test_likelihood_gradient_and_curvature_against_finite_differences():
             G[i, k] = (lp - lm) / (2 * h)
             H[:, k * n + i] = -((gp - gm) / (2 * h)).T.ravel()
     np.testing.assert_allclose(grad, G, atol=1e-8)
-    np.testing.assert_allclose(W, H, atol=1e-8)
+    np.testing.assert_allclose(_dense_curvature(W), H, atol=1e-8)
 
 
 def test_laplace_mode_and_evidence_against_a_brute_force_hessian():
@@ -120,13 +120,17 @@ def test_predictive_moments_against_the_dense_posterior():
     Kc, kd = 1.5 * RBF(1.0)(Xs, X), np.full(4, 1.5)
     mean, cov = htpc_latent_moments(res, Kc, kd)
     Kb_inv = np.linalg.inv(np.kron(np.eye(l), K))
-    Sigma = np.linalg.inv(Kb_inv + res.W_predictive)
-    assert np.linalg.eigvalsh(res.W_predictive)[0] > -1e-12
     Y = np.zeros((n, l), bool)
     Y[np.arange(n), y] = True
-    _, _, W_full, W_gn = _likelihood_terms(res.u, Y, np.ones(l), np.sqrt(np.diag(K)))
-    np.testing.assert_array_equal(res.W, W_full)
-    np.testing.assert_array_equal(res.W_predictive, W_gn)
+    _, _, W_full, (d, w) = _likelihood_terms(res.u, Y, np.ones(l), np.sqrt(np.diag(K)))
+    # the Gauss–Newton curvature: J (diag π − π πᵀ) J per point, from the full blocks without g″
+    W_gn = _dense_curvature(_gauss_newton_blocks(d, w))
+    assert np.linalg.eigvalsh(W_gn)[0] > -1e-12
+    off = ~np.eye(n * l, dtype=bool)
+    np.testing.assert_array_equal(_dense_curvature(W_full)[off], W_gn[off])   # g″ is diagonal
+    np.testing.assert_array_equal(res.curvature, d)
+    np.testing.assert_array_equal(res.coupling, w)
+    Sigma = np.linalg.inv(Kb_inv + W_gn)
     for j in range(4):
         Q = np.kron(np.eye(l), Kc[j][:, None])                  # (n l, l)
         A = Q.T @ Kb_inv
@@ -182,3 +186,56 @@ def test_laplace_leaves_the_symmetric_saddle():
     _, _, W, _ = _likelihood_terms(res.u, Y, np.ones(2), np.ones(n))
     assert np.linalg.eigvalsh(_whitened_hessian(W, L, n, 2))[0] > 0
     assert not np.allclose(res.u[:, 0], -res.u[:, 1], atol=1e-3)   # not the symmetric point
+
+
+def _blob_data(n, l, seed=0):
+    rng = np.random.default_rng(seed)
+    centres = 3.0 * np.column_stack([np.cos(2 * np.pi * np.arange(l) / l),
+                                     np.sin(2 * np.pi * np.arange(l) / l)])
+    X = np.vstack([c + rng.normal(size=(n // l, 2)) for c in centres])
+    return X, np.repeat(np.arange(l), n // l)
+
+
+def test_fitted_model_keeps_no_nl_squared_matrix():
+    """The pickled fitted model holds K, l class factors and one coupling factor, (l + 2) n² doubles,
+    not the (n l)² curvature and solve matrices (three of them, 3 l² n², before)."""
+    import pickle
+    l = 4
+    for n in (40, 80):
+        X, y = _blob_data(n, l)
+        clf = MultiClassGPC(model="heavy-tailed", optimizer=None).fit(X, y)
+        size = len(pickle.dumps(clf))
+        # (l + 2) n² doubles, plus O(n l) vectors, X and the pickle's own overhead (< 32 kB)
+        assert size < 8 * (l + 2) * n * n + 8 * 16 * n * l + 32_000
+        assert size < 8 * (n * l) ** 2          # less than one (n l)² matrix
+        assert clf.predict_proba(X).shape == (n, l)
+
+
+def test_fit_and_prediction_follow_the_thread_policy(monkeypatch):
+    """HTPC's BLAS runs on n_jobs threads (default one) during the fit and the prediction, as EP's
+    runs on one: never the library default, which oversubscribes a loaded machine."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from gpc.multiclass import htpc
+
+    seen, laplace, moments = [], htpc._laplace, htpc.htpc_latent_moments
+
+    def blas_threads():
+        return {info["num_threads"] for info in threadpoolctl.threadpool_info()
+                if info["user_api"] == "blas"}
+
+    def spy_laplace(*args):
+        seen.append(("fit", blas_threads()))
+        return laplace(*args)
+
+    def spy_moments(*args):
+        seen.append(("predict", blas_threads()))
+        return moments(*args)
+
+    monkeypatch.setattr(htpc, "_laplace", spy_laplace)
+    monkeypatch.setattr(htpc, "htpc_latent_moments", spy_moments)
+    X, y = _blob_data(30, 3)
+    for n_jobs, want in ((None, {1}), (2, {2})):
+        seen.clear()
+        clf = MultiClassGPC(model="heavy-tailed", optimizer=None, n_jobs=n_jobs).fit(X, y)
+        clf.predict_proba(X[:5])
+        assert [s for _, s in seen] == [want, want]

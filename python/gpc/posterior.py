@@ -154,22 +154,12 @@ class SitePosterior:
             if self._cov is not None:
                 self._diag_cov = np.diag(self._cov).copy()
             else:
-                tau = self.site_precision
                 # diag B⁻¹ = column sums of (L⁻¹)²: one triangular inverse (dtrtri, half a dpotri)
                 Linv = self.L.copy()
                 info = _lapack.triangular_inverse_in_place(Linv)    # L⁻¹, C order, lower
                 if info != 0:  # pragma: no cover
                     raise RuntimeError(f"dtrtri failed with info={info}")
-                diag_B_inv = np.empty(len(tau))
-                over_rows(_dense.column_sq_sums_lower, len(tau), Linv, diag_B_inv, cost="upper")
-                d = np.empty(len(tau))
-                ok = tau > TINY_SITE_PRECISION
-                d[ok] = (1.0 - diag_B_inv[ok]) / tau[ok]
-                idx = np.flatnonzero(~ok)
-                if idx.size:
-                    V = self.K[idx] * self.sqrt_tau[None, :]            # rows: S K e_i
-                    _lapack.multiply_triangular_rows(Linv, V, False)    # rows: L⁻¹ S K e_i
-                    d[idx] = self.K[idx, idx] - np.einsum("ij,ij->i", V, V)
+                d = marginal_variances(self.K, self.site_precision, self.sqrt_tau, Linv)
                 self._diag_cov = d
         return self._diag_cov
 
@@ -185,11 +175,80 @@ class SitePosterior:
         prior_mean : float or ndarray (m,)
             m0 at the test points.
         """
+        mean, var = self._predict_unclipped(K_cross, k_diag, prior_mean)
+        return mean, np.maximum(var, 0.0)
+
+    def _predict_unclipped(self, K_cross, k_diag, prior_mean=0.0):
+        """:meth:`predict` before the variance is clipped at 0 (rounding can take it below)."""
         mean = prior_mean + K_cross.T @ self.alpha
         Vt = np.ascontiguousarray((self.sqrt_tau[:, None] * K_cross).T)   # rows: S k*
         self._inverse_factor_rows(Vt)                                     # rows: L⁻¹ S k*
-        var = k_diag - np.einsum("ij,ij->i", Vt, Vt)
-        return mean, np.maximum(var, 0.0)
+        return mean, k_diag - np.einsum("ij,ij->i", Vt, Vt)
+
+
+class WoodburySitePosterior(SitePosterior):
+    """The site posterior when some site precisions are negative, held as a non-negative part and a
+    low-rank correction (what RMGPC's class blocks build, :mod:`gpc.multiclass._block`).
+
+    The sites are split as T = T' − P D Pᵀ with T' ≥ 0 diagonal, D > 0 on the m negative sites and
+    P = I[:, N]; Σ' = (K⁻¹ + T')⁻¹ is held through the Cholesky factor L of B = I + S K S with
+    S = T'^½ (``sqrt_tau`` here is T'^½, not √τ), and Woodbury's identity adds the rest:
+    K⁻¹ − K⁻¹ Σ K⁻¹ = S B⁻¹ S − Qc Qcᵀ with Qc an n × m matrix (R&W eq. (3.67) for the first part).
+    So the gradient matrix and the predictive variance are SitePosterior's plus a rank-m term:
+
+        M = ½ (α αᵀ − S B⁻¹ S) + ½ Qc Qcᵀ,     var* = k** − ‖L⁻¹ S k*‖² + ‖Qcᵀ k*‖².
+
+    With m = 0 it is a SitePosterior.  Built from parts by :meth:`from_parts`; it keeps no K, so the
+    full covariance is not available (:meth:`cov` raises).
+    """
+
+    @classmethod
+    def from_parts(cls, site_precision, site_location, sqrt_tau, L, alpha, mean, diag_cov, log_det,
+                   Qc, prior_mean=0.0):
+        """The posterior from its parts: τ (any sign) and ν, T'^½, L (C-contiguous lower factor of
+        I + S K S), α = K⁻¹ (μ − m0), μ, diag Σ, log |I + T K| and Qc (n × m)."""
+        self = cls.__new__(cls)
+        self.K, self.prior_mean = None, prior_mean
+        self.site_precision = np.asarray(site_precision, dtype=np.float64)
+        self.site_location = np.asarray(site_location, dtype=np.float64)
+        self.sqrt_tau = np.asarray(sqrt_tau, dtype=np.float64)
+        self.L, self.alpha, self.mean, self.Qc = L, alpha, mean, Qc
+        self._diag_cov, self._log_det, self._cov, self._B_inv = diag_cov, float(log_det), None, None
+        return self
+
+    @property
+    def log_det_B(self):
+        """log |I + T K| (with negative sites no longer the log-determinant of an I + S K S)."""
+        return self._log_det
+
+    def diag_cov(self):
+        """diag Σ, as computed by the class block."""
+        return self._diag_cov
+
+    def cov(self):
+        raise NotImplementedError("WoodburySitePosterior keeps no K: the full covariance is not "
+                                  "available, its diagonal is (diag_cov)")
+
+    lower_cov = cov
+
+    def R(self):
+        """K⁻¹ − K⁻¹ Σ K⁻¹ = S B⁻¹ S − Qc Qcᵀ."""
+        return super().R() - self.Qc @ self.Qc.T
+
+    def gradient_matrix(self, lower=False):
+        """M = ½ (α αᵀ − S B⁻¹ S + Qc Qcᵀ), with ∂ log Z/∂θ = Σ_ij M_ij ∂K_ij/∂θ (R&W Alg. 5.2 with
+        the Woodbury term; docs/derivations-rmgpc.md): SitePosterior's matrix plus the rank-m term."""
+        M = super().gradient_matrix(lower)
+        if self.Qc.shape[1]:
+            M += 0.5 * (self.Qc @ self.Qc.T)
+        return M
+
+    def _predict_unclipped(self, K_cross, k_diag, prior_mean=0.0):
+        mean, var = super()._predict_unclipped(K_cross, k_diag, prior_mean)
+        if self.Qc.shape[1]:
+            W = K_cross.T @ self.Qc
+            var = var + np.einsum("ij,ij->i", W, W)
+        return mean, var
 
 
 class InverseFactorPosterior(SitePosterior):
@@ -329,6 +388,29 @@ class SignedSitePosterior:
         mean = prior_mean + K_cross.T @ self.alpha
         var = k_diag - np.einsum("ij,ij->j", K_cross, self._solve(self.site_precision[:, None] * K_cross))
         return mean, np.maximum(var, 0.0)
+
+
+def marginal_variances(K, tau, sqrt_tau, Linv, tiny=TINY_SITE_PRECISION):
+    """diag Σ of Σ = (K⁻¹ + T)⁻¹, T = diag(τ) ≥ 0, from the inverse factor L⁻¹ (float64 or float32)
+    of B = I + S K S, S = T^½.
+
+    Σ = T^-½ (I − B⁻¹) T^-½ where τ_i > 0, so Σ_ii = (1 − [B⁻¹]_ii)/τ_i with diag B⁻¹ the column sums
+    of (L⁻¹)².  The rounding error of 1 − [B⁻¹]_ii (unit roundoff of L⁻¹'s precision) is divided by
+    τ_i, so sites with τ_i ≤ ``tiny`` take the exact column Σ e_i = K e_i − K S B⁻¹ S K e_i instead,
+    ‖L⁻¹ S K e_i‖² by one triangular product.
+    """
+    n = len(tau)
+    diag_B_inv = np.empty(n)
+    over_rows(_dense.column_sq_sums_lower, n, Linv, diag_B_inv, cost="upper")
+    d = np.empty(n)
+    ok = tau > tiny
+    d[ok] = (1.0 - diag_B_inv[ok]) / tau[ok]
+    idx = np.flatnonzero(~ok)
+    if idx.size:
+        V = np.ascontiguousarray((K[idx] * sqrt_tau[None, :]).astype(Linv.dtype, copy=False))
+        _lapack.multiply_triangular_rows(Linv, V, False)      # rows: L⁻¹ S K e_i
+        d[idx] = K[idx, idx] - np.einsum("ij,ij->i", V, V, dtype=np.float64)
+    return d
 
 
 def _matvec(K, v):

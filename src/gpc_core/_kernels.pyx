@@ -15,7 +15,7 @@ from libc.math cimport exp, sqrt
 
 import numpy as np
 
-include "_tiles.pxi"
+from gpc._tiles cimport range_stop, mirror_lower_rows
 
 cdef enum:
     RBF = 0

@@ -6,19 +6,11 @@
 # A likelihood of kind LIK_PYTHON (a user's subclass of gpc.likelihoods.Likelihood) is evaluated by
 # its own Python methods, called with the GIL, so every engine that takes a LikelihoodSpec takes it.
 
-from libc.math cimport exp, log, log1p, sqrt, fabs, isfinite, INFINITY, NAN, M_PI
-from scipy.special.cython_special cimport log_ndtr, ndtr, erfcx
+from libc.math cimport exp, log, log1p, sqrt, isfinite, INFINITY, NAN
+from gpc._special cimport (LOG_SQRT_2PI, inv_mills, z_plus_inv_mills, log_sigmoid, sigmoid,
+                          logaddexp, norm_pdf, norm_cdf, log_norm_cdf)
 
 import numpy as np
-
-cdef double SQRT2 = 1.4142135623730951
-cdef double SQRT_2_OVER_PI = 0.7978845608028654     # sqrt(2/pi)
-cdef double LOG_SQRT_2PI = 0.9189385332046728       # log(sqrt(2 pi))
-
-# Below this z, z + phi(z)/Phi(z) is evaluated by Laplace's continued fraction instead of by
-# subtraction (which loses ~log10(z^2) digits).
-cdef double CF_SWITCH = -5.0
-cdef int CF_DEPTH = 80
 
 # Logit with a wide Gaussian: Gauss-Hermite cannot resolve the unit-scale transition of sigma(t)
 # when sqrt(v) >> 1 (poles of sigma at +-i pi are pi/sqrt(v) from the real axis in GH's variable).
@@ -43,54 +35,6 @@ _init_laguerre()
 
 # ----------------------------------------------------------------------------- scalar helpers
 
-cdef inline double norm_pdf(double z) noexcept nogil:
-    return exp(-0.5 * z * z - LOG_SQRT_2PI)
-
-
-cdef inline double inv_mills(double z) noexcept nogil:
-    # r(z) = phi(z) / Phi(z) = sqrt(2/pi) / erfcx(-z/sqrt 2): no overflow, no 0/0 for any z.
-    # For z >~ 37, erfcx(-z/sqrt2) = inf and r = 0 (true value < 1e-300).
-    return SQRT_2_OVER_PI / erfcx(-z / SQRT2)
-
-
-cdef inline double z_plus_r(double z) noexcept nogil:
-    # z + r(z) > 0.  For z << 0 both terms are ~|z| and cancel; with t = -z, Laplace's continued
-    # fraction for the Mills ratio gives r - t = 1/(t + 2/(t + 3/(t + ...))), evaluated backwards.
-    cdef double t, k
-    cdef int j
-    if z >= CF_SWITCH:
-        return z + inv_mills(z)
-    t = -z
-    k = 0.0
-    for j in range(CF_DEPTH, 1, -1):
-        k = j / (t + k)
-    return 1.0 / (t + k)
-
-
-cdef inline double log_sigmoid(double t) noexcept nogil:
-    if t >= 0.0:
-        return -log1p(exp(-t))
-    return t - log1p(exp(t))
-
-
-cdef inline double sigmoid(double t) noexcept nogil:
-    cdef double e
-    if t >= 0.0:
-        return 1.0 / (1.0 + exp(-t))
-    e = exp(t)
-    return e / (1.0 + e)
-
-
-cdef inline double logaddexp(double a, double b) noexcept nogil:
-    if a == -INFINITY:
-        return b
-    if b == -INFINITY:
-        return a
-    if a > b:
-        return a + log1p(exp(b - a))
-    return b + log1p(exp(a - b))
-
-
 cdef inline bint bad_var(double v) noexcept nogil:
     return not (v > 0.0 and isfinite(v))
 
@@ -106,7 +50,7 @@ cdef void logit_split_direct(double a, double v, double* j0, double* j1, double*
     #   (Gauss-Laguerre: e^t sigma(-t) = 1 / (1 + e^-t)).
     # Accurate where the Gaussian reaches the transition at t = 0 (|a| <= v/2 with v > 1): far out, a
     # narrow Gaussian falls between the Laguerre nodes, so logit_tilted() uses it only there.
-    cdef double sd = sqrt(v), z = a / sd, ph = norm_pdf(z), cdf = ndtr(z)
+    cdef double sd = sqrt(v), z = a / sd, ph = norm_pdf(z), cdf = norm_cdf(z)
     cdef double t, wg, gm, gp, dm, dp
     cdef int j
     j0[0] = cdf
@@ -167,7 +111,7 @@ cdef double logit_split_elog(double a, double v) noexcept nogil:
     #   E[min(t, 0)] = a Phi(-z) - s phi(z);  the even remainder by Gauss-Laguerre on [0, inf).
     cdef double sd = sqrt(v), z = a / sd, acc, t
     cdef int j
-    acc = a * ndtr(-z) - sd * norm_pdf(z)
+    acc = a * norm_cdf(-z) - sd * norm_pdf(z)
     for j in range(LAG_N):
         t = LAG_X[j]
         acc -= LAG_W[j] * exp(t) * log1p(exp(-t)) * (gauss_pdf(t, a, v, sd) + gauss_pdf(-t, a, v, sd))
@@ -233,7 +177,7 @@ cdef double log_prob(const LikelihoodSpec* spec, double y, double f) noexcept no
         py_call(spec, PY_LOG_PROB, True, y, f, 0.0, 1, 1, &out)
         return out
     if spec.kind == LIK_PROBIT:
-        return log_ndtr(t)                                 # PL eq. (1)
+        return log_norm_cdf(t)                                 # PL eq. (1)
     if spec.kind == LIK_LOGIT:
         return log_sigmoid(t)                              # PL eq. (2)
     # PL eq. (3), with H(0) = 1/2 so that p(+1|0) + p(-1|0) = 1.
@@ -259,8 +203,8 @@ cdef int log_prob_derivatives(const LikelihoodSpec* spec, double y, double f,
     if spec.kind == LIK_PROBIT:
         # g = log Phi, g' = r, g'' = -r (t + r), g''' = r [(t + r)(t + 2 r) - 1]   (R&W eq. (3.16))
         r = inv_mills(t)
-        zr = z_plus_r(t)
-        lp[0] = log_ndtr(t)
+        zr = z_plus_inv_mills(t)
+        lp[0] = log_norm_cdf(t)
         d1[0] = y * r
         d2[0] = -r * zr
         d3[0] = y * r * (zr * (zr + r) - 1.0)
@@ -292,9 +236,9 @@ cdef int tilted_moments(const LikelihoodSpec* spec, double y, double cav_mean, d
         s = sqrt(1.0 + cav_var)
         z = y * cav_mean / s
         r = inv_mills(z)
-        log_z[0] = log_ndtr(z)
+        log_z[0] = log_norm_cdf(z)
         mean[0] = cav_mean + y * cav_var * r / s
-        var[0] = cav_var - cav_var * cav_var * r * z_plus_r(z) / (1.0 + cav_var)
+        var[0] = cav_var - cav_var * cav_var * r * z_plus_inv_mills(z) / (1.0 + cav_var)
     elif spec.kind == LIK_NOISY_THRESHOLD or spec.kind == LIK_HEAVISIDE:
         # PL eq. (3) under N(m, v); u = (f - m)/sqrt v, z = y m / sqrt v.
         # Z = eps + (1-2eps) Phi(z); E[u] = y a; Var[u] = 1 - a (z + a),
@@ -302,11 +246,11 @@ cdef int tilted_moments(const LikelihoodSpec* spec, double y, double cav_mean, d
         sd = sqrt(cav_var)
         z = y * cav_mean / sd
         if spec.kind == LIK_HEAVISIDE:
-            lz = log_ndtr(z)
+            lz = log_norm_cdf(z)
             a = inv_mills(z)
-            zr = z_plus_r(z)
+            zr = z_plus_inv_mills(z)
         else:
-            lz = logaddexp(log(spec.eps), log1p(-2.0 * spec.eps) + log_ndtr(z))
+            lz = logaddexp(log(spec.eps), log1p(-2.0 * spec.eps) + log_norm_cdf(z))
             la = log1p(-2.0 * spec.eps) - 0.5 * z * z - LOG_SQRT_2PI - lz
             a = exp(la)
             zr = z + a
@@ -370,8 +314,8 @@ cdef int slr_moments(const LikelihoodSpec* spec, double mean, double var,
         # P = Phi(z), z = m / sqrt(1 + v);  cov = 2 v / sqrt(1 + v) phi(z)   (R&W eq. (3.84))
         s = sqrt(1.0 + var)
         z = mean / s
-        p = ndtr(z)
-        q = ndtr(-z)
+        p = norm_cdf(z)
+        q = norm_cdf(-z)
         mu_y[0] = p - q
         cov_fy[0] = 2.0 * var / s * norm_pdf(z)
         var_y[0] = 4.0 * p * q
@@ -382,9 +326,9 @@ cdef int slr_moments(const LikelihoodSpec* spec, double mean, double var,
         z = mean / sd
         c = 1.0 - 2.0 * spec.eps if spec.kind == LIK_NOISY_THRESHOLD else 1.0
         e1 = spec.eps if spec.kind == LIK_NOISY_THRESHOLD else 0.0
-        p = e1 + c * ndtr(z)
-        q = e1 + c * ndtr(-z)
-        mu_y[0] = c * (ndtr(z) - ndtr(-z))
+        p = e1 + c * norm_cdf(z)
+        q = e1 + c * norm_cdf(-z)
+        mu_y[0] = c * (norm_cdf(z) - norm_cdf(-z))
         cov_fy[0] = 2.0 * c * sd * norm_pdf(z)
         var_y[0] = 4.0 * p * q
     elif spec.kind == LIK_LOGIT and var > LOGIT_SPLIT_VAR:
@@ -441,7 +385,7 @@ cdef int expected_log_prob(const LikelihoodSpec* spec, double y, double mean, do
         l1 = log1p(-spec.eps)
         l0 = log(spec.eps)
         ph = norm_pdf(z)
-        e[0] = l1 * ndtr(z) + l0 * ndtr(-z)
+        e[0] = l1 * norm_cdf(z) + l0 * norm_cdf(-z)
         de_dmean[0] = (l1 - l0) * ph * y / sd
         de_dvar[0] = -(l1 - l0) * ph * z / (2.0 * var)
         return 0
@@ -464,9 +408,9 @@ cdef int expected_log_prob(const LikelihoodSpec* spec, double y, double mean, do
         t = y * (mean + sd * spec.gh_nodes[k])
         if spec.kind == LIK_PROBIT:
             r = inv_mills(t)
-            a += spec.gh_weights[k] * log_ndtr(t)
+            a += spec.gh_weights[k] * log_norm_cdf(t)
             b += spec.gh_weights[k] * r
-            s += spec.gh_weights[k] * (-r * z_plus_r(t))
+            s += spec.gh_weights[k] * (-r * z_plus_inv_mills(t))
         else:
             sm = sigmoid(-t)
             a += spec.gh_weights[k] * log_sigmoid(t)
@@ -491,11 +435,11 @@ cdef int predictive_probability(const LikelihoodSpec* spec, double mean, double 
     if spec.kind == LIK_PYTHON:
         return py_call(spec, PY_PREDICTIVE, False, 0.0, mean, var, 2, 1, p)
     if spec.kind == LIK_PROBIT:
-        p[0] = ndtr(mean / sqrt(1.0 + var))                  # R&W eq. (3.82)
+        p[0] = norm_cdf(mean / sqrt(1.0 + var))                  # R&W eq. (3.82)
     elif spec.kind == LIK_NOISY_THRESHOLD:
-        p[0] = spec.eps + (1.0 - 2.0 * spec.eps) * ndtr(mean / sqrt(var))
+        p[0] = spec.eps + (1.0 - 2.0 * spec.eps) * norm_cdf(mean / sqrt(var))
     elif spec.kind == LIK_HEAVISIDE:
-        p[0] = ndtr(mean / sqrt(var))
+        p[0] = norm_cdf(mean / sqrt(var))
     elif spec.kind == LIK_LOGIT and var > LOGIT_SPLIT_VAR:
         logit_tilted(mean, var, &acc, &sd, &sd)
         p[0] = exp(acc)

@@ -1,5 +1,6 @@
 """Hot loops of the mean-field methods and of online ADF (MF paper, Csató et al.).
 
+* ``heaviside_moments``: the tilted moments of the Heaviside likelihood, from gpc._likelihoods.
 * ``mf_sweep``: one sequential (Gauss-Seidel) sweep of the mean-field equations, MF eq. (5)-(6)
   (ensemble) or eq. (9) (naive), for the Heaviside likelihood Θ(y a), with an O(n) rank-one refresh of
   the auxiliary vector after each coordinate: O(n²) per sweep, no Python objects inside.
@@ -8,52 +9,44 @@
   lower triangle), so the first sweep touches only the rows seen so far.
 """
 
-from libc.math cimport sqrt, exp, log, erfc, fabs
+from libc.math cimport sqrt, fabs, NAN
 from scipy.linalg.cython_blas cimport dsymv, dsyr
 
-cdef double SQRT2 = 1.4142135623730951
-cdef double INV_SQRT_2PI = 0.3989422804014327
-cdef double LOG_SQRT_2PI = 0.9189385332046728
-# below this, Φ(z) is taken from the asymptotic series (relative error < 5e-11 at the switch)
-cdef double Z_ASYMPTOTIC = -35.0
+import numpy as np
 
+from gpc._likelihoods cimport LIK_HEAVISIDE, LikelihoodSpec, make_spec, tilted_moments
+from gpc._special cimport inv_mills
 
-cdef inline double _asym(double z) noexcept nogil:
-    # Φ(z) (−z) / N(z) = 1 − 1/z² + 3/z⁴ − 15/z⁶ + O(z⁻⁸) for z → −∞
-    cdef double iz2 = 1.0 / (z * z)
-    return 1.0 - iz2 * (1.0 - iz2 * (3.0 - 15.0 * iz2))
-
-
-cdef inline double log_phi(double z) noexcept nogil:
-    """ln Φ(z), the log standard normal CDF, finite for every finite z."""
-    if z > Z_ASYMPTOTIC:
-        return log(0.5 * erfc(-z / SQRT2))
-    return -0.5 * z * z - LOG_SQRT_2PI - log(-z) + log(_asym(z))
-
-
-cdef inline double inv_mills(double z) noexcept nogil:
-    """r(z) = N(z) / Φ(z)."""
-    if z > Z_ASYMPTOTIC:
-        return INV_SQRT_2PI * exp(-0.5 * z * z) / (0.5 * erfc(-z / SQRT2))
-    return -z / _asym(z)
+# the Heaviside likelihood needs no quadrature; make_spec wants a rule all the same
+cdef double[::1] _NO_NODES = np.zeros(1), _NO_WEIGHTS = np.ones(1)
 
 
 def heaviside_moments(const double[::1] y, const double[::1] m, const double[::1] lam,
                       double[::1] log_z, double[::1] mean, double[::1] var):
-    """Moments of q(a) ∝ Θ(y a) N(a | m, λ), elementwise (MF eq. (5)-(6)).
+    """Moments of q(a) ∝ Θ(y a) N(a | m, λ), elementwise (MF eq. (5)-(6)): gpc._likelihoods'
+    ``tilted_moments`` of the Heaviside likelihood, in one nogil loop.
 
     With z = y m / √λ and r = N(z)/Φ(z): ln Z = ln Φ(z), mean = m + y √λ r, var = λ (1 − r (z + r)).
+
+    Returns
+    -------
+    int
+        The first index whose moments could not be formed (a non-positive λ or a non-finite m), or
+        −1; such entries are NaN, which the callers' finiteness checks reject.
     """
-    cdef Py_ssize_t i, n = y.shape[0]
-    cdef double s, z, r
+    cdef Py_ssize_t i, bad = -1, n = y.shape[0]
+    cdef LikelihoodSpec spec
+    if not (m.shape[0] == n and lam.shape[0] == n and log_z.shape[0] == n and mean.shape[0] == n
+            and var.shape[0] == n):
+        raise ValueError("heaviside_moments: every array must have the length of y")
+    make_spec(&spec, LIK_HEAVISIDE, 0.0, _NO_NODES, _NO_WEIGHTS, None)
     with nogil:
         for i in range(n):
-            s = sqrt(lam[i])
-            z = y[i] * m[i] / s
-            r = inv_mills(z)
-            log_z[i] = log_phi(z)
-            mean[i] = m[i] + y[i] * s * r
-            var[i] = lam[i] * (1.0 - r * (z + r))
+            if tilted_moments(&spec, y[i], m[i], lam[i], &log_z[i], &mean[i], &var[i]) != 0:
+                log_z[i] = mean[i] = var[i] = NAN
+                if bad < 0:
+                    bad = i
+    return bad
 
 
 def mf_sweep(const double[:, ::1] P, const double[::1] lam, const double[::1] y,

@@ -7,13 +7,20 @@ costs a dozen scalar scipy calls; profiled on new-thyroid it was 60 % of an RMGP
 the one in ``gpc.multiclass.ep._refine_outlier_prior`` (docs/derivations-rmgpc.md, "ψ̃ᵢ").  The
 ψ̃ᵢₖ refinement (:func:`refine_pairs`) runs once per location sweep; vectorised over the points in
 NumPy it cost some twenty array passes per class pair, most of a small data set's fit.
+
+Both refinements rest on the argmax likelihood's pair factor (``argmax_pair_moments`` and
+``argmax_pair_site``, declared with their formulas in gpc/_multiclass.pxd for any engine to cimport;
+:func:`pair_moments` and :func:`pair_sites` are their vectorised Python entry points).
 """
 
-from libc.math cimport exp, log, log1p, fabs, sqrt
+from libc.math cimport exp, log, fabs, sqrt, isfinite, isnan, INFINITY, NAN
 from scipy.linalg.cython_blas cimport dsymv, dtrsv, strsv
-from scipy.special.cython_special cimport psi, log_ndtr
+from scipy.special.cython_special cimport psi
 
-cdef double LOG_SQRT_2PI = 0.91893853320467274178     # ½ log 2π
+import numpy as np
+
+from gpc._special cimport (inv_mills, z_plus_inv_mills, log_norm_cdf, log1pexp, logaddexp,
+                          sigmoid)
 
 ctypedef fused real:
     float
@@ -92,7 +99,7 @@ def refine_outlier_prior(const double[::1] lam_rest, double[::1] alpha, double[:
             if a_c <= 0 or b_c <= 0:
                 continue
             rbar = a_c / (a_c + b_c)
-            p_c = 1.0 / (1.0 + exp(-lam_rest[i]))
+            p_c = sigmoid(lam_rest[i])
             w1 = p_c * rbar / (p_c * rbar + (1.0 - p_c) * (1.0 - rbar))
             beta_projection(a_c, b_c, w1, &a_new, &b_new)
             alpha[i] = e * (a_new - a_c) + (1.0 - e) * alpha[i]
@@ -145,23 +152,143 @@ def prime_mean(const double[:, ::1] K, const real[:, ::1] L, const double[::1] s
         dsymv(&uplo, &n, &d_one, <double*> &K[0, 0], &n, &work[0], &one, &d_zero, &out[0], &one)
 
 
-cdef inline double log1pexp(double x) noexcept nogil:
-    """log(1 + eˣ) without overflow (NumPy's logaddexp(0, x))."""
-    if x > 0:
-        return x + log1p(exp(-x))
-    return log1p(exp(x))
+# ----------------------------------------------------------------------------- the pair factor
+
+cdef int argmax_pair_moments(double m_t, double v_t, double m_o, double v_o, double lz_cav,
+                             double log_c, PairMoments* out) noexcept nogil:
+    """Tilted moments of the pair factor (formulas in gpc/_multiclass.pxd; RMGPC eq. (10), (14))."""
+    cdef double s, alpha, log_cdf, log_p, log_1mp, w, r
+    if not (v_t > 0 and v_o > 0 and isfinite(v_t) and isfinite(v_o) and isfinite(m_t)
+            and isfinite(m_o)) or isnan(lz_cav):
+        return 1
+    s = sqrt(v_t + v_o)
+    alpha = (m_t - m_o) / s
+    log_cdf = log_norm_cdf(alpha)
+    log_p = -log1pexp(-lz_cav)            # log P(z = 1) of the cavity: -inf without outliers
+    log_1mp = -log1pexp(lz_cav)
+    out.log_z = logaddexp(log_p + log_c, log_1mp + log_cdf)
+    if not isfinite(out.log_z):
+        return 2
+    w = exp(log_1mp + log_cdf - out.log_z)
+    r = inv_mills(alpha)
+    out.g = w * r / s
+    # alpha + w r = (alpha + r) - (1 - w) r: alpha + r by the continued fraction where it cancels
+    out.h = -out.g * (z_plus_inv_mills(alpha) - (1.0 - w) * r) / s
+    out.mean_t = m_t + v_t * out.g
+    out.var_t = v_t + v_t * v_t * out.h
+    out.mean_o = m_o - v_o * out.g
+    out.var_o = v_o + v_o * v_o * out.h
+    out.p_outlier = exp(log_p + log_c - out.log_z)
+    out.site_log_odds = log_c - log_cdf
+    if not (isfinite(out.g) and isfinite(out.h) and isfinite(out.site_log_odds)):
+        return 2
+    return 0
 
 
-cdef inline double logaddexp(double a, double b) noexcept nogil:
-    if a > b:
-        return a + log1p(exp(b - a))
-    return b + log1p(exp(a - b))
+cdef int argmax_pair_site(double m_t, double v_t, double m_o, double v_o, double lz_cav,
+                          double log_c, PairMoments* mom, double* tau_t, double* eta_t,
+                          double* tau_o, double* eta_o) noexcept nogil:
+    """The undamped site tilted / cavity of the pair factor, in natural parameters."""
+    cdef int status = argmax_pair_moments(m_t, v_t, m_o, v_o, lz_cav, log_c, mom)
+    if status != 0:
+        return status
+    if not (mom.var_t > 0 and mom.var_o > 0):
+        return 2
+    tau_t[0] = 1.0 / mom.var_t - 1.0 / v_t
+    eta_t[0] = mom.mean_t / mom.var_t - m_t / v_t
+    tau_o[0] = 1.0 / mom.var_o - 1.0 / v_o
+    eta_o[0] = mom.mean_o / mom.var_o - m_o / v_o
+    return 0
 
 
-cdef inline double expit(double x) noexcept nogil:
-    if x >= 0:
-        return 1.0 / (1.0 + exp(-x))
-    return exp(x) / (1.0 + exp(x))
+cdef tuple _same_length(tuple arrays):
+    flat = [np.ascontiguousarray(a, dtype=np.float64).reshape(-1) for a in arrays]
+    shape = np.shape(arrays[0])
+    for a, f in zip(arrays, flat):
+        if np.shape(a) != shape:
+            raise ValueError(f"the arrays must have one shape, got {np.shape(a)} and {shape}")
+    return shape, flat
+
+
+PAIR_FIELDS = ("log_z", "g", "h", "mean_t", "var_t", "mean_o", "var_o", "p_outlier",
+               "site_log_odds")
+
+
+def pair_moments(m_t, v_t, m_o, v_o, lz_cav, double log_c):
+    """Tilted moments of the argmax pair factor elementwise (gpc/_multiclass.pxd,
+    ``argmax_pair_moments``).
+
+    Parameters
+    ----------
+    m_t, v_t, m_o, v_o : array_like, one shape
+        Cavity means and variances of the label's latent f_y(xᵢ) and of a competing f_k(xᵢ).
+    lz_cav : array_like, that shape
+        Cavity log-odds of the outlier indicator zᵢ; −inf for no outliers.
+    log_c : float
+        log c = −log(C)/(C − 1) for C classes (RMGPC eq. (10)).
+
+    Returns
+    -------
+    moments : dict of ndarray
+        The fields of ``PairMoments``: log_z, g (∂ log Z/∂m_t), h (∂² log Z/∂m_t²), mean_t, var_t,
+        mean_o, var_o, p_outlier (tilted P(zᵢ = 1)), site_log_odds.  NaN where the status is not 0.
+    bad : int
+        The first (flat) index whose moments could not be formed, or −1.
+    """
+    shape, (a, b, c, d, e) = _same_length((m_t, v_t, m_o, v_o, lz_cav))
+    cdef const double[::1] mt = a, vt = b, mo = c, vo = d, lz = e
+    cdef Py_ssize_t n = mt.shape[0], i, bad = -1
+    out = np.full((len(PAIR_FIELDS), n), np.nan)
+    cdef double[:, ::1] o = out
+    cdef PairMoments mom
+    with nogil:
+        for i in range(n):
+            if argmax_pair_moments(mt[i], vt[i], mo[i], vo[i], lz[i], log_c, &mom) != 0:
+                if bad < 0:
+                    bad = i
+                continue
+            o[0, i], o[1, i], o[2, i] = mom.log_z, mom.g, mom.h
+            o[3, i], o[4, i], o[5, i], o[6, i] = mom.mean_t, mom.var_t, mom.mean_o, mom.var_o
+            o[7, i], o[8, i] = mom.p_outlier, mom.site_log_odds
+    return {name: out[j].reshape(shape) for j, name in enumerate(PAIR_FIELDS)}, bad
+
+
+def pair_sites(m_t, v_t, m_o, v_o, lz_cav, double log_c):
+    """The undamped EP sites of the argmax pair factor elementwise (gpc/_multiclass.pxd,
+    ``argmax_pair_site``): site = tilted / cavity on each latent.
+
+    Parameters
+    ----------
+    m_t, v_t, m_o, v_o, lz_cav, log_c
+        As for :func:`pair_moments`.
+
+    Returns
+    -------
+    tau_t, eta_t, tau_o, eta_o : ndarray
+        Natural parameters (precision, precision × mean) of the Gaussian sites on f_y(xᵢ) and
+        f_k(xᵢ); NaN where the status is not 0.
+    site_log_odds, log_z : ndarray
+        The site's Bernoulli log-odds in zᵢ and log Z of the tilted distribution.
+    bad : int
+        The first (flat) index without a site (no moments, or a tilted variance ≤ 0), or −1.
+    """
+    shape, (a, b, c, d, e) = _same_length((m_t, v_t, m_o, v_o, lz_cav))
+    cdef const double[::1] mt = a, vt = b, mo = c, vo = d, lz = e
+    cdef Py_ssize_t n = mt.shape[0], i, bad = -1
+    out = np.full((6, n), np.nan)
+    cdef double[:, ::1] o = out
+    cdef PairMoments mom
+    with nogil:
+        for i in range(n):
+            if argmax_pair_site(mt[i], vt[i], mo[i], vo[i], lz[i], log_c, &mom, &o[0, i], &o[1, i],
+                                &o[2, i], &o[3, i]) != 0:
+                o[0, i] = o[1, i] = o[2, i] = o[3, i] = NAN
+                if bad < 0:
+                    bad = i
+                continue
+            o[4, i], o[5, i] = mom.site_log_odds, mom.log_z
+    res = [out[j].reshape(shape) for j in range(6)]
+    return res[0], res[1], res[2], res[3], res[4], res[5], bad
 
 
 def refine_pairs(const Py_ssize_t[::1] y, const Py_ssize_t[:, ::1] others,
@@ -181,9 +308,8 @@ def refine_pairs(const Py_ssize_t[::1] y, const Py_ssize_t[:, ::1] others,
     cdef Py_ssize_t n = y.shape[0], l = tau_t.shape[1], i, j, k
     cdef double e = damping, m_y, v_y, sd_y, lz, mismatch = 0.0
     cdef double tt0, et0, to0, eo0, lam0, m_k, v_k, sd_k, prec_t, prec_o, v_t, v_o, m_t, m_o
-    cdef double lz_cav, s, alpha, log_cdf, log_p, log_1mp, log_z, w_log, g, d2, lam_new
-    cdef double var_t, var_o, mean_t, mean_o, gap, tt, et, to, eo, lam_k, prec
-    cdef bint ok
+    cdef double lz_cav, gap, tt, et, to, eo, lam_k, prec
+    cdef PairMoments mom
     rows = (tau_t.shape[0], eta_t.shape[0], tau_o.shape[0], eta_o.shape[0], lam.shape[0],
             means.shape[0], varis.shape[0], prior_sd.shape[0])
     cols = (tau_t.shape[1], eta_t.shape[1], tau_o.shape[1], eta_o.shape[1], lam.shape[1],
@@ -219,52 +345,35 @@ def refine_pairs(const Py_ssize_t[::1] y, const Py_ssize_t[:, ::1] others,
                 sd_k = prior_sd[i, k]
                 prec_t = 1.0 / v_y - tt0
                 prec_o = 1.0 / v_k - to0
-                ok = prec_t > 0 and prec_o > 0
-                if not ok:
+                if not (prec_t > 0 and prec_o > 0):
                     continue
                 v_t = 1.0 / prec_t
                 v_o = 1.0 / prec_o
                 m_t = v_t * (m_y / v_y - et0)
                 m_o = v_o * (m_k / v_k - eo0)
-                lz_cav = lz - lam0
-                # tilted moments: gpc.multiclass.ep._likelihood_moments
-                s = sqrt(v_t + v_o)
-                alpha = (m_t - m_o) / s
-                log_cdf = log_ndtr(alpha)
-                if robust:
-                    log_p = -log1pexp(-lz_cav)
-                    log_1mp = -log1pexp(lz_cav)
-                    log_z = logaddexp(log_p + log_c, log_1mp + log_cdf)
-                    w_log = log_1mp + log_cdf - log_z
-                else:
-                    w_log = 0.0
-                g = exp(w_log) * exp(-0.5 * alpha * alpha - LOG_SQRT_2PI - log_cdf) / s
-                d2 = -g * (alpha / s + g)
-                lam_new = log_c - log_cdf
-                var_t = v_t + v_t * v_t * d2
-                var_o = v_o + v_o * v_o * d2
-                if not (var_t > 0 and var_o > 0):
+                lz_cav = lz - lam0 if robust else -INFINITY
+                # the undamped site; none when the tilted variance is not positive
+                if argmax_pair_site(m_t, v_t, m_o, v_o, lz_cav, log_c, &mom, &tt, &et, &to,
+                                    &eo) != 0:
                     continue
-                mean_t = m_t + v_t * g
-                mean_o = m_o - v_o * g
-                gap = max(fabs(mean_t - m_y) / sd_y, fabs(mean_o - m_k) / sd_k)
+                gap = max(fabs(mom.mean_t - m_y) / sd_y, fabs(mom.mean_o - m_k) / sd_k)
                 if not fixed_precisions:
-                    gap = max(gap, max(fabs(var_t - v_y) / (sd_y * sd_y),
-                                       fabs(var_o - v_k) / (sd_k * sd_k)))
+                    gap = max(gap, max(fabs(mom.var_t - v_y) / (sd_y * sd_y),
+                                       fabs(mom.var_o - v_k) / (sd_k * sd_k)))
                 if robust:
-                    gap = max(gap, fabs(expit(lz_cav + lam_new) - expit(lz)))
+                    gap = max(gap, fabs(sigmoid(lz_cav + mom.site_log_odds) - sigmoid(lz)))
                 if gap > mismatch:
                     mismatch = gap
                 if fixed_precisions:    # Δη = Δm / v moves the marginal mean to the tilted mean
                     tt = tt0
                     to = to0
-                    et = et0 + e * (mean_t - m_y) / v_y
-                    eo = eo0 + e * (mean_o - m_k) / v_k
+                    et = et0 + e * (mom.mean_t - m_y) / v_y
+                    eo = eo0 + e * (mom.mean_o - m_k) / v_k
                 else:                   # site = tilted / cavity, damped
-                    tt = e * (1.0 / var_t - 1.0 / v_t) + (1 - e) * tt0
-                    et = e * (mean_t / var_t - m_t / v_t) + (1 - e) * et0
-                    to = e * (1.0 / var_o - 1.0 / v_o) + (1 - e) * to0
-                    eo = e * (mean_o / var_o - m_o / v_o) + (1 - e) * eo0
+                    tt = e * tt + (1 - e) * tt0
+                    et = e * et + (1 - e) * et0
+                    to = e * to + (1 - e) * to0
+                    eo = e * eo + (1 - e) * eo0
                 prec = 1.0 / v_y + tt - tt0         # the target marginal moves with its site
                 m_y = (m_y / v_y + et - et0) / prec
                 v_y = 1.0 / prec
@@ -273,7 +382,7 @@ def refine_pairs(const Py_ssize_t[::1] y, const Py_ssize_t[:, ::1] others,
                 tau_o[i, k] = to
                 eta_o[i, k] = eo
                 if robust:
-                    lam_k = e * lam_new + (1 - e) * lam0
+                    lam_k = e * mom.site_log_odds + (1 - e) * lam0
                     lz += lam_k - lam0
                     lam[i, k] = lam_k
     return mismatch

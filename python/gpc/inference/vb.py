@@ -35,20 +35,13 @@ import warnings
 import numpy as np
 from scipy.special import log_expit, log_ndtr
 
+from .._special import inverse_mills
 from ..exceptions import ConvergenceWarning
 from ..posterior import SitePosterior
 from ._result import InferenceResult
 
 DEFAULT_MAX_ITER = 1000
 DEFAULT_TOL = 1e-10
-
-_SQRT_2PI = np.sqrt(2.0 * np.pi)
-
-
-def _inv_mills(z):
-    """r(z) = N(z)/Φ(z), stable for very negative z."""
-    return np.exp(-0.5 * z * z - log_ndtr(z)) / _SQRT_2PI
-
 
 def quadratic_bound(name, xi):
     """Coefficients (a, b, c) of ln p(y|f) ≥ a f² + b y f + c touching at y f = ς (see module docstring).
@@ -68,7 +61,7 @@ def quadratic_bound(name, xi):
         lam = np.where(small, 0.125 - ax * ax / 96.0, np.tanh(0.5 * safe) / (4.0 * safe))
         return -lam, np.full_like(xi, 0.5), log_expit(ax) - 0.5 * ax + lam * ax * ax
     if name == "probit":
-        r = _inv_mills(xi)
+        r = inverse_mills(xi)
         return np.full_like(xi, -0.5), xi + r, log_ndtr(xi) - xi * r - 0.5 * xi * xi
     raise ValueError(
         f"the variational bound (method='vb') needs a quadratic lower bound on ln p(y|f): it is "

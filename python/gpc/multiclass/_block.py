@@ -29,78 +29,33 @@ O(n³) and O(n²) call is a gpc._lapack / gpc._dense call or a NumPy BLAS call, 
 GIL, so the l blocks overlap in threads.
 """
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from .. import _dense, _lapack
 from .._multiclass import prime_mean
 from ..exceptions import NotPositiveDefiniteError
+from ..posterior import WoodburySitePosterior, marginal_variances
 
 #: below these Λ' the marginal variance takes the exact column ‖L⁻¹ S K eᵢ‖²: the rounding error of
 #: 1 − [B⁻¹]ᵢᵢ (unit roundoff ~1e-16 / 6e-8) is divided by Λ'ᵢ (the binary engine's thresholds)
 TINY = {np.float64: 1e-6, np.float32: 1e-3}
 
 
-@dataclass
-class ClassPosterior:
-    """N(f_k | μ_k, Σ_k) of one class at converged sites, and what prediction and gradients need.
-
-    Attributes
-    ----------
-    mean, var : ndarray (n,)
-        μ_k and diag Σ_k.
-    site_precision, site_location : ndarray (n,)
-        Λᵏ and vᵏ of RMGPC eq. (17)-(18).
-    b : ndarray (n,)
-        K⁻¹ μ_k = vᵏ − Λᵏ μ_k.
-    logdet : float
-        log |I + Λᵏ K_k| (log |M_k| of RMGPC eq. (16)).
-    sqrt_prec : ndarray (n,)
-        s = Λ'^½ of the split (module docstring).
-    L : ndarray (n, n)
-        Lower Cholesky factor of B = I + S K S.
-    Qc : ndarray (n, m)
-        Q R⁻ᵀ with Q = K⁻¹ U = P − Λ' U, so that K⁻¹ − K⁻¹ Σ K⁻¹ = S B⁻¹ S − Qc Qcᵀ (m = 0 when
-        every site precision is non-negative).
-    """
-    mean: np.ndarray
-    var: np.ndarray
-    site_precision: np.ndarray
-    site_location: np.ndarray
-    b: np.ndarray
-    logdet: float
-    sqrt_prec: np.ndarray
-    L: np.ndarray
-    Qc: np.ndarray
+class ClassPosterior(WoodburySitePosterior):
+    """N(f_k | μ_k, Σ_k) of one class at converged sites: a :class:`gpc.posterior.WoodburySitePosterior`
+    (the binary engine's Gaussian-site algebra, R&W eq. (3.67), plus the rank-m Woodbury term of the
+    negative sites), whose ``gradient_matrix`` is RMGPC eq. (18)'s M_k, ``alpha`` = K⁻¹ μ_k,
+    ``log_det_B`` = log |I + Λᵏ K_k| (log |M_k| of RMGPC eq. (16)), ``site_precision`` and
+    ``site_location`` Λᵏ and vᵏ of RMGPC eq. (17)-(18), ``sqrt_tau`` = Λ'^½ of the split (module
+    docstring) and ``Qc`` = Q R⁻ᵀ with Q = K⁻¹ U = P − Λ' U (m = 0 columns when every site
+    precision is non-negative)."""
 
     def latent_moments(self, K_cross, k_diag):
-        """Mean and variance of f_k(x*) under Q, RMGPC eq. (20), K_cross = k(X_test, X_train).
-
-        m = k*ᵀ K⁻¹ μ = k*ᵀ b and v = κ* − k*ᵀ (K⁻¹ − K⁻¹ Σ K⁻¹) k* = κ* − ‖L⁻¹ S k*‖² + ‖Qcᵀ k*‖².
-        """
-        mean = K_cross @ self.b
-        V = np.ascontiguousarray(K_cross * self.sqrt_prec[None, :])     # rows: (S k*)ᵀ
-        _lapack.solve_triangular_rows(self.L, V, False)                 # rows: (L⁻¹ S k*)ᵀ
-        var = k_diag - np.einsum("ij,ij->i", V, V)
-        if self.Qc.shape[1]:
-            W = K_cross @ self.Qc
-            var = var + np.einsum("ij,ij->i", W, W)
+        """Mean and variance of f_k(x*) under Q, RMGPC eq. (20), K_cross = k(X_test, X_train):
+        m = k*ᵀ K⁻¹ μ and v = κ* − ‖L⁻¹ S k*‖² + ‖Qcᵀ k*‖², floored at 1e-300 (the predictive
+        integral divides by √v)."""
+        mean, var = self._predict_unclipped(K_cross.T, k_diag)
         return mean, np.maximum(var, 1e-300)
-
-    def gradient_matrix(self):
-        """M with ∂ log Z/∂θ = Σ_ij M_ij ∂(K_k)_ij/∂θ: RMGPC eq. (18) written as
-        ½ (b bᵀ − (K⁻¹ − K⁻¹ Σ K⁻¹)) = ½ (b bᵀ − S B⁻¹ S + Qc Qcᵀ) (docs/derivations-rmgpc.md):
-        one dpotri on a copy of L and one fused pass (gpc._dense), plus the rank-m term."""
-        M = self.L.copy()
-        info = _lapack.cholesky_inverse_in_place(M)           # lower triangle of B⁻¹
-        if info != 0:  # pragma: no cover - L is a Cholesky factor
-            raise RuntimeError(f"dpotri failed with info={info}")
-        zero = np.zeros(M.shape[0])
-        _dense.gaussian_site_gradient_matrix(M, self.sqrt_prec, self.b, zero, zero)
-        if self.Qc.shape[1]:
-            M += 0.5 * (self.Qc @ self.Qc.T)
-        return M
 
 
 class ClassBlock:
@@ -165,17 +120,9 @@ class ClassBlock:
         np.copyto(Linv, L)
         if _lapack.triangular_inverse_in_place(Linv) != 0:  # pragma: no cover - a Cholesky factor
             raise RuntimeError("triangular inverse of a Cholesky factor failed")
-        diag_B_inv = np.empty(n)
-        _dense.column_sq_sums_lower(Linv, diag_B_inv)
-
+        var = marginal_variances(K, lam, s, Linv, TINY[dtype])       # diag Σ'
         tiny = np.flatnonzero(lam <= TINY[dtype])
         big = lam > TINY[dtype]
-        var = np.empty(n)
-        var[big] = (1.0 - diag_B_inv[big]) / lam[big]
-        if tiny.size:                                            # rows: (L⁻¹ S K eᵢ)ᵀ
-            V = np.ascontiguousarray((K[tiny] * s[None, :]).astype(dtype, copy=False))
-            _lapack.solve_triangular_rows(L, V, False)
-            var[tiny] = self.k_diag[tiny] - np.einsum("ij,ij->i", V, V, dtype=np.float64)
 
         mean = self._prime_mean_k(L, s, eta)
         logdet = 2.0 * float(np.sum(np.log(np.diag(L), dtype=np.float64)))
@@ -249,11 +196,11 @@ class ClassBlock:
         tau, logdet, s, Qc = self._last
         eta = np.asarray(eta, dtype=np.float64).copy()
         mean = self.mean(eta)
-        var = self._var
         L = self._buffers.pop(("float64", "L"))
         self._last = None
-        return ClassPosterior(mean=mean, var=var, site_precision=tau.copy(), site_location=eta,
-                              b=eta - tau * mean, logdet=logdet, sqrt_prec=s, L=L, Qc=Qc)
+        # K⁻¹ μ = v − Λ μ (Σ⁻¹ μ = v), for sites of any sign
+        return ClassPosterior.from_parts(tau.copy(), eta, s, L, eta - tau * mean, mean, self._var,
+                                         logdet, Qc)
 
 
 class _SinglePrecisionFailed(Exception):

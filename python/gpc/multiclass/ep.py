@@ -22,7 +22,19 @@ correction's small matrix is, and a failed Cholesky of it halves the damping (re
 ``damping_history``).
 
 ``robust=False`` is SMGPC (b₀ → ∞, RMGPC §4): ρ = 0, no z and no Beta; the sites are then plain
-Gaussians.
+Gaussians.  ``rate=ρ`` fixes the outlier rate instead of giving it a Beta posterior: the likelihood
+(1 − ε) Π Θ + ε/(l − 1) (1 − Π Θ) with fixed label noise ε = ρ (l − 1)/l (the scalable multi-class
+EP paper of Villacampa-Calvo and Hernández-Lobato keeps this likelihood); the prior Bern(zᵢ | ρ) is
+then in Q's family and kept exactly, so there is no ψ̃ᵢ (docs/derivations-rmgpc.md, "Fixed label
+noise").
+
+EP's state has a domain: Q's Beta must be proper (a, b > 0, so ρ̄ ∈ (0, 1)), so must every ψ̃ᵢ's
+cavity Beta, and every site finite.  A step that leaves it (an Anderson extrapolation can, and a
+damped step can take a cavity Beta past zero) is treated like one whose Σ_k is not positive
+definite: an accelerated trial is dropped, a damped step is retried with half the damping.  A warm
+start from a state that does not fit the new covariances, or a run that still ends outside the
+domain, is restarted cold; only if that fails too is a :class:`~gpc.exceptions.DivergenceError`
+raised, so no invalid state is returned or carried into the next warm start.
 """
 
 import contextlib
@@ -31,14 +43,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.special import betaln, expit, log_ndtr
+from scipy.special import betaln, expit
 
 from .._linalg import anderson_correction
-from .._multiclass import refine_outlier_prior, refine_pairs
-from ..exceptions import ConvergenceWarning, NotPositiveDefiniteError
+from .._multiclass import pair_moments, refine_outlier_prior, refine_pairs
+from .._special import softplus
+from ..exceptions import ConvergenceWarning, DivergenceError, NotPositiveDefiniteError
 from ._block import ClassBlock
-
-LOG_SQRT_2PI = 0.5 * np.log(2.0 * np.pi)
 
 
 @dataclass
@@ -52,7 +63,8 @@ class MultiClassEPResult:
     outlier_probability : ndarray
         p of RMGPC eq. (21), one per training point (zeros when not robust).
     a, b : float
-        The Beta posterior of the outlier rate ρ (RMGPC eq. (20)).
+        The Beta posterior of the outlier rate ρ (RMGPC eq. (20)); the prior's when the rate is fixed
+        or there are no outliers.
     log_evidence : float
         RMGPC eq. (16).
     n_iter, converged : int, bool
@@ -69,6 +81,8 @@ class MultiClassEPResult:
         The final damping, and (iteration, new damping) at each halving.
     robust : bool
         False for SMGPC (no outlier indicators).
+    rate : float or None
+        The fixed outlier rate ρ (``rmgpc_ep(rate=...)``), or None when ρ has the Beta posterior.
     sites : object
         The converged site parameters, for checks and warm starts.
     """
@@ -85,12 +99,23 @@ class MultiClassEPResult:
     rejected_steps: list = field(default_factory=list)   # iterations whose accelerated step was dropped
     damping_history: list = field(default_factory=list)   # (iteration, new damping) at each halving
     robust: bool = True
+    rate: float = None        # a fixed outlier rate ρ; None: ρ ~ Beta(a, b)
     sites: object = None      # the converged site parameters (_Sites), for checks and warm starts
 
     @property
     def rho_mean(self):
-        """ρ̄ = a / (a + b) of RMGPC eq. (20); 0 without outliers."""
-        return self.a / (self.a + self.b) if self.robust else 0.0
+        """ρ̄ = a / (a + b) of RMGPC eq. (20); the fixed rate if there is one; 0 without outliers."""
+        if not self.robust:
+            return 0.0
+        return self.rate if self.rate is not None else self.a / (self.a + self.b)
+
+    def rate_gradient(self):
+        """∂ log Z/∂ρ of a fixed outlier rate: Σᵢ (pᵢ − ρ)/(ρ (1 − ρ)), pᵢ = Q(zᵢ = 1)
+        (docs/derivations-rmgpc.md, "Fixed label noise"); None unless the rate is fixed."""
+        if not self.robust or self.rate is None:
+            return None
+        rho = self.rate
+        return float(np.sum(self.outlier_probability - rho)) / (rho * (1.0 - rho))
 
     def gradient_matrices(self):
         """M_k of RMGPC eq. (18) for every class (BLAS on one thread, as in EP)."""
@@ -171,32 +196,6 @@ class _Sites:
         return self.lam_i + self.lam.sum(axis=1)
 
 
-def _likelihood_moments(m_t, v_t, m_o, v_o, log_p_cav, log_c):
-    """Tilted moments of ψᵢₖ Q^{∖ψ̃ᵢₖ} for the pairs (target yᵢ, other k).
-
-    ψᵢₖ = Θ(f_y − f_k)^{1−z} c^{z} with c = l^{−1/(l−1)} (RMGPC eq. (10)).  With s² = v_t + v_o and
-    α = (m_t − m_o)/s, Z = p c + (1 − p) Φ(α) for the cavity outlier probability p; then
-    ∂ log Z/∂m_t = −∂ log Z/∂m_o = g = w φ(α)/(Φ(α) s), w = (1 − p)Φ(α)/Z, and the second derivative
-    is −g (α/s + g) for both.  Returns log Z, g, the second derivative, and the new z log-odds
-    log c − log Φ(α) of the site (None when log_p_cav is None, i.e. no outliers).
-    """
-    s = np.sqrt(v_t + v_o)
-    alpha = (m_t - m_o) / s
-    log_phi_cdf = log_ndtr(alpha)
-    if log_p_cav is None:
-        log_z = log_phi_cdf
-        w_log = 0.0
-    else:
-        log_p, log_1mp = log_p_cav
-        log_z = np.logaddexp(log_p + log_c, log_1mp + log_phi_cdf)
-        w_log = log_1mp + log_phi_cdf - log_z
-    mills = np.exp(-0.5 * alpha * alpha - LOG_SQRT_2PI - log_phi_cdf)   # φ(α)/Φ(α)
-    g = np.exp(w_log) * mills / s
-    d2 = -g * (alpha / s + g)
-    lam_new = None if log_p_cav is None else log_c - log_phi_cdf
-    return log_z, g, d2, lam_new
-
-
 #: the class blocks are factored in single precision (half the time) while the largest moment
 #: mismatch is above this; float32 marginals (~1e-4 relative) steer the early iterations well enough
 SINGLE_ABOVE = 1e-2
@@ -214,7 +213,7 @@ OUTER_MEMORY, OUTER_PAUSE = 5, 2
 
 
 def rmgpc_ep(Ks, y, n_classes, a0=1.0, b0=9.0, robust=True, max_iter=500, tol=1e-6, damping=0.5,
-             min_damping=1e-6, init=None, n_threads=1, accelerate=True):
+             min_damping=1e-6, init=None, n_threads=1, accelerate=True, rate=None):
     """Run RMGPC's EP (§3) to a fixed point.
 
     Each outer iteration refines every ψ̃ᵢₖ from the current marginals (all points at once; the
@@ -247,11 +246,13 @@ def rmgpc_ep(Ks, y, n_classes, a0=1.0, b0=9.0, robust=True, max_iter=500, tol=1e
         It is checked on a double-precision factorisation.
     damping : float
         ε of RMGPC §3 (new site = ε · refined + (1 − ε) · old; the paper's 0.5), halved whenever a
-        class covariance would stop being positive definite (recorded in ``damping_history``).
+        class covariance would stop being positive definite or a step would leave EP's domain
+        (module docstring; recorded in ``damping_history``).
     min_damping : float, default 1e-6
-        Halving below this raises NotPositiveDefiniteError.
+        Halving below this gives up (a cold restart after a warm start, else DivergenceError).
     init : MultiClassEPResult, optional
-        Warm start from a previous result on the same labels (the optimiser's previous θ).
+        Warm start from a previous result on the same labels (the optimiser's previous θ).  Sites
+        that do not fit the new covariances, or a run from them that fails, fall back to a cold start.
     n_threads : int, default 1
         Threads over the l class blocks (their LAPACK calls release the GIL; the blocks are
         independent given the sites).  The result does not depend on it.  BLAS itself runs on one
@@ -260,37 +261,112 @@ def rmgpc_ep(Ks, y, n_classes, a0=1.0, b0=9.0, robust=True, max_iter=500, tol=1e
         Anderson acceleration of the outer iteration (``OUTER_MEMORY`` past damped steps).  False
         gives the plain damped iteration; both stop at the same fixed point, the accelerated one
         after fewer refactorisations on most problems (bench/RESULTS.md, issue 15).
+    rate : float in (0, 1), optional
+        A fixed outlier rate ρ: zᵢ ~ Bern(ρ) with no Beta posterior (``a0``, ``b0`` unused), i.e. the
+        label noise ε = ρ (l − 1)/l of the likelihood (1 − ε) Π Θ + ε/(l − 1)(1 − Π Θ).  Needs
+        ``robust=True``.
 
     Returns
     -------
     MultiClassEPResult
+
+    Raises
+    ------
+    DivergenceError
+        When neither the warm start nor a cold start reaches a state inside EP's domain (proper
+        class covariances, a proper Beta, finite sites and evidence).
     """
     y = np.ascontiguousarray(y, dtype=np.intp)
     l = int(n_classes)
+    model = _Model(l, float(a0), float(b0), bool(robust), None if rate is None else float(rate))
     blocks = [ClassBlock(np.ascontiguousarray(K, dtype=np.float64)) for K in Ks]
     pool = ThreadPoolExecutor(max_workers=int(n_threads)) if n_threads > 1 and l > 1 else None
+    memory = OUTER_MEMORY if accelerate else 0
     try:
         with _one_blas_thread():
-            return _run(blocks, y, l, a0, b0, robust, max_iter, tol, damping, min_damping, init, pool,
-                        OUTER_MEMORY if accelerate else 0)
+            if init is not None and init.sites is not None and np.array_equal(init.sites.y, y):
+                try:
+                    return _checked(_run(blocks, y, model, max_iter, tol, damping, min_damping,
+                                         init.sites, pool, memory))
+                except (_OutsideDomain, NotPositiveDefiniteError):
+                    pass                      # the warm start failed: start cold
+            try:
+                return _checked(_run(blocks, y, model, max_iter, tol, damping, min_damping, None,
+                                     pool, memory))
+            except (_OutsideDomain, NotPositiveDefiniteError) as err:
+                raise DivergenceError(f"RMGPC EP found no valid state: {err}",
+                                      method="rmgpc ep") from err
     finally:
         if pool is not None:
             pool.shutdown()
 
 
-def _one_blas_thread():
-    """BLAS and OpenMP pinned to one thread while EP runs (threadpoolctl, when installed).
+class _OutsideDomain(ArithmeticError):
+    """A state of EP outside its domain (module docstring); rmgpc_ep falls back on it."""
 
-    EP makes many small calls that alternate between NumPy's OpenBLAS, SciPy's OpenBLAS (gpc._lapack)
-    and OpenMP loops (gpc._dense); with more than one thread each, their idle workers spin against
-    each other: on a busy 2-core machine an RMGPC fit on new-thyroid took 23.5 s instead of 0.22 s.
-    The class blocks are parallelised by ``n_threads`` instead.  The limit is process-wide while it
-    lasts (as scikit-learn's own uses of threadpoolctl)."""
+
+class _Model:
+    """What EP approximates: l classes and the outlier indicators, which are absent (SMGPC), have a
+    Beta-distributed rate (RMGPC) or a fixed rate ρ."""
+
+    def __init__(self, l, a0, b0, robust, rate):
+        if l < 2:
+            raise ValueError(f"n_classes must be at least 2, got {l}")
+        if rate is not None and not (robust and 0.0 < rate < 1.0):
+            raise ValueError(f"rate must lie in (0, 1) and needs robust=True, got {rate!r}")
+        self.l, self.a0, self.b0, self.robust, self.rate = l, a0, b0, robust, rate
+        self.beta = robust and rate is None        # ρ ~ Beta: the ψ̃ᵢ exist
+        self.log_c = -np.log(l) / (l - 1)          # c = l^(−1/(l−1)), RMGPC eq. (10)
+
+    def beta_posterior(self, sites):
+        """Q's Beta(a, b) of ρ: the prior times the ψ̃ᵢ's ρ^{αᵢ}(1 − ρ)^{βᵢ}."""
+        return self.a0 + float(np.sum(sites.alpha)), self.b0 + float(np.sum(sites.beta))
+
+    def domain_error(self, sites):
+        """Why ``sites`` lie outside EP's domain (module docstring), or None."""
+        for name in _Sites.ARRAYS:
+            if not np.all(np.isfinite(getattr(sites, name))):
+                return f"the sites' {name} are not finite"
+        if self.beta:
+            a, b = self.beta_posterior(sites)
+            if not (a > 0 and b > 0):
+                return f"Q's Beta(a, b) of the outlier rate is improper (a = {a:.6g}, b = {b:.6g})"
+            bad = np.flatnonzero((a - sites.alpha <= 0) | (b - sites.beta <= 0))
+            if bad.size:
+                i = int(bad[0])
+                return (f"the cavity Beta of point {i}'s outlier-prior site is improper "
+                        f"(a = {a - sites.alpha[i]:.6g}, b = {b - sites.beta[i]:.6g})")
+        return None
+
+    def start(self, y):
+        """Cold sites: zero Gaussian sites; the outlier prior's log-odds from the prior alone."""
+        sites = _Sites(y, self.l)
+        if self.beta:     # ψ̃ᵢ from the prior alone, so that the first cavities see P(z = 1) = ρ̄
+            _refine_outlier_prior(sites, self.a0, self.b0, 1.0)
+        elif self.robust:     # the exact prior Bern(zᵢ | ρ)
+            sites.lam_i[:] = np.log(self.rate) - np.log1p(-self.rate)
+        return sites
+
+
+def blas_threads(n_threads):
+    """A context that pins BLAS and OpenMP to ``n_threads`` threads while it lasts (threadpoolctl,
+    when installed; process-wide, as scikit-learn's own uses of threadpoolctl).  HTPC's fit runs
+    under it with the estimator's n_jobs."""
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
         return contextlib.nullcontext()
-    return threadpool_limits(1)
+    return threadpool_limits(int(n_threads))
+
+
+def _one_blas_thread():
+    """BLAS and OpenMP pinned to one thread while EP runs (:func:`blas_threads`).
+
+    EP makes many small calls that alternate between NumPy's OpenBLAS, SciPy's OpenBLAS (gpc._lapack)
+    and OpenMP loops (gpc._dense); with more than one thread each, their idle workers spin against
+    each other: on a busy 2-core machine an RMGPC fit on new-thyroid took 23.5 s instead of 0.22 s.
+    The class blocks are parallelised by ``n_threads`` instead."""
+    return blas_threads(1)
 
 
 def _map(pool, fn, items):
@@ -305,15 +381,18 @@ def _refactor(blocks, sites, single, pool):
     return np.column_stack([m for m, _ in out]), np.column_stack([v for _, v in out])
 
 
+def _refactor_valid(blocks, sites, single, pool, model):
+    """:func:`_refactor` of a state inside EP's domain; NotPositiveDefiniteError otherwise."""
+    why = model.domain_error(sites)
+    if why is not None:
+        raise NotPositiveDefiniteError(why)
+    return _refactor(blocks, sites, single, pool)
+
+
 def _remean(blocks, sites, pool):
     """Means for new site locations at the precisions of the last refactorisation (O(n²) each)."""
     _, eta = sites.class_sites()
     return np.column_stack(_map(pool, lambda k: blocks[k].mean(eta[:, k]), range(len(blocks))))
-
-
-def _beta_posterior(sites, a0, b0):
-    """Q's Beta(a, b) of ρ: the prior times the ψ̃ᵢ's ρ^{αᵢ}(1 − ρ)^{βᵢ}."""
-    return float(a0) + float(np.sum(sites.alpha)), float(b0) + float(np.sum(sites.beta))
 
 
 def _cavities(sites, means, varis):
@@ -330,12 +409,7 @@ def _cavities(sites, means, varis):
     return ok, m_t, v_t, m_o, v_o
 
 
-def _log_p_cavity(lz_cav):
-    """(log p, log(1 − p)) for cavity z log-odds."""
-    return -np.logaddexp(0.0, -lz_cav), -np.logaddexp(0.0, lz_cav)
-
-
-def _refine(sites, means, varis, prior_sd, damping, robust, a0, b0, log_c, fixed_precisions):
+def _refine(sites, means, varis, prior_sd, damping, model, fixed_precisions):
     """One refinement of every ψ̃ᵢₖ (RMGPC eq. (14)) and then of every ψ̃ᵢ (eq. (15)).
 
     All points at once; the l − 1 pairs of point i one after another, each moving the target
@@ -350,25 +424,25 @@ def _refine(sites, means, varis, prior_sd, damping, robust, a0, b0, log_c, fixed
     means, varis, prior_sd = (np.ascontiguousarray(a, dtype=np.float64) for a in (means, varis, prior_sd))
     y, others = (np.ascontiguousarray(a, dtype=np.intp) for a in (sites.y, sites.others))
     mismatch = refine_pairs(y, others, new.tau_t, new.eta_t, new.tau_o, new.eta_o, new.lam,
-                            new.lam_i, means, varis, prior_sd, float(damping), bool(robust),
-                            float(log_c), bool(fixed_precisions))        # the ψ̃ᵢₖ, typed loop
-    e = damping
-    if robust:
+                            new.lam_i, means, varis, prior_sd, float(damping), model.robust,
+                            float(model.log_c), bool(fixed_precisions))     # the ψ̃ᵢₖ, typed loop
+    if model.beta:
+        e = damping
         before = expit(new.z_log_odds())
-        a, b = _beta_posterior(new, a0, b0)
+        a, b = model.beta_posterior(new)
         _refine_outlier_prior(new, a, b, e)
         # the ψ̃ᵢ's undamped step in P(zᵢ = 1)
         mismatch = max(mismatch, float(np.max(np.abs(expit(new.z_log_odds()) - before))) / e)
     return new, mismatch
 
 
-def _location_sweeps(blocks, sites, means, varis, prior_sd, robust, a0, b0, log_c, tol, outer,
-                     pool):
+def _location_sweeps(blocks, sites, means, varis, prior_sd, model, tol, outer, pool):
     """The inner loop: Anderson-accelerated refinements at fixed site precisions (O(n²) per class
-    each).  Returns (sites, means, number of sweeps); the variances do not change."""
+    each).  Returns (sites, means, number of sweeps); the variances do not change.  An accelerated
+    step outside EP's domain is replaced by the plain one; the loop stops if that leaves it too."""
     accel, best, keep, sweeps = _Anderson(ANDERSON_MEMORY), np.inf, None, 0
     for _ in range(MAX_LOCATION_SWEEPS):
-        new, res = _refine(sites, means, varis, prior_sd, 1.0, robust, a0, b0, log_c, True)
+        new, res = _refine(sites, means, varis, prior_sd, 1.0, model, True)
         if keep is None or res < keep[0]:
             keep = (res, sites, means)
         if res < max(tol, LOCATION_FRACTION * outer) or res > 10.0 * keep[0]:
@@ -376,13 +450,18 @@ def _location_sweeps(blocks, sites, means, varis, prior_sd, robust, a0, b0, log_
         if res > 2.0 * best:           # the iteration left Anderson's linear regime: start afresh
             accel.reset()
         best = min(best, res)
-        step = accel.step(sites.locations(), new.locations(),
-                          _location_weights(sites, varis, prior_sd, a0, b0))
-        sites = sites.with_locations(step)
+        step = sites.with_locations(accel.step(sites.locations(), new.locations(),
+                                               _location_weights(sites, varis, prior_sd, model)))
+        if model.domain_error(step) is not None:
+            accel.reset()
+            if model.domain_error(new) is not None:
+                break
+            step = new
+        sites = step
         means = _remean(blocks, sites, pool)
         sweeps += 1
     else:
-        res = _refine(sites, means, varis, prior_sd, 1.0, robust, a0, b0, log_c, True)[1]
+        res = _refine(sites, means, varis, prior_sd, 1.0, model, True)[1]
         if res < keep[0]:
             keep = (res, sites, means)
     return keep[1], keep[2], sweeps
@@ -420,16 +499,16 @@ class _Anderson:
         return gx - anderson_correction(self.xs, self.fs, weights)
 
 
-def _site_weights(sites, varis, prior_sd, a0, b0):
+def _site_weights(sites, varis, prior_sd, model):
     """Scales of :meth:`_Sites.vector`: a precision change Δτ moves its marginal variance by v² Δτ
     (over the prior variance), and the locations are scaled as in :func:`_location_weights`."""
     o, rows = sites.other, np.arange(sites.n)
     rel = (varis / prior_sd) ** 2
     v_y = np.broadcast_to(rel[rows, sites.y][:, None], o.shape)[o]
-    return np.concatenate([v_y, rel[o], _location_weights(sites, varis, prior_sd, a0, b0)])
+    return np.concatenate([v_y, rel[o], _location_weights(sites, varis, prior_sd, model)])
 
 
-def _location_weights(sites, varis, prior_sd, a0, b0):
+def _location_weights(sites, varis, prior_sd, model):
     """Scales of :meth:`_Sites.locations` that make a unit change of each a comparable change of Q:
     a location moves its marginal mean by v (over the prior sd), a log-odds moves P(z) by p(1 − p),
     the Beta exponents move Q's Beta by 1/(a + b)."""
@@ -438,51 +517,45 @@ def _location_weights(sites, varis, prior_sd, a0, b0):
     v_k = (varis / prior_sd)[o]
     p = expit(sites.z_log_odds())
     pq = p * (1.0 - p)
-    a, b = _beta_posterior(sites, a0, b0)
+    a, b = model.beta_posterior(sites)
     beta_w = np.full(sites.n, 1.0 / (a + b))
     return np.concatenate([v_y, v_k, np.broadcast_to(pq[:, None], o.shape)[o], beta_w, beta_w, pq])
 
 
-def _run(blocks, y, l, a0, b0, robust, max_iter, tol, damping, min_damping, init, pool, memory):
-    """rmgpc_ep's iteration."""
-    n = y.shape[0]
-    log_c = -np.log(l) / (l - 1)
+def _run(blocks, y, model, max_iter, tol, damping, min_damping, init_sites, pool, memory):
+    """rmgpc_ep's iteration from ``init_sites`` (None: cold).  Raises NotPositiveDefiniteError when
+    it finds no valid state (the warm start's sites do not fit, or the damping runs out)."""
+    n, l = y.shape[0], model.l
     prior_sd = np.sqrt(np.column_stack([b.k_diag for b in blocks]))
     history, converged, sweeps, n_factor = [], False, 0, 0
-    sites, means, varis, single = None, None, None, True
-    if init is not None and init.sites is not None and np.array_equal(init.sites.y, y):
-        try:           # a warm start: refactor its sites in double precision
-            sites = init.sites.copy()
-            n_factor += 1
-            means, varis = _refactor(blocks, sites, False, pool)
-            single = False
-        except NotPositiveDefiniteError:     # sites that do not fit these K: start cold
-            sites = None
-    if sites is None:
-        sites = _Sites(y, l)
-        means, varis = np.zeros((n, l)), prior_sd ** 2
-        if robust:     # ψ̃ᵢ from the prior alone, so that the first cavities see P(z = 1) = ρ̄
-            _refine_outlier_prior(sites, a0, b0, 1.0)
+    if init_sites is not None:     # a warm start: refactor its sites in double precision
+        sites = init_sites.copy()
+        n_factor += 1
+        means, varis = _refactor_valid(blocks, sites, False, pool, model)
+        single = False
+    else:
+        sites = model.start(y)
+        means, varis, single = np.zeros((n, l)), prior_sd ** 2, True
     factored = not single
-    it, rejected, pause, streak, refined = 0, [], 0, 0, None
+    it, rejected, pause, streak, refined, mismatch = 0, [], 0, 0, None, np.inf
     accel = _Anderson(memory)
     for it in range(1, max_iter + 1):
-        new, mismatch = refined or _refine(sites, means, varis, prior_sd, damping, robust, a0, b0,
-                                           log_c, False)
+        new, mismatch = refined or _refine(sites, means, varis, prior_sd, damping, model, False)
         refined = None
         if mismatch < tol and factored and not single:
             converged = True
             break
         single = single and mismatch > SINGLE_ABOVE
         if memory and pause == 0:
-            # Anderson's extrapolation of the damped steps, kept only if it lowers the mismatch
+            # Anderson's extrapolation of the damped steps, kept only if it stays in EP's domain
+            # and lowers the mismatch
             step = accel.step(sites.vector(), new.vector(),
-                              _site_weights(sites, varis, prior_sd, a0, b0))
+                              _site_weights(sites, varis, prior_sd, model))
             if len(accel) > 1:
                 n_factor += 1
                 try:
                     trial = _try_step(blocks, sites.with_vector(step), single, pool, prior_sd,
-                                      damping, robust, a0, b0, log_c, tol, mismatch)
+                                      damping, model, tol, mismatch)
                     sweeps += trial[3]
                 except NotPositiveDefiniteError:
                     trial = None
@@ -497,49 +570,69 @@ def _run(blocks, y, l, a0, b0, robust, max_iter, tol, damping, min_damping, init
         else:
             pause = max(pause - 1, 0)
         while True:    # the paper's damped step (RMGPC §3), halving ε if a Σ_k is not positive
-            try:
+            try:       # definite or the step leaves EP's domain
                 n_factor += 1
-                means, varis = _refactor(blocks, new, single, pool)
+                means, varis = _refactor_valid(blocks, new, single, pool, model)
                 sites, factored = new, True
                 break
-            except NotPositiveDefiniteError:
+            except NotPositiveDefiniteError as err:
                 damping *= 0.5
                 history.append((it, damping))
                 accel.reset()
                 if damping < min_damping:
                     raise NotPositiveDefiniteError(
-                        f"EP could not keep the class covariances positive definite even with "
-                        f"damping {damping:g}") from None
-                new, mismatch = _refine(sites, means, varis, prior_sd, damping, robust, a0, b0,
-                                        log_c, False)
-        sites, means, done = _location_sweeps(blocks, sites, means, varis, prior_sd, robust, a0, b0,
-                                              log_c, tol, mismatch, pool)
+                        f"EP could not keep a valid state even with damping {damping:g} ({err})"
+                    ) from None
+                new, mismatch = _refine(sites, means, varis, prior_sd, damping, model, False)
+        sites, means, done = _location_sweeps(blocks, sites, means, varis, prior_sd, model, tol,
+                                              mismatch, pool)
         sweeps += done
     if not converged:
-        warnings.warn(f"RMGPC EP did not converge in {max_iter} iterations", ConvergenceWarning,
-                      stacklevel=3)
+        warnings.warn(f"RMGPC EP did not converge in {max_iter} iterations (largest moment "
+                      f"mismatch {mismatch:.3g} > tol {tol:g}); features on very different scales "
+                      f"are a common cause: standardise X (e.g. scikit-learn's StandardScaler) or "
+                      f"give the kernel one length scale per feature", ConvergenceWarning,
+                      stacklevel=4)
         if single or not factored:
             n_factor += 1
             means, varis = _refactor(blocks, sites, False, pool)
     tau, eta = sites.class_sites()
     post = [blk.posterior(eta[:, k]) for k, blk in enumerate(blocks)]
     means = np.column_stack([p.mean for p in post])
-    a, b = _beta_posterior(sites, a0, b0) if robust else (float(a0), float(b0))
-    log_z = _log_evidence(sites, post, means, varis, a, b, a0, b0, robust, log_c)
-    p_out = expit(sites.z_log_odds()) if robust else np.zeros(n)
+    a, b = model.beta_posterior(sites) if model.beta else (model.a0, model.b0)
+    log_z = _log_evidence(sites, post, means, varis, a, b, model)
+    p_out = expit(sites.z_log_odds()) if model.robust else np.zeros(n)
     return MultiClassEPResult(classes=post, outlier_probability=p_out, a=a, b=b, log_evidence=log_z,
                               n_iter=it, converged=converged, damping=damping,
-                              n_location_sweeps=sweeps, damping_history=history, robust=robust,
-                              sites=sites, n_refactorisations=n_factor, rejected_steps=rejected)
+                              n_location_sweeps=sweeps, damping_history=history,
+                              robust=model.robust, rate=model.rate, sites=sites,
+                              n_refactorisations=n_factor, rejected_steps=rejected)
 
 
-def _try_step(blocks, sites, single, pool, prior_sd, damping, robust, a0, b0, log_c, tol, outer):
+def _checked(res):
+    """``res`` if it lies in EP's domain, else _OutsideDomain: a finite log evidence, ρ̄ in (0, 1),
+    outlier probabilities in [0, 1], finite class means."""
+    if not np.isfinite(res.log_evidence):
+        raise _OutsideDomain(f"the log evidence is {res.log_evidence}")
+    rho = res.rho_mean
+    if res.robust and not 0.0 < rho < 1.0:
+        raise _OutsideDomain(f"the mean outlier rate {rho:.6g} is not in (0, 1)")
+    p = res.outlier_probability
+    if not np.all((p >= 0.0) & (p <= 1.0)):
+        raise _OutsideDomain("an outlier probability is not in [0, 1]")
+    if not all(np.all(np.isfinite(c.mean)) for c in res.classes):
+        raise _OutsideDomain("a class mean is not finite")
+    return res
+
+
+def _try_step(blocks, sites, single, pool, prior_sd, damping, model, tol, outer):
     """Refactor at ``sites``, settle the locations, and refine: (sites, means, varis, sweeps,
-    (refined sites, mismatch)).  Raises NotPositiveDefiniteError when ``sites`` give no Gaussian."""
-    means, varis = _refactor(blocks, sites, single, pool)
-    sites, means, done = _location_sweeps(blocks, sites, means, varis, prior_sd, robust, a0, b0,
-                                          log_c, tol, outer, pool)
-    refined = _refine(sites, means, varis, prior_sd, damping, robust, a0, b0, log_c, False)
+    (refined sites, mismatch)).  Raises NotPositiveDefiniteError when ``sites`` give no Gaussian or
+    lie outside EP's domain."""
+    means, varis = _refactor_valid(blocks, sites, single, pool, model)
+    sites, means, done = _location_sweeps(blocks, sites, means, varis, prior_sd, model, tol, outer,
+                                          pool)
+    refined = _refine(sites, means, varis, prior_sd, damping, model, False)
     return sites, means, varis, done, refined
 
 
@@ -558,7 +651,12 @@ def _refine_outlier_prior(sites, a, b, damping):
                                 float(a), float(b), float(damping))
 
 
-def _log_evidence(sites, post, means, varis, a, b, a0, b0, robust, log_c):
+def _log_sigmoids(lam):
+    """(log σ(λ), log σ(−λ)) elementwise."""
+    return -softplus(-lam), -softplus(lam)
+
+
+def _log_evidence(sites, post, means, varis, a, b, model):
     """log Z of RMGPC eq. (16)-(17), from the converged sites.
 
     log Z = Σ_k [½ vᵏᵀ μ_k − ½ log|I + Λᵏ K_k|] + Σ log s̃ᵢₖ + Σ log s̃ᵢ
@@ -566,41 +664,43 @@ def _log_evidence(sites, post, means, varis, a, b, a0, b0, robust, log_c):
     with Dᵢ = Π σ(λ) + Π σ(−λ) over ψ̃ᵢ's and the ψ̃ᵢₖ's Bernoulli factors, and each log s̃ the log
     tilted mass minus the log mass of the site times its cavity (so that Z is the integral of the
     product of the scaled sites).  The paper's C_k − Σ τ terms are the same Gaussian masses written
-    with unnormalised site Gaussians.
+    with unnormalised site Gaussians.  With a fixed rate ρ the prior Bern(zᵢ | ρ) takes ψ̃ᵢ's place
+    exactly (λᵢ = logit ρ, no scale s̃ᵢ, no Beta terms; docs/derivations-rmgpc.md).  Raises
+    NotPositiveDefiniteError or _OutsideDomain when a term has no value.
     """
-    y, other = sites.y, sites.other
-    log_z = sum(0.5 * float(p.site_location @ p.mean) - 0.5 * p.logdet for p in post)
+    other = sites.other
+    log_z = sum(0.5 * float(p.site_location @ p.mean) - 0.5 * p.log_det_B for p in post)
     ok, m_t, v_t, m_o, v_o = _cavities(sites, means, varis)
     if not np.all(ok == other):
         raise NotPositiveDefiniteError("a cavity variance is not positive at the EP fixed point")
-    if robust:
-        lz_all = sites.lam_i + sites.lam.sum(axis=1)
-        lz_cav = lz_all[:, None] - sites.lam
-        log_p_cav = (-np.logaddexp(0.0, -lz_cav), -np.logaddexp(0.0, lz_cav))
+    m_t, v_t, m_o, v_o, lam = m_t[other], v_t[other], m_o[other], v_o[other], sites.lam[other]
+    if model.robust:
+        lz_cav = (sites.z_log_odds()[:, None] - sites.lam)[other]
     else:
-        log_p_cav = None
-    log_tilted = _likelihood_moments(m_t, v_t, m_o, v_o, log_p_cav, log_c)[0]
-    log_site = (_log_gauss_site_mass(sites.tau_t, sites.eta_t, m_t, v_t)
-                + _log_gauss_site_mass(sites.tau_o, sites.eta_o, m_o, v_o))
-    if robust:
+        lz_cav = np.full(lam.shape, -np.inf)
+    mom, bad = pair_moments(m_t, v_t, m_o, v_o, lz_cav, model.log_c)
+    if bad >= 0:
+        raise _OutsideDomain("a tilted distribution of the argmax likelihood has no finite mass")
+    log_site = (_log_gauss_site_mass(sites.tau_t[other], sites.eta_t[other], m_t, v_t)
+                + _log_gauss_site_mass(sites.tau_o[other], sites.eta_o[other], m_o, v_o))
+    if model.robust:
         # Bernoulli site times Bernoulli cavity: σ(λ)p + σ(−λ)(1 − p), in logs
-        log_site = log_site + np.logaddexp(-np.logaddexp(0, -sites.lam) + log_p_cav[0],
-                                           -np.logaddexp(0, sites.lam) + log_p_cav[1])
-    log_z += float(np.sum(np.where(other, log_tilted - log_site, 0.0)))
-    if robust:
-        log_z += betaln(a, b) - betaln(a0, b0)
+        (s1, s0), (p1, p0) = _log_sigmoids(lam), _log_sigmoids(lz_cav)
+        log_site = log_site + np.logaddexp(s1 + p1, s0 + p0)
+    log_z += float(np.sum(mom["log_z"] - log_site))
+    if model.robust:
         # log Dᵢ: the Bernoulli factors' product summed over zᵢ (no factor at k = yᵢ)
-        log_s1 = np.sum(np.where(other, -np.logaddexp(0, -sites.lam), 0.0), axis=1)
-        log_s0 = np.sum(np.where(other, -np.logaddexp(0, sites.lam), 0.0), axis=1)
-        log_d = np.logaddexp(log_s1 - np.logaddexp(0, -sites.lam_i), log_s0 - np.logaddexp(0, sites.lam_i))
-        log_z += float(np.sum(log_d))
-        lam_cav_i = sites.lam.sum(axis=1)
-        lp1, lp0 = -np.logaddexp(0, -lam_cav_i), -np.logaddexp(0, lam_cav_i)
+        s1, s0 = _log_sigmoids(sites.lam)
+        log_s1 = np.sum(np.where(other, s1, 0.0), axis=1)
+        log_s0 = np.sum(np.where(other, s0, 0.0), axis=1)
+        i1, i0 = _log_sigmoids(sites.lam_i)
+        log_z += float(np.sum(np.logaddexp(log_s1 + i1, log_s0 + i0)))
+    if model.beta:
+        log_z += betaln(a, b) - betaln(model.a0, model.b0)
+        lp1, lp0 = _log_sigmoids(sites.lam.sum(axis=1))
         a_c, b_c = a - sites.alpha, b - sites.beta
-        rbar = a_c / (a_c + b_c)
-        log_zi = np.logaddexp(lp1 + np.log(rbar), lp0 + np.log1p(-rbar))
-        log_site_i = (betaln(a, b) - betaln(a_c, b_c)
-                      + np.logaddexp(-np.logaddexp(0, -sites.lam_i) + lp1,
-                                     -np.logaddexp(0, sites.lam_i) + lp0))
+        log_zi = np.logaddexp(lp1 + np.log(a_c), lp0 + np.log(b_c)) - np.log(a_c + b_c)
+        i1, i0 = _log_sigmoids(sites.lam_i)
+        log_site_i = betaln(a, b) - betaln(a_c, b_c) + np.logaddexp(i1 + lp1, i0 + lp0)
         log_z += float(np.sum(log_zi - log_site_i))
     return log_z

@@ -6,7 +6,8 @@ from .._validation import check_finite_array, check_positive_float, check_positi
 from ..classifier import GaussianProcessClassifier, NotFittedError, _Base, _ClassifierMixin
 from ..kernels import RBF, as_kernel
 from ..optimize import maximise_evidence
-from .ep import rmgpc_ep
+from ..sparse.estimator import median_length_scale
+from .ep import blas_threads, rmgpc_ep
 from .htpc import htpc_laplace, htpc_predict_proba
 from .predict import predict_proba
 
@@ -18,6 +19,11 @@ SCALE_INIT, SCALE_BOUNDS = 1.0, (1e-2, 1e2)
 #: HTPC's evidence gradient is a forward difference in log space with this step; the Newton
 #: iteration underneath is run to 1e-9 on û so that the difference is not noise
 HTPC_FD_STEP, HTPC_NEWTON_TOL = 1e-5, 1e-9
+#: the fixed label noise ε's default bounds when it is learnt (model="robust", label_noise=ε)
+LABEL_NOISE_BOUNDS = (1e-6, 0.4)
+#: a kernel hyperparameter is a pure amplitude if K(θ + e_j) equals e · K(θ) to this relative
+#: tolerance (log-space θ: an amplitude scales K by e^Δ), checked on at most AMPLITUDE_ROWS rows
+AMPLITUDE_RTOL, AMPLITUDE_ROWS = 1e-10, 50
 
 
 class MultiClassGPC(_ClassifierMixin, _Base):
@@ -32,6 +38,25 @@ class MultiClassGPC(_ClassifierMixin, _Base):
     likelihood and the Laplace approximation, γ and b_k maximising its evidence (finite-difference
     gradient); see :mod:`gpc.multiclass.htpc` and docs/derivations-rmgpc.md.
 
+    model="robust" with ``label_noise=ε`` keeps RMGPC's likelihood but with a fixed outlier rate
+    instead of its Beta posterior: p(yᵢ | fᵢ) = (1 − ε) pᵢ + ε/(l − 1) (1 − pᵢ), pᵢ = 1 when yᵢ is the
+    argmax (the likelihood of the scalable multi-class EP paper, Villacampa-Calvo and
+    Hernández-Lobato), i.e. zᵢ ~ Bern(ρ) with ρ = ε l/(l − 1) fixed; ε is a hyperparameter, learnt
+    with the kernel's by its evidence gradient unless ``label_noise_bounds="fixed"``
+    (docs/derivations-rmgpc.md, "Fixed label noise").
+
+    Which hyperparameters each model can learn: the argmax likelihood is invariant under scaling
+    every latent function by the same factor, and so are RMGPC's and SMGPC's EP evidence; HTPC
+    standardises u_k(x)/√κ(x, x) before its copula.  A kernel amplitude (a hyperparameter that
+    only scales K, such as ConstantKernel's constant in ``ConstantKernel(c) * RBF(ℓ)``) therefore
+    leaves the evidence of "robust" and "heavy-tailed" unchanged, and that of "standard" unchanged
+    together with the noises ϑ_k² scaled alike.  The estimator finds such amplitudes (K(θ + e_j) =
+    e K(θ) in log space) and keeps them at their starting values, out of the optimiser's θ: all of
+    them with a shared kernel, and with one kernel per class those of the first class and any beyond
+    the first of each further class (the relative scales of the classes do matter).  So "robust"
+    learns the kernel's other hyperparameters (and ε with ``label_noise=ε``); "standard" those and
+    the ϑ_k² (relative to the kernel's fixed scale); "heavy-tailed" those and the scales b_k.
+
     With two classes and model="standard", f₁ − f₂ plays the role of binary GPC's latent function:
     the likelihood Θ(f₁ − f₂ + ε₁ − ε₂) is a probit in f₁ − f₂ with noise 2ϑ², and f₁ − f₂ has prior
     covariance 2K; EP's Q here keeps f₁ and f₂ independent, so it matches binary EP (probit, kernel
@@ -39,8 +64,11 @@ class MultiClassGPC(_ClassifierMixin, _Base):
 
     Parameters
     ----------
-    kernel : gpc or scikit-learn kernel, default RBF(1.0)
-        The covariance c of eq. (22), exp(−‖x − x'‖²/(2γ)) with γ = length_scale².
+    kernel : gpc or scikit-learn kernel, default RBF(median distance)
+        The covariance c of eq. (22), exp(−‖x − x'‖²/(2γ)) with γ = length_scale².  The default
+        RBF starts at the median distance between training rows (the median heuristic, on at most
+        1000 rows), so that unscaled features start from a kernel on their scale; standardised
+        features remain the better input (one length scale serves all of them).
     model : {"robust", "standard", "heavy-tailed"}
         RMGPC, SMGPC or HTPC (HTPC needs ``shared_kernel=True``, as in the paper).
     a0, b0 : float
@@ -51,10 +79,17 @@ class MultiClassGPC(_ClassifierMixin, _Base):
     n_restarts_optimizer : int
     max_iter, tol : EP's limit on outer iterations and its tolerance on the undamped moment
         mismatch (:func:`gpc.multiclass.ep.rmgpc_ep`).
-    random_state : seed for the restarts.
+    random_state : seed for the restarts (and the rows of the median heuristic).
     n_jobs : int or None
-        Threads over EP's l class blocks (None or 1: none; -1: one per core).  The fit does not
-        depend on it.
+        Threads over EP's l class blocks, or HTPC's BLAS threads (None or 1: one thread; -1: one
+        per core).  BLAS runs on one thread during EP, and on n_jobs during HTPC's fit and
+        prediction, so more threads are never a second pool competing for the cores.  The fit does
+        not depend on it (HTPC: beyond rounding).
+    label_noise : "beta" or float
+        model="robust" only.  "beta": RMGPC's outlier rate ρ with a Beta(a0, b0) prior and
+        posterior.  A float ε in (0, (l − 1)/l): fixed label noise (see above), its starting value.
+    label_noise_bounds : (float, float) or "fixed", default (1e-6, 0.4)
+        Bounds of ε when it is learnt (each below (l − 1)/l), or "fixed" to keep it.
 
     Attributes
     ----------
@@ -62,7 +97,13 @@ class MultiClassGPC(_ClassifierMixin, _Base):
     n_iter_ (EP's outer iterations, i.e. class-block refactorisations, or HTPC's Newton steps, of
     the final fit), log_marginal_likelihood_value_, outlier_probability_ (eq. (21), one per
     training row in fit order; zeros for "standard" and "heavy-tailed"), ep_result_ (the
-    converged EP state, with its damping record; for HTPC the Laplace approximation), scales_ (HTPC's b_k; None otherwise).
+    converged EP state, with its damping record; for HTPC the Laplace approximation), scales_ (HTPC's b_k; None otherwise),
+    label_noise_ (the fitted ε with ``label_noise=ε``; None otherwise), fixed_amplitudes_ (the
+    indices of θ held at their starting values as pure amplitudes, see above).
+
+    Memory: model="heavy-tailed" holds 2 (n l)² doubles at the peak of its fit and keeps
+    (l + 2) n² with the fitted model (:mod:`gpc.multiclass.htpc`); "robust" and "standard" keep
+    one n × n factor per class.
 
     Examples
     --------
@@ -88,7 +129,8 @@ class MultiClassGPC(_ClassifierMixin, _Base):
 
     def __init__(self, kernel=None, model="robust", a0=1.0, b0=9.0, shared_kernel=True,
                  optimizer="fmin_l_bfgs_b", n_restarts_optimizer=0, max_iter=500, tol=1e-4,
-                 random_state=None, n_jobs=None):
+                 random_state=None, n_jobs=None, label_noise="beta",
+                 label_noise_bounds=LABEL_NOISE_BOUNDS):
         self.kernel = kernel
         self.model = model
         self.a0 = a0
@@ -100,6 +142,8 @@ class MultiClassGPC(_ClassifierMixin, _Base):
         self.tol = tol
         self.random_state = random_state
         self.n_jobs = n_jobs
+        self.label_noise = label_noise
+        self.label_noise_bounds = label_noise_bounds
 
     # -- validation -----------------------------------------------------------------------------
     def _check_X(self, X, fitting):
@@ -130,6 +174,47 @@ class MultiClassGPC(_ClassifierMixin, _Base):
         check_positive_int(self.n_restarts_optimizer, "n_restarts_optimizer", minimum=0)
         if self.n_jobs is not None and self.n_jobs != -1:
             check_positive_int(self.n_jobs, "n_jobs")
+        if isinstance(self.label_noise, str):
+            if self.label_noise != "beta":
+                raise ValueError(f"label_noise must be 'beta' or a float ε in (0, 1), got "
+                                 f"{self.label_noise!r}")
+        else:
+            eps = check_positive_float(self.label_noise, "label_noise")
+            if self.model != "robust":
+                raise ValueError("label_noise=ε (fixed label noise) is a noise treatment of "
+                                 f"model='robust', not of model={self.model!r}")
+            if eps >= 1.0:
+                raise ValueError(f"label_noise must lie in (0, 1), got {eps!r}")
+        bounds = self.label_noise_bounds
+        if not (isinstance(bounds, str) and bounds == "fixed"):
+            try:
+                lo, hi = (float(b) for b in bounds)
+            except (TypeError, ValueError):
+                raise ValueError(f"label_noise_bounds must be 'fixed' or (low, high), got "
+                                 f"{bounds!r}") from None
+            if not 0.0 < lo <= hi < 1.0:
+                raise ValueError(f"label_noise_bounds must satisfy 0 < low <= high < 1, got "
+                                 f"{bounds!r}")
+
+    def _fixed_noise(self):
+        """Whether ε is a hyperparameter: label_noise=ε on the robust model."""
+        return self.model == "robust" and not isinstance(self.label_noise, str)
+
+    def _learns_noise(self):
+        """Whether θ carries log ε."""
+        return self._fixed_noise() and not (isinstance(self.label_noise_bounds, str))
+
+    def _check_label_noise(self):
+        """ε and its bounds below (l − 1)/l, where the labels carry no information (ρ = 1)."""
+        top = (self.n_classes_ - 1) / self.n_classes_
+        if not self._fixed_noise():
+            return
+        if not self.label_noise < top:
+            raise ValueError(f"label_noise must be below (l - 1)/l = {top:.6g} for {self.n_classes_} "
+                             f"classes, got {self.label_noise!r}")
+        if self._learns_noise() and not float(self.label_noise_bounds[1]) < top:
+            raise ValueError(f"label_noise_bounds' upper end must be below (l - 1)/l = {top:.6g} "
+                             f"for {self.n_classes_} classes, got {self.label_noise_bounds!r}")
 
     def _threads(self):
         import os
@@ -139,14 +224,24 @@ class MultiClassGPC(_ClassifierMixin, _Base):
 
     # -- the evidence as a function of θ ------------------------------------------------------------
     def _unpack(self, theta):
-        """θ → (one kernel per class, one noise per class or None)."""
+        """θ → (one kernel per class, one noise or scale per class or None, fixed outlier rate ρ
+        or None)."""
         l, p = self.n_classes_, self._base_kernel.n_dims
         n_kernels = 1 if self.shared_kernel else l
         kernels = [self._base_kernel.clone_with_theta(theta[j * p:(j + 1) * p]) for j in range(n_kernels)]
         if self.shared_kernel:
             kernels = kernels * l
-        noise = np.exp(theta[n_kernels * p:]) if self.model in ("standard", "heavy-tailed") else None
-        return kernels, noise
+        rest = theta[n_kernels * p:]
+        noise = np.exp(rest) if self.model in ("standard", "heavy-tailed") else None
+        eps = self._label_noise(theta)
+        rate = None if eps is None else eps * l / (l - 1)   # (1 − ε) p + ε/(l − 1)(1 − p) = (1 − ρ) p + ρ/l
+        return kernels, noise, rate
+
+    def _label_noise(self, theta):
+        """The fixed label noise ε at θ (its last entry when learnt), or None."""
+        if not self._fixed_noise():
+            return None
+        return float(np.exp(theta[-1])) if self._learns_noise() else float(self.label_noise)
 
     def _matrices(self, kernels, noise, X):
         cache, Ks = {}, []
@@ -159,9 +254,9 @@ class MultiClassGPC(_ClassifierMixin, _Base):
 
     def _htpc_evidence(self, theta, X, y, eval_gradient=True, init=None):
         """HTPC's Laplace evidence at θ = (kernel θ, log b_k), and its forward-difference gradient."""
-        kernels, scales = self._unpack(theta)
+        kernels, scales, _ = self._unpack(theta)
         res = htpc_laplace(kernels[0](X), y, self.n_classes_, scales, max_iter=self.max_iter,
-                           tol=HTPC_NEWTON_TOL, init=init)
+                           tol=HTPC_NEWTON_TOL, init=init, n_threads=self._threads())
         if not eval_gradient:
             return res
         grad = np.empty_like(theta)
@@ -175,11 +270,11 @@ class MultiClassGPC(_ClassifierMixin, _Base):
     def _evidence(self, theta, X, y, eval_gradient=True, init=None):
         if self.model == "heavy-tailed":
             return self._htpc_evidence(theta, X, y, eval_gradient, init)
-        kernels, noise = self._unpack(theta)
+        kernels, noise, rate = self._unpack(theta)
         Ks, cache = self._matrices(kernels, noise, X)
         res = rmgpc_ep(Ks, y, self.n_classes_, a0=self.a0, b0=self.b0,
                        robust=self.model == "robust", max_iter=self.max_iter, tol=self.tol,
-                       init=init, n_threads=self._threads())
+                       init=init, n_threads=self._threads(), rate=rate)
         if not eval_gradient:
             return res
         Ms = res.gradient_matrices()
@@ -191,11 +286,17 @@ class MultiClassGPC(_ClassifierMixin, _Base):
                       for kern, M in zip(kernels, Ms)]
         if noise is not None:   # ∂K_k/∂ log ϑ_k² = ϑ_k² I
             grads.append(noise * np.array([np.trace(M) for M in Ms]))
+        if self._learns_noise():   # ρ ∝ ε, so ∂/∂ log ε = ρ ∂/∂ρ (docs/derivations-rmgpc.md)
+            grads.append([rate * res.rate_gradient()])
         return res, np.concatenate(grads)
 
     # -- fitting ----------------------------------------------------------------------------------
     def fit(self, X, y):
-        """Fit θ by type-II ML (if an optimizer is given) and run EP at the optimum."""
+        """Fit θ by type-II ML (if an optimizer is given) and run EP at the optimum.
+
+        An evaluation that fails (EP or Laplace finds no valid state and raises) is handed to the
+        optimiser as a failed one (−inf) and never becomes the next evaluation's warm start.
+        """
         self._check_params()
         X = self._check_X(X, fitting=True)
         y = GaussianProcessClassifier._check_y(self, y, X.shape[0])
@@ -205,7 +306,12 @@ class MultiClassGPC(_ClassifierMixin, _Base):
         if self.n_classes_ < 2:
             raise ValueError(f"only one class ({self.classes_[0]!r}) is present in y; classification "
                              "needs at least two")
-        self._base_kernel = as_kernel(RBF(1.0) if self.kernel is None else self.kernel)
+        self._check_label_noise()
+        if self.kernel is None:     # the median heuristic: a length scale on the features' scale
+            kernel = RBF(median_length_scale(X, np.random.default_rng(self.random_state)))
+        else:
+            kernel = self.kernel
+        self._base_kernel = as_kernel(kernel)
         n_kernels = 1 if self.shared_kernel else self.n_classes_
         theta0 = np.tile(self._base_kernel.theta, n_kernels)
         bounds = np.tile(self._base_kernel.bounds, (n_kernels, 1)).reshape(-1, 2)
@@ -213,25 +319,41 @@ class MultiClassGPC(_ClassifierMixin, _Base):
             init, box = (NOISE_INIT, NOISE_BOUNDS) if self.model == "standard" else (SCALE_INIT, SCALE_BOUNDS)
             theta0 = np.concatenate([theta0, np.full(self.n_classes_, np.log(init))])
             bounds = np.vstack([bounds, np.tile(np.log(box), (self.n_classes_, 1))])
+        if self._learns_noise():      # log ε
+            theta0 = np.append(theta0, np.log(self.label_noise))
+            bounds = np.vstack([bounds, np.log(np.asarray(self.label_noise_bounds, dtype=float))])
+        self.fixed_amplitudes_ = self._amplitude_dims(X, n_kernels)
+        free = np.ones(theta0.size, dtype=bool)
+        free[self.fixed_amplitudes_] = False
         theta, last = theta0, {}
-        if self.optimizer is not None and theta0.size:
+        if self.optimizer is not None and np.any(free):
+            def full(t):
+                out = theta0.copy()
+                out[free] = t
+                return out
+
             def objective(t):
-                try:   # warm start from the previous evaluation's sites
-                    res, grad = self._evidence(t, X, y_index, init=last.get("res"))
+                try:   # warm start from the previous valid evaluation's state
+                    res, grad = self._evidence(full(t), X, y_index, init=last.get("res"))
                 except (np.linalg.LinAlgError, ArithmeticError, ValueError):
+                    return -np.inf, np.zeros_like(t)     # failed: never a warm start
+                if not (np.isfinite(res.log_evidence) and np.all(np.isfinite(grad))):
                     return -np.inf, np.zeros_like(t)
                 last["res"] = res
                 if res.log_evidence > last.get("best", (-np.inf,))[0]:
-                    last["best"] = (res.log_evidence, np.array(t, dtype=float), res)
-                return res.log_evidence, grad
-            theta, _ = maximise_evidence(objective, theta0, bounds, optimizer=self.optimizer,
-                                         n_restarts=self.n_restarts_optimizer,
-                                         random_state=np.random.default_rng(self.random_state))
+                    last["best"] = (res.log_evidence, full(t), res)
+                return res.log_evidence, grad[free]
+            start = theta0[free]
+            t, _ = maximise_evidence(objective, start, bounds[free], optimizer=self.optimizer,
+                                     n_restarts=self.n_restarts_optimizer,
+                                     random_state=np.random.default_rng(self.random_state))
+            theta = full(t)
         self.theta_ = theta
-        self.kernels_, self.noise_ = self._unpack(theta)
+        self.kernels_, self.noise_, _ = self._unpack(theta)
         self.scales_ = None
         if self.model == "heavy-tailed":   # the extra parameters are scales, not noise
             self.scales_, self.noise_ = self.noise_, None
+        self.label_noise_ = self._label_noise(theta)
         self.ep_result_ = self._final_state(theta, X, y_index, last)
         self.n_iter_ = self.ep_result_.n_iter
         self.log_marginal_likelihood_value_ = self.ep_result_.log_evidence
@@ -239,6 +361,27 @@ class MultiClassGPC(_ClassifierMixin, _Base):
                                      else self.ep_result_.outlier_probability.copy())
         self.X_train_ = X
         return self
+
+    def _amplitude_dims(self, X, n_kernels):
+        """Indices of θ that only scale the evidence's invariant direction (class docstring): the
+        kernel's pure amplitudes, all of the first kernel's and those beyond the first of every
+        further kernel."""
+        p = self._base_kernel.n_dims
+        if p == 0:
+            return np.zeros(0, dtype=int)
+        rows = X[:AMPLITUDE_ROWS]
+        theta = self._base_kernel.theta
+        K = self._base_kernel(rows)
+        amplitude = []
+        for j in range(p):
+            step = np.zeros(p)
+            step[j] = 1.0
+            with np.errstate(all="ignore"):
+                K1 = self._base_kernel.clone_with_theta(theta + step)(rows)
+            if np.allclose(K1, np.e * K, rtol=AMPLITUDE_RTOL, atol=0.0) and np.any(K != 0):
+                amplitude.append(j)
+        fixed = list(amplitude) + [k * p + j for k in range(1, n_kernels) for j in amplitude[1:]]
+        return np.array(sorted(fixed), dtype=int)
 
     def _final_state(self, theta, X, y, last):
         """The approximation at the chosen θ: the optimiser's own evaluation there when it made one.
@@ -264,7 +407,9 @@ class MultiClassGPC(_ClassifierMixin, _Base):
         X = self._check_X(X, fitting=False)
         if self.model == "heavy-tailed":
             kern = self.kernels_[0]
-            return htpc_predict_proba(self.ep_result_, self.scales_, kern(X, self.X_train_), kern.diag(X))
+            with blas_threads(self._threads()):
+                return htpc_predict_proba(self.ep_result_, self.scales_, kern(X, self.X_train_),
+                                          kern.diag(X))
         crosses, diags, cache = [], [], {}
         for k, kern in enumerate(self.kernels_):
             if id(kern) not in cache:

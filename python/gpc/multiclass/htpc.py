@@ -17,19 +17,32 @@ approximation's evidence.  What the paper leaves out is written down in docs/der
   l × l per point, not positive semi-definite in general because of g″);
 * the predictive distribution: u(x*) | y ≈ N(Q*ᵀ â, κ* − Q*ᵀ (I + W K)⁻¹ W Q*) and
   P(y* = k) = E[softmax(g(u(x*)))] by Monte Carlo with a fixed seed.
+
+Threads: the fit's O((n l)³) work (the whitened Hessian's products and its Cholesky factor) runs
+on scipy's BLAS with the number of threads the caller gives (``n_threads``, the estimator's n_jobs,
+default 1), pinned for the whole fit as RMGPC's EP pins its BLAS (threadpoolctl): on a machine at load
+5-8, BLAS at its default thread count made a fit on wine 25 times slower than one thread.
+
+Memory: the fit holds the l² n curvature blocks, the whitened Hessian and its Cholesky factor,
+2 (n l)² doubles at the peak (576 MB at n = 1000, l = 6).  The result keeps only what prediction
+needs, (l + 2) n² doubles (64 MB there, where the dense predictive solve kept three (n l)²
+matrices): K, the l Cholesky factors of I + D_c^½ K D_c^½ and one n × n factor of a Woodbury
+correction (:func:`htpc_latent_moments`, docs/derivations-rmgpc.md).
 """
 
 import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.linalg import cho_factor, cho_solve, eigh, solve_triangular
+from scipy.linalg import cho_factor, cho_solve, cholesky, eigh, solve_triangular
+from scipy.linalg.blas import dgemm
 from scipy.special import log_ndtr
 
 from .._linalg import cholesky_lower
+from .._special import LOG_SQRT_2PI
 from ..exceptions import ConvergenceWarning, NotPositiveDefiniteError
+from .ep import blas_threads
 
-LOG_SQRT_2PI = 0.5 * np.log(2.0 * np.pi)
 #: Monte Carlo samples of u(x*) per test point in the predictive integral
 N_PREDICT_SAMPLES = 2000
 
@@ -96,7 +109,7 @@ def _softmax(F):
 
 @dataclass
 class HTPCLaplaceResult:
-    """The Laplace approximation of HTPC at fixed (K, b).
+    """The Laplace approximation of HTPC at fixed (K, b), with what prediction needs.
 
     Attributes
     ----------
@@ -104,16 +117,19 @@ class HTPCLaplaceResult:
         The posterior mode û of the standardised Gaussian latents.
     a : ndarray (n, l)
         K⁻¹ û, column by column.
-    W : ndarray (n l, n l)
-        −∇² log p(y | g(u)) at û, class-major order (index k n + i); indefinite in general.
-    W_predictive : ndarray (n l, n l)
-        Its Gauss–Newton part (without the g″ term, positive semi-definite), the curvature of the
-        predictive distribution (:func:`htpc_latent_moments`).
-    M : ndarray (n l, n l)
-        I + W_predictive (I_l ⊗ K), solved with at prediction (a matrix, not LU factors, so that a
-        result loaded read-only, e.g. from a memory map, is used through numpy's own copy-in solve).
+    K : ndarray (n, n)
+        The prior covariance of every u_k.
+    curvature : ndarray (n, l)
+        d = g′² π at û: the Gauss–Newton curvature of point i is W_i = diag(d_i) − w_i w_iᵀ
+        (positive semi-definite), the curvature of the predictive distribution.
+    coupling : ndarray (n, l)
+        w = g′ π at û.
+    class_factors : ndarray (l, n, n)
+        Lower Cholesky factors L_c of I + D_c^½ K D_c^½, D_c = diag(d[:, c]).
+    coupling_factor : ndarray (n, n)
+        Lower Cholesky factor of S = I − Σ_c W_c P_c W_c, P_c = (K⁻¹ + D_c)⁻¹, W_c = diag(w[:, c]).
     log_evidence : float
-        Ψ(û) − ½ log |I + W K|.
+        Ψ(û) − ½ log |I + W K| (W the full curvature, with g″).
     n_iter : int
         Newton steps taken.
     converged : bool
@@ -121,18 +137,20 @@ class HTPCLaplaceResult:
     """
     u: np.ndarray
     a: np.ndarray
-    W: np.ndarray
-    W_predictive: np.ndarray
-    M: np.ndarray
+    K: np.ndarray
+    curvature: np.ndarray
+    coupling: np.ndarray
+    class_factors: np.ndarray
+    coupling_factor: np.ndarray
     log_evidence: float
     n_iter: int
     converged: bool
 
 
 def _likelihood_terms(U, Y, b, scale):
-    """log p(y | g(u)), its gradient in u (n, l) and −Hessian W (n l × n l) and its Gauss–Newton
-    part (dropping g″), for U (n, l), one-hot Y, scales b (l,) and √κ per point."""
-    n, l = U.shape
+    """log p(y | g(u)), its gradient in u (n, l), and −∇²_u log p as per-point blocks: W (l, l, n)
+    with W[k, j, i] = −∂² log p/∂u_ik ∂u_ij, and its Gauss–Newton part (dropping g″), for U (n, l),
+    one-hot Y, scales b (l,) and √κ per point."""
     F, G1, G2 = secant_transform(U / scale[:, None], b[None, :])
     G1, G2 = G1 / scale[:, None], G2 / scale[:, None] ** 2
     P = _softmax(F)
@@ -140,46 +158,50 @@ def _likelihood_terms(U, Y, b, scale):
                            - F.max(axis=1)))
     R = Y - P                                  # ∂ log p/∂f
     grad = G1 * R
-    # per point: J (diag π − π πᵀ) J − diag(g″ r), J = diag g′; laid out class-major
+    # per point: J (diag π − π πᵀ) J − diag(g″ r), J = diag g′: the Gauss–Newton part is
+    # diag(d) − w wᵀ with d = g′² π, w = g′ π
+    d, w = G1 ** 2 * P, G1 * P
+    W = _gauss_newton_blocks(d, w)
+    diag = np.arange(U.shape[1])
+    W[diag, diag] -= (G2 * R).T
+    return log_lik, grad, W, (d, w)
+
+
+def _gauss_newton_blocks(d, w):
+    """The blocks (l, l, n) of the Gauss–Newton curvature diag(d_i) − w_i w_iᵀ, from d, w (n, l)."""
+    W = -w.T[:, None, :] * w.T[None, :, :]
+    diag = np.arange(d.shape[1])
+    W[diag, diag] += d.T
+    return W
+
+
+def _dense_curvature(W):
+    """The blocks W (l, l, n) as the (n l) × (n l) matrix, class-major (index k n + i)."""
+    l, _, n = W.shape
+    out = np.zeros((l * n, l * n))
     idx = np.arange(n)
-    W_gn = np.zeros((l * n, l * n))
     for k in range(l):
         for j in range(l):
-            block = -G1[:, k] * P[:, k] * P[:, j] * G1[:, j]
-            if k == j:
-                block = block + G1[:, k] ** 2 * P[:, k]
-            W_gn[k * n + idx, j * n + idx] = block
-    W = W_gn.copy()
-    W[np.arange(l * n), np.arange(l * n)] -= (G2 * R).T.ravel()
-    return log_lik, grad, W, W_gn
-
-
-def _i_plus_w_kblk(W, K, n, l):
-    """I + W (I_l ⊗ K) block by block: W's (k, j) block is diagonal, so it scales K's rows
-    (O(l² n²) instead of a dense (n l)³ product)."""
-    M = np.empty((l * n, l * n))
-    for k in range(l):
-        for j in range(l):
-            M[k * n:(k + 1) * n, j * n:(j + 1) * n] = (
-                np.diagonal(W[k * n:(k + 1) * n, j * n:(j + 1) * n])[:, None] * K)
-    M[np.arange(l * n), np.arange(l * n)] += 1.0
-    return M
+            out[k * n + idx, j * n + idx] = W[k, j]
+    return out
 
 
 def _whitened_hessian(W, L, n, l):
-    """B = I + (I_l ⊗ L)ᵀ W (I_l ⊗ L): −∇²Ψ in the whitened coordinates w (u_k = L w_k)."""
+    """B = I + (I_l ⊗ L)ᵀ W (I_l ⊗ L): −∇²Ψ in the whitened coordinates w (u_k = L w_k), from the
+    curvature blocks W (l, l, n).  Each block Lᵀ diag(W[k, j]) L is one dgemm on scipy's BLAS, the
+    library whose threads factor B next (no second pool's threads waiting in between)."""
     B = np.empty((l * n, l * n))
     for k in range(l):
         for j in range(k + 1):      # W is symmetric, so block (j, k) is block (k, j)
-            d = np.diagonal(W[k * n:(k + 1) * n, j * n:(j + 1) * n])
-            block = L.T @ (d[:, None] * L)
+            block = dgemm(1.0, L, W[k, j][:, None] * L, trans_a=True)
             B[k * n:(k + 1) * n, j * n:(j + 1) * n] = block
             B[j * n:(j + 1) * n, k * n:(k + 1) * n] = block
     B[np.arange(l * n), np.arange(l * n)] += 1.0
     return B
 
 
-def htpc_laplace(K, y, n_classes, b, max_iter=100, tol=1e-8, init=None, max_escapes=5):
+def htpc_laplace(K, y, n_classes, b, max_iter=100, tol=1e-8, init=None, max_escapes=5,
+                 n_threads=1):
     """Laplace approximation of HTPC at fixed K (shared by the classes) and scales b.
 
     Newton's method on Ψ in whitened coordinates (u_k = L w_k, K = L Lᵀ), where −∇²Ψ is
@@ -209,10 +231,20 @@ def htpc_laplace(K, y, n_classes, b, max_iter=100, tol=1e-8, init=None, max_esca
     max_escapes : int
         Restarts from a saddle point along the negative-curvature direction.
 
+    n_threads : int, default 1
+        BLAS threads for the fit (module docstring); the result does not depend on it beyond
+        rounding.
+
     Returns
     -------
     HTPCLaplaceResult
     """
+    with blas_threads(n_threads):
+        return _laplace(K, y, n_classes, b, max_iter, tol, init, max_escapes)
+
+
+def _laplace(K, y, n_classes, b, max_iter, tol, init, max_escapes):
+    """htpc_laplace's Newton iteration."""
     y = np.asarray(y, dtype=np.intp)
     n, l = y.shape[0], int(n_classes)
     b = np.asarray(b, dtype=float)
@@ -233,12 +265,15 @@ def htpc_laplace(K, y, n_classes, b, max_iter=100, tol=1e-8, init=None, max_esca
     value, converged, escapes, it = psi(Wt), False, 0, 0
     while it < max_iter:
         it += 1
-        _, grad, W, W_gn = _likelihood_terms(L @ Wt, Y, b, scale)
+        _, grad, W, gauss_newton = _likelihood_terms(L @ Wt, Y, b, scale)
         g_w = flat(L.T @ grad - Wt)
         try:
-            direction = cho_solve(cho_factor(_whitened_hessian(W, L, n, l), lower=True), g_w)
+            direction = cho_solve(cho_factor(_whitened_hessian(W, L, n, l), lower=True,
+                                             overwrite_a=True), g_w)
         except np.linalg.LinAlgError:
-            direction = cho_solve(cho_factor(_whitened_hessian(W_gn, L, n, l), lower=True), g_w)
+            W = _gauss_newton_blocks(*gauss_newton)
+            direction = cho_solve(cho_factor(_whitened_hessian(W, L, n, l), lower=True,
+                                             overwrite_a=True), g_w)
         dW = direction.reshape(l, n).T
         step = 1.0
         for _ in range(40):
@@ -273,28 +308,55 @@ def htpc_laplace(K, y, n_classes, b, max_iter=100, tol=1e-8, init=None, max_esca
         warnings.warn(f"HTPC's Newton iteration did not reach a maximum in {max_iter} steps",
                       ConvergenceWarning, stacklevel=2)
     U = L @ Wt
-    _, _, W, W_gn = _likelihood_terms(U, Y, b, scale)
+    _, _, W, (d, w) = _likelihood_terms(U, Y, b, scale)
     if not converged:
         try:
-            factor = cho_factor(_whitened_hessian(W, L, n, l), lower=True)
+            factor = cho_factor(_whitened_hessian(W, L, n, l), lower=True, overwrite_a=True)
         except np.linalg.LinAlgError:
             raise NotPositiveDefiniteError("HTPC's Laplace approximation: the Hessian at the end "
                                            "point is not negative definite (no maximum found)") from None
     logdet = 2.0 * float(np.sum(np.log(np.diag(factor[0]))))
+    del factor, W
     A = solve_triangular(L.T, Wt, lower=False)                  # K⁻¹ û = L⁻ᵀ w
-    return HTPCLaplaceResult(u=U, a=A, W=W, W_predictive=W_gn, M=_i_plus_w_kblk(W_gn, K, n, l),
-                             log_evidence=value - 0.5 * logdet, n_iter=it, converged=converged)
+    class_factors, coupling_factor = _predictive_factors(K, d, w)
+    return HTPCLaplaceResult(u=U, a=A, K=K, curvature=d, coupling=w, class_factors=class_factors,
+                             coupling_factor=coupling_factor, log_evidence=value - 0.5 * logdet,
+                             n_iter=it, converged=converged)
+
+
+def _predictive_factors(K, d, w):
+    """The factors :func:`htpc_latent_moments` solves with: L_c of B_c = I + D_c^½ K D_c^½ for every
+    class, and L_S of S = I − Σ_c W_c P_c W_c with P_c = (K⁻¹ + D_c)⁻¹ = K − K D_c^½ B_c⁻¹ D_c^½ K
+    (docs/derivations-rmgpc.md, "HTPC's predictive covariance")."""
+    n, l = d.shape
+    factors = np.empty((l, n, n))
+    S = np.eye(n)
+    for c in range(l):
+        sd = np.sqrt(d[:, c])
+        B = sd[:, None] * K * sd[None, :]
+        B[np.diag_indices(n)] += 1.0
+        factors[c] = cholesky(B, lower=True)
+        V = solve_triangular(factors[c], sd[:, None] * K, lower=True)     # L_c⁻¹ D_c^½ K
+        P = K - dgemm(1.0, V, V, trans_a=True)
+        S -= w[:, c][:, None] * P * w[:, c][None, :]
+    coupling, _ = cholesky_lower(S, name="HTPC's predictive coupling matrix")
+    return factors, coupling
 
 
 def htpc_latent_moments(result, K_cross, k_diag):
-    """Laplace predictive of u(x*): mean Q*ᵀ â and covariance κ* I − Q*ᵀ (I + W K)⁻¹ W Q*.
+    """Laplace predictive of u(x*): mean Q*ᵀ â and covariance κ* I − Q*ᵀ (𝐊 + W⁻¹)⁻¹ Q*.
 
-    With H = K⁻¹ + W the posterior precision, κ* − Q*ᵀ K⁻¹ Q* + Q*ᵀ K⁻¹ H⁻¹ K⁻¹ Q* equals
-    κ* − Q*ᵀ (K + W⁻¹)⁻¹ Q* and (K + W⁻¹)⁻¹ = (I + W K)⁻¹ W, which needs no W⁻¹ (W may be singular).
-    W is the Gauss–Newton curvature ``result.W_predictive`` (positive semi-definite), so the
-    covariance never exceeds the prior's: with the full Hessian, whose g″ term is indefinite, a
-    mode where K⁻¹ + W is nearly singular gave latent standard deviations of 26 against a prior 1
-    on wine (and a balanced class rate of 63 % instead of 92 %; docs/derivations-rmgpc.md).
+    W is the Gauss–Newton curvature (positive semi-definite), so the covariance never exceeds the
+    prior's: with the full Hessian, whose g″ term is indefinite, a mode where K⁻¹ + W is nearly
+    singular gave latent standard deviations of 26 against a prior 1 on wine (and a balanced class
+    rate of 63 % instead of 92 %; docs/derivations-rmgpc.md).  W = D − U Uᵀ is diagonal plus rank n
+    (D = diag(g′² π), U stacks the diagonal matrices W_c = diag(g′_c π_c)), and Woodbury's identity
+    with E = D^½ (I + D^½ 𝐊 D^½)⁻¹ D^½ (block diagonal, one n × n factor per class) gives
+
+        (𝐊 + W⁻¹)⁻¹ = (I + W 𝐊)⁻¹ W = E − V S⁻¹ Vᵀ,   V = (I − E 𝐊) U,   S = I − Uᵀ (𝐊 − 𝐊 E 𝐊) U,
+
+    which needs no W⁻¹ (W is singular: its rows sum to zero in f) and no (n l)² matrix
+    (docs/derivations-rmgpc.md, "HTPC's predictive covariance").
 
     Parameters
     ----------
@@ -314,12 +376,18 @@ def htpc_latent_moments(result, K_cross, k_diag):
     n, l = result.a.shape
     m = K_cross.shape[0]
     mean = K_cross @ result.a
-    Q = np.kron(np.eye(l), K_cross.T)                            # (n l, l m), column index k m + j
-    S = np.linalg.solve(result.M, result.W_predictive @ Q)
-    C = (Q.T @ S).reshape(l, m, l, m)
-    idx = np.arange(m)
-    cov = -C[:, idx, :, idx]                                     # (m, l, l)
-    cov[:, np.arange(l), np.arange(l)] += np.asarray(k_diag)[:, None]
+    Kt = np.ascontiguousarray(K_cross.T)                          # (n, m): the columns k*
+    quad = np.empty((l, m))                                       # k*ᵀ E_c k*
+    J = np.empty((l, n, m))                                       # L_S⁻¹ Vᵀ Q*, class by class
+    for c in range(l):
+        sd = np.sqrt(result.curvature[:, c])
+        T = solve_triangular(result.class_factors[c], sd[:, None] * Kt, lower=True)
+        quad[c] = np.einsum("im,im->m", T, T)
+        EK = sd[:, None] * solve_triangular(result.class_factors[c], T, lower=True, trans="T")
+        H = result.coupling[:, c][:, None] * (Kt - result.K @ EK)   # W_c (I − K E_c) k*
+        J[c] = solve_triangular(result.coupling_factor, H, lower=True)
+    cov = np.einsum("cim,dim->mcd", J, J)
+    cov[:, np.arange(l), np.arange(l)] += (np.asarray(k_diag)[None, :] - quad).T
     return mean, cov
 
 

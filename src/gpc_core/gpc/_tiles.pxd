@@ -1,6 +1,8 @@
-# Tiled helpers for C-ordered square matrices, included by _dense and _kernels (no module state).
+# Tiled helpers for C-ordered square matrices, cimported by gpc._dense and gpc._kernels
+# (`from gpc._tiles cimport range_stop, mirror_lower_rows`): `cdef inline` functions with no module
+# state, so there is no gpc._tiles module to import at run time.
 
-cdef Py_ssize_t range_stop(Py_ssize_t start, Py_ssize_t stop, Py_ssize_t n) except -1:
+cdef inline Py_ssize_t range_stop(Py_ssize_t start, Py_ssize_t stop, Py_ssize_t n) except -1:
     """``stop`` of a row range [start, stop) of n rows (stop < 0: n), checked."""
     if stop < 0:
         stop = n
@@ -9,7 +11,7 @@ cdef Py_ssize_t range_stop(Py_ssize_t start, Py_ssize_t stop, Py_ssize_t n) exce
     return stop
 
 
-cdef void mirror_lower_rows(double[:, ::1] A, Py_ssize_t start, Py_ssize_t stop) noexcept nogil:
+cdef inline void mirror_lower_rows(double[:, ::1] A, Py_ssize_t start, Py_ssize_t stop) noexcept nogil:
     """A[j, i] = A[i, j] for j < i, start <= i < stop: the strict upper triangle's columns
     start..stop-1, which no other row range writes or reads."""
     cdef Py_ssize_t tile = 64, i0 = start, j0, i, j, i1, j1
@@ -25,6 +27,6 @@ cdef void mirror_lower_rows(double[:, ::1] A, Py_ssize_t start, Py_ssize_t stop)
         i0 += tile
 
 
-cdef void mirror_lower(double[:, ::1] A) noexcept nogil:
+cdef inline void mirror_lower(double[:, ::1] A) noexcept nogil:
     """A[j, i] = A[i, j] for i > j, in 64 x 64 tiles (cache friendly)."""
     mirror_lower_rows(A, 0, A.shape[0])

@@ -1,0 +1,9 @@
+# Type stub of the compiled module gpc._special (src/gpc_core/_special.pyx): vectorised special
+# functions of gpc/_special.pxd; each takes an array_like and returns a float64 ndarray.
+from typing import Any
+
+LOG_SQRT_2PI: float
+
+def inverse_mills(z: Any) -> Any: ...
+def z_plus_inverse_mills(z: Any) -> Any: ...
+def softplus(x: Any) -> Any: ...

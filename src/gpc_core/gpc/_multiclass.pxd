@@ -1,0 +1,44 @@
+# C interface of gpc._multiclass: the factor of the argmax likelihood between the label's latent
+# f_t = f_y(x_i) and one competing latent f_o = f_k(x_i), k != y, with the outlier mixture of RMGPC
+# eq. (10):
+#
+#     psi(f_t, f_o, z) = Theta(f_t - f_o)^(1 - z) c^z,    c = C^(-1/(C - 1))
+#
+# (so that the C - 1 factors of a point multiply to 1/C when z = 1: a uniformly random label),
+# under the cavity N(f_t | m_t, v_t) N(f_o | m_o, v_o) Bern(z | sigmoid(lz_cav)).  This is what any
+# multi-class EP engine over these factors needs per data point and competing class: the exact
+# engine (gpc.multiclass.ep, RMGPC eq. (14)) and a sparse one on inducing points alike.  Pass
+# lz_cav = -inf for no outliers (SMGPC, RMGPC section 4): psi = Theta(f_t - f_o).  A fixed label-noise
+# rate (every z_i ~ Bern(rho) a priori) and RMGPC's Beta posterior over rho differ only in lz_cav.
+#
+# With s = sqrt(v_t + v_o), alpha = (m_t - m_o)/s, p = sigmoid(lz_cav) and r = phi/Phi:
+#
+#     Z = p c + (1 - p) Phi(alpha),           w = (1 - p) Phi(alpha) / Z,
+#     g  = d log Z/d m_t  = -d log Z/d m_o    = w r(alpha) / s,
+#     h  = d2 log Z/d m_t2 = d2 log Z/d m_o2  = -d2 log Z/d m_t d m_o = -g (alpha + w r(alpha)) / s,
+#     (d log Z/d v = (g^2 + h)/2 for either latent),
+#     tilted E f_t = m_t + v_t g, Var f_t = v_t + v_t^2 h;  E f_o = m_o - v_o g, Var f_o = v_o + v_o^2 h,
+#     tilted P(z = 1) = p c / Z, and the site's Bernoulli factor has log-odds log c - log Phi(alpha)
+#
+# (docs/derivations-rmgpc.md, "The pair factor").  Status codes: 0 success; 1 invalid input (a
+# variance <= 0 or a non-finite mean); 2 a result not representable (Z underflows, a non-finite
+# moment, or for argmax_pair_site a tilted variance <= 0, which no Gaussian site can match).
+
+ctypedef struct PairMoments:
+    double log_z            # log Z of the tilted distribution
+    double g                # d log Z / d m_t
+    double h                # d2 log Z / d m_t2
+    double mean_t, var_t    # tilted moments of f_t
+    double mean_o, var_o    # tilted moments of f_o
+    double p_outlier        # tilted P(z = 1)
+    double site_log_odds    # log-odds of the site's Bernoulli factor in z: log c - log Phi(alpha)
+
+cdef int argmax_pair_moments(double m_t, double v_t, double m_o, double v_o, double lz_cav,
+                             double log_c, PairMoments* out) noexcept nogil
+
+# The undamped EP site of the pair: tilted / cavity for each latent, in natural parameters
+# (precision tau, location eta = mean * precision); tau may be negative (the mixture can widen a
+# marginal).  Returns argmax_pair_moments' status.
+cdef int argmax_pair_site(double m_t, double v_t, double m_o, double v_o, double lz_cav,
+                          double log_c, PairMoments* mom, double* tau_t, double* eta_t,
+                          double* tau_o, double* eta_o) noexcept nogil
