@@ -57,7 +57,7 @@ def _class_kernels(C, D):
 
 def _exact_state(res):
     means = np.column_stack([c.mean for c in res.classes])
-    varis = np.column_stack([c.var for c in res.classes])
+    varis = np.column_stack([c.diag_cov() for c in res.classes])
     return means, varis
 
 
