@@ -132,7 +132,7 @@ def test_gradient_contract_with_K_and_symmetric_M(name, path, monkeypatch):
     # K = k(X) handed in (as an evidence gradient does) and the promise that M is symmetric change
     # where the values and M's entries are read from, not the result: 1e-10 relative, as against
     # the tensor above.  The diagonal of K carries jitter, which must not be read.
-    import gpc.kernels as gk
+    import gpc.kernels.matrices as gk
     if path == "gram":
         monkeypatch.setattr(gk, "DIRECT_MAX_D", 0)
     k = GRAD_KERNELS[name]()
@@ -152,7 +152,7 @@ def test_gradient_contract_reads_the_values_from_K(path, monkeypatch):
     # For the squared exponential W = f, so with K = c A for an arbitrary symmetric A the
     # contraction must be (sum M o A, sum M o A o r^2) scaled as for c * RBF: proof that the values
     # come from K and not from recomputed exponentials.
-    import gpc.kernels as gk
+    import gpc.kernels.matrices as gk
     if path == "gram":
         monkeypatch.setattr(gk, "DIRECT_MAX_D", 0)
     ls, c = 0.8, 1.3
@@ -435,9 +435,9 @@ def test_duplicate_inputs(name):
                                   "matern25_iso", "const_times_rbf_iso", "sum_product"])
 def test_direct_and_gram_paths_agree(name, monkeypatch):
     # Few input dimensions use direct differences, many a BLAS Gram matrix |u|^2 + |v|^2 - 2 u.v
-    # (gpc.kernels.DIRECT_MAX_D).  Both must give the same K and contraction: the Gram form loses
+    # (gpc.kernels.matrices.DIRECT_MAX_D).  Both must give the same K and contraction: the Gram form loses
     # ~1e-16 |u|^2 to cancellation, so 1e-12 relative to the largest entry.
-    import gpc.kernels as gk
+    import gpc.kernels.matrices as gk
     k = GRAD_KERNELS[name]()
     M = RNG.normal(size=(25, 25))
     direct = k(X), k.gradient_contract(X, M)
