@@ -115,7 +115,7 @@ def test_dask_array_input():
 def test_interrupted_fit_keeps_last_step_and_partial_fit_continues(monkeypatch):
     X, y = _standardised("crabs")
     calls = {"n": 0}
-    real = _train.minibatch_step
+    real = _train.iteration
 
     def flaky(*args, **kw):
         calls["n"] += 1
@@ -123,13 +123,13 @@ def test_interrupted_fit_keeps_last_step_and_partial_fit_continues(monkeypatch):
             raise KeyboardInterrupt
         return real(*args, **kw)
 
-    monkeypatch.setattr("gpc.sparse.estimator.minibatch_step", flaky)
+    monkeypatch.setattr("gpc.sparse._trainer.iteration", flaky)
     clf = SparseGaussianProcessClassifier(n_inducing=10, max_iter=5, batch_size=50, random_state=0)
     with pytest.warns(RuntimeWarning, match="interrupted"):
         clf.fit(X, y)
     assert len(clf.history_) == 1          # 4 minibatches per epoch: the 7th step is in epoch 2
     assert np.all(np.isfinite(clf.predict_proba(X)))
-    monkeypatch.setattr("gpc.sparse.estimator.minibatch_step", real)
+    monkeypatch.setattr("gpc.sparse._trainer.iteration", real)
     clf.partial_fit(X, y)
     assert len(clf.history_) == 2
     assert clf.score(X, y) > 0.8

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from .._validation import check_finite_array, check_positive_float, check_positive_int
-from ..classifier import GaussianProcessClassifier, NotFittedError, _Base, _ClassifierMixin
+from .._estimator import GPCEstimator, check_n_jobs
+from .._validation import check_positive_float, check_positive_int
 from ..kernels import RBF, as_kernel
 from ..optimize import maximise_evidence
 from .ep import rmgpc_ep
@@ -20,7 +20,7 @@ SCALE_INIT, SCALE_BOUNDS = 1.0, (1e-2, 1e2)
 HTPC_FD_STEP, HTPC_NEWTON_TOL = 1e-5, 1e-9
 
 
-class MultiClassGPC(_ClassifierMixin, _Base):
+class MultiClassGPC(GPCEstimator):
     """Multi-class GP classifier with l latent functions and the argmax likelihood (RMGPC paper).
 
     model="robust" is RMGPC: P(yᵢ | f, zᵢ) = Π_{k≠yᵢ} Θ(f_yᵢ(xᵢ) − f_k(xᵢ)) when zᵢ = 0 and 1/l when the
@@ -53,8 +53,8 @@ class MultiClassGPC(_ClassifierMixin, _Base):
         mismatch (:func:`gpc.multiclass.ep.rmgpc_ep`).
     random_state : seed for the restarts.
     n_jobs : int or None
-        Threads over EP's l class blocks (None or 1: none; -1: one per core).  The fit does not
-        depend on it.
+        Threads over EP's l class blocks, with joblib's convention: None as many as BLAS may use,
+        -1 every core, -2 all but one, k > 0 exactly k.  The fit does not depend on it.
 
     Attributes
     ----------
@@ -102,20 +102,7 @@ class MultiClassGPC(_ClassifierMixin, _Base):
         self.n_jobs = n_jobs
 
     # -- validation -----------------------------------------------------------------------------
-    def _check_X(self, X, fitting):
-        if hasattr(X, "toarray") or hasattr(X, "tocsr"):
-            raise TypeError("sparse input is not supported: pass a dense array (X.toarray())")
-        X = check_finite_array(X, "X")
-        if X.ndim != 2:
-            raise ValueError(f"Expected 2D array, got {X.ndim}D array instead. Reshape your data to "
-                             "(n_samples, n_features)")
-        if X.shape[0] == 0 or X.shape[1] == 0:
-            raise ValueError(f"Found array with 0 sample(s) or 0 feature(s) (shape={X.shape}) while a "
-                             "minimum of 1 is required.")
-        if not fitting and X.shape[1] != self.n_features_in_:
-            raise ValueError(f"X has {X.shape[1]} features, but {type(self).__name__} is expecting "
-                             f"{self.n_features_in_} features as input")
-        return X
+    _fitted_attribute = "ep_result_"
 
     def _check_params(self):
         if self.model not in MODELS:
@@ -128,14 +115,7 @@ class MultiClassGPC(_ClassifierMixin, _Base):
         check_positive_int(self.max_iter, "max_iter")
         check_positive_float(self.tol, "tol")
         check_positive_int(self.n_restarts_optimizer, "n_restarts_optimizer", minimum=0)
-        if self.n_jobs is not None and self.n_jobs != -1:
-            check_positive_int(self.n_jobs, "n_jobs")
-
-    def _threads(self):
-        import os
-        if self.n_jobs is None:
-            return 1
-        return max(1, os.cpu_count() or 1) if self.n_jobs == -1 else int(self.n_jobs)
+        check_n_jobs(self.n_jobs)
 
     # -- the evidence as a function of θ ------------------------------------------------------------
     def _unpack(self, theta):
@@ -179,7 +159,7 @@ class MultiClassGPC(_ClassifierMixin, _Base):
         Ks, cache = self._matrices(kernels, noise, X)
         res = rmgpc_ep(Ks, y, self.n_classes_, a0=self.a0, b0=self.b0,
                        robust=self.model == "robust", max_iter=self.max_iter, tol=self.tol,
-                       init=init, n_threads=self._threads())
+                       init=init, n_threads=self._n_jobs())
         if not eval_gradient:
             return res
         Ms = res.gradient_matrices()
@@ -198,7 +178,7 @@ class MultiClassGPC(_ClassifierMixin, _Base):
         """Fit θ by type-II ML (if an optimizer is given) and run EP at the optimum."""
         self._check_params()
         X = self._check_X(X, fitting=True)
-        y = GaussianProcessClassifier._check_y(self, y, X.shape[0])
+        y = self._check_y(y, X.shape[0])
         self.classes_, y_index = np.unique(y, return_inverse=True)
         self.n_classes_ = len(self.classes_)
         self.n_features_in_ = X.shape[1]
@@ -226,7 +206,7 @@ class MultiClassGPC(_ClassifierMixin, _Base):
                 return res.log_evidence, grad
             theta, _ = maximise_evidence(objective, theta0, bounds, optimizer=self.optimizer,
                                          n_restarts=self.n_restarts_optimizer,
-                                         random_state=np.random.default_rng(self.random_state))
+                                         random_state=self._rng())
         self.theta_ = theta
         self.kernels_, self.noise_ = self._unpack(theta)
         self.scales_ = None
@@ -273,11 +253,6 @@ class MultiClassGPC(_ClassifierMixin, _Base):
             crosses.append(Kc)
             diags.append(kd + self.noise_[k] if self.noise_ is not None else kd)
         return predict_proba(self.ep_result_, crosses, diags)
-
-    def _check_fitted(self):
-        if not hasattr(self, "ep_result_"):
-            raise NotFittedError(f"This {type(self).__name__} instance is not fitted yet. Call 'fit' "
-                                 "with appropriate arguments before using this estimator.")
 
     def predict(self, X):
         self._check_fitted()
