@@ -6,6 +6,7 @@ What every gpc kernel shares: ``theta`` (log of the free hyperparameters) and it
 methods, and ``+`` / ``*`` building :class:`gpc.kernels.Sum` and :class:`gpc.kernels.Product`.
 """
 
+import copy
 import inspect
 import warnings
 
@@ -29,6 +30,18 @@ def _check_XY(X, Y):
         if Y.shape[1] != X.shape[1]:
             raise ValueError(f"X has {X.shape[1]} features but Y has {Y.shape[1]}")
     return X, Y
+
+
+def _check_XZ(X, Z):
+    """X (b, d) and Z (m, d): finite 2-D arrays of the same width."""
+    X, Z = _check_X(X), _check_X(Z, "Z")
+    if Z.shape[1] != X.shape[1]:
+        raise ValueError(f"X has {X.shape[1]} features but Z has {Z.shape[1]}")
+    return X, Z
+
+
+#: rows of X per stacked contraction in the general cross gradient (its matrix is (rows + m)²)
+_STACK_ROWS = 256
 
 
 def _check_M(M, shape, name="M"):
@@ -371,6 +384,124 @@ class Kernel:
     def is_stationary(self):
         """Whether k(x, y) depends on x - y only."""
         return True
+
+    # -- blocks between rows X (b) and inducing points Z (m): what the sparse engine asks ----------
+
+    def cross_covariance(self, X, Z):
+        """K(X, Z) as a C-ordered float64 array of shape (b, m).
+
+        The squared exponential (alone or times a constant) computes it in one b x d x m product,
+        one compiled pass and one vectorised exponential; other kernels through ``__call__``.
+        """
+        X, Z = _check_XZ(X, Z)
+        return self._cross(X, Z)
+
+    def cross_gradient(self, X, Z, G, diag_weights=None, K=None):
+        r"""Gradients of F = Σ_ij G_ij k(x_i, z_j) + Σ_i w_i k(x_i, x_i) in θ (log space) and in Z.
+
+        Parameters
+        ----------
+        X : array of shape (b, d)
+        Z : array of shape (m, d)
+        G : array of shape (b, m)
+        diag_weights : array of shape (b,), optional
+            w, the weights of the diagonal terms k(x_i, x_i) (zero when None).
+        K : array of shape (b, m), optional
+            K(X, Z) when the caller holds it (its values are then not recomputed).
+
+        Returns
+        -------
+        g_theta : array of shape (n_dims,)
+            :math:`\sum_{ij} G_{ij} \partial K_{ij} / \partial\theta_k + \sum_i w_i \partial
+            k_{ii} / \partial\theta_k`.
+        g_Z : array of shape (m, d), or None
+            :math:`\sum_i G_{ij} \partial k(x_i, z_j) / \partial z_{jd}` (None for a kernel with
+            no gradient in its inputs).
+
+        Notes
+        -----
+        Stationary kernels work on the b x m block alone: with A = G ∘ W, W = -f'(r)/r and inputs
+        scaled by the length-scales, :math:`\partial F/\partial\log\ell_d = \sum_{ij}
+        A_{ij} (u_{id} - v_{jd})^2` and :math:`\partial F/\partial z_{jd} = \sum_i A_{ij}
+        (u_{id} - v_{jd}) / \ell_d`; other kernels contract their (b + m)-square matrix over the
+        stacked inputs a few rows at a time.
+        """
+        X, Z = _check_XZ(X, Z)
+        G = _check_M(G, (X.shape[0], Z.shape[0]), name="G")
+        if diag_weights is not None:
+            diag_weights = check_finite_array(diag_weights, "diag_weights", ndim=1)
+            if diag_weights.shape[0] != X.shape[0]:
+                raise ValueError(f"diag_weights has {diag_weights.shape[0]} entries for "
+                                 f"{X.shape[0]} rows")
+        if K is not None:
+            K = _check_M(K, G.shape, name="K")
+        g_theta, g_Z, _ = self._cross_gradient(X, Z, G, diag_weights, K)
+        return _check_result(g_theta, G, K), g_Z
+
+    def _cross(self, X, Z, scale=1.0):
+        """scale · K(X, Z) on checked inputs (a constant factor of a product passes its value)."""
+        K = np.array(self._call(X, Z, False), dtype=np.float64, order="C")
+        if scale != 1.0:
+            K *= scale
+        return K
+
+    def _cross_gradient(self, X, Z, G, w, K=None, scale=1.0, overwrite=False):
+        """(∂F/∂θ, ∂F/∂Z or None, F) for F = scale · (Σ G ∘ K(X, Z) + Σ w ∘ diag K(X, X)).
+
+        ``K``, when given, is scale · K(X, Z); with ``overwrite`` G may serve as scratch.  Here the
+        general path: the symmetric matrix [[diag w, G/2], [Gᵀ/2, 0]] contracted over the stacked
+        inputs [X_c; Z] for row chunks X_c of _STACK_ROWS rows (Σ of the chunks is the total), and
+        ``_grad_inputs`` for Z."""
+        b, m = G.shape
+        if K is None:
+            K = self._cross(X, Z, scale)
+        value = float(np.vdot(G, K))
+        if w is not None:
+            value += scale * float(w @ self._diag(X))
+        g_theta = np.zeros(self.n_dims)
+        for a in range(0, b, _STACK_ROWS):
+            c = min(a + _STACK_ROWS, b)
+            k = c - a
+            M = np.zeros((k + m, k + m))
+            if w is not None:
+                M[np.arange(k), np.arange(k)] = w[a:c]
+            M[:k, k:] = 0.5 * G[a:c]
+            M[k:, :k] = 0.5 * G[a:c].T
+            g_theta += self._contract(np.vstack([X[a:c], Z]), M, symmetric=True)
+        try:
+            g_Z = scale * self._grad_inputs(Z, X, np.ascontiguousarray(G.T))
+        except NotImplementedError:
+            g_Z = None
+        return scale * g_theta, g_Z, value
+
+    def _has_grad_inputs(self):
+        """Whether :meth:`gradient_inputs` is available (inducing points can move)."""
+        return type(self)._grad_inputs is not Kernel._grad_inputs
+
+    def _n_free(self):
+        """The length of θ, from the attributes as they are (no validation)."""
+        if type(self).theta is not Kernel.theta:
+            return self.n_dims
+        return sum(int(np.size(getattr(self, h))) for h in self._hyper
+                   if not isinstance(getattr(self, h + "_bounds"), str))
+
+    def _with_theta(self, theta):
+        """``clone_with_theta(theta)`` for a θ that comes from this kernel's own (moved by an
+        optimiser step and clipped to its bounds): shallow copies without the parameter checks of
+        a full clone, which cost as much as a b x m x m product at m = 200."""
+        if type(self).theta is not Kernel.theta or type(self).clone_with_theta is not Kernel.clone_with_theta:
+            return self.clone_with_theta(theta)
+        new = copy.copy(self)
+        values = np.exp(np.asarray(theta, dtype=np.float64))
+        i = 0
+        for h in self._hyper:
+            if isinstance(getattr(self, h + "_bounds"), str):       # "fixed"
+                continue
+            size = int(np.size(getattr(self, h)))
+            part = values[i:i + size]
+            i += size
+            setattr(new, h, float(part[0]) if np.ndim(getattr(self, h)) == 0 else part.copy())
+        return new
 
     # -- algebra, comparison, display --------------------------------------------------------
 

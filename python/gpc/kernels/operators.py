@@ -1,5 +1,7 @@
 """Kernels made of kernels: sums, products and powers (scikit-learn's Exponentiation)."""
 
+import copy
+
 import numpy as np
 
 from .base import Kernel, _is_kernel_like
@@ -48,6 +50,28 @@ class _Binary(Kernel):
     def is_stationary(self):
         return self._a.is_stationary() and self._b.is_stationary()
 
+    def _n_free(self):
+        return self._a._n_free() + self._b._n_free()
+
+    def _has_grad_inputs(self):
+        return self._a._has_grad_inputs() and self._b._has_grad_inputs()
+
+    def _with_theta(self, theta):
+        new = copy.copy(self)
+        p = self._a._n_free()
+        new.k1, new.k2 = _part_with_theta(self.k1, theta[:p]), _part_with_theta(self.k2, theta[p:])
+        return new
+
+
+def _part_with_theta(kernel, theta):
+    """A term or factor at its share of θ (a scikit-learn kernel through its own clone)."""
+    return kernel._with_theta(theta) if isinstance(kernel, Kernel) else kernel.clone_with_theta(theta)
+
+
+def _joined(g_a, g_b):
+    """Two parts' gradients in Z added; None when either part has none."""
+    return None if g_a is None or g_b is None else g_a + g_b
+
 
 class Sum(_Binary):
     r"""Sum of two kernels, :math:`k = k_1 + k_2`; ``theta`` is ``k1.theta`` then ``k2.theta``.
@@ -78,6 +102,20 @@ class Sum(_Binary):
 
     def _grad_inputs(self, X, Y, M):
         return self._a.gradient_inputs(X, Y, M) + self._b.gradient_inputs(X, Y, M)
+
+    def _cross(self, X, Z, scale=1.0):
+        K = self._a._cross(X, Z, scale)
+        K += self._b._cross(X, Z, scale)
+        return K
+
+    def _cross_gradient(self, X, Z, G, w, K=None, scale=1.0, overwrite=False):
+        # white noise is zero between distinct inputs: the other term's K is then the sum's
+        a, b = self._a, self._b
+        Ka = K if K is not None and b._diagonal() else None
+        Kb = K if K is not None and a._diagonal() else None
+        g_a, z_a, v_a = a._cross_gradient(X, Z, G, w, Ka, scale)
+        g_b, z_b, v_b = b._cross_gradient(X, Z, G, w, Kb, scale, overwrite)
+        return np.concatenate([g_a, g_b]), _joined(z_a, z_b), v_a + v_b
 
     def __repr__(self):
         return f"{self.k1!r} + {self.k2!r}"
@@ -133,6 +171,35 @@ class Product(_Binary):
         if b.n_dims:
             parts.append(b._contract(X, M * (ca if Ka is None else Ka), K=Kb, symmetric=symmetric))
         return np.concatenate(parts) if parts else np.empty(0)
+
+    def _cross(self, X, Z, scale=1.0):
+        a, b = self._a, self._b
+        ca, cb = a._constant(), b._constant()
+        if ca is not None:                  # a constant factor scales, no b x m of it
+            return b._cross(X, Z, scale * ca)
+        if cb is not None:
+            return a._cross(X, Z, scale * cb)
+        K = a._cross(X, Z, scale)
+        K *= b._cross(X, Z)
+        return K
+
+    def _cross_gradient(self, X, Z, G, w, K=None, scale=1.0, overwrite=False):
+        # F = s Σ G ∘ K_a ∘ K_b + s Σ w ∘ d_a ∘ d_b: each factor sees G ∘ K_other and w ∘ d_other;
+        # c · k: k's own pass at scale s c gives ∂F/∂log c = F as well
+        a, b = self._a, self._b
+        ca, cb = a._constant(), b._constant()
+        if (ca is None) != (cb is None):
+            c, const, other = (ca, a, b) if ca is not None else (cb, b, a)
+            g_other, g_Z, value = other._cross_gradient(X, Z, G, w, K, scale * c, overwrite)
+            g_const = np.array([value]) if const._n_free() else np.empty(0)
+            parts = (g_const, g_other) if ca is not None else (g_other, g_const)
+            return np.concatenate(parts), g_Z, value
+        Ka, Kb = a._cross(X, Z), b._cross(X, Z)
+        wa = None if w is None else w * b._diag(X)
+        wb = None if w is None else w * a._diag(X)
+        g_a, z_a, value = a._cross_gradient(X, Z, G * Kb, wa, scale * Ka, scale)
+        g_b, z_b, _ = b._cross_gradient(X, Z, G * Ka, wb, scale * Kb, scale, True)
+        return np.concatenate([g_a, g_b]), _joined(z_a, z_b), value
 
     def _grad_inputs(self, X, Y, M):
         a, b = self._a, self._b

@@ -55,6 +55,14 @@ class ConstantKernel(Kernel):
     def _grad_inputs(self, X, Y, M):
         return np.zeros_like(X)
 
+    def _cross(self, X, Z, scale=1.0):
+        return np.full((X.shape[0], Z.shape[0]), scale * float(self.constant_value))
+
+    def _cross_gradient(self, X, Z, G, w, K=None, scale=1.0, overwrite=False):
+        # ∂(s c)/∂log c = s c: the gradient is F itself
+        value = scale * float(self.constant_value) * (float(G.sum()) + _total(w))
+        return _free_part(self, value), np.zeros_like(Z), value
+
 
 class WhiteKernel(Kernel):
     r"""White-noise kernel :math:`k(x_i, x_j) = \sigma^2 \delta_{ij}`.
@@ -104,6 +112,13 @@ class WhiteKernel(Kernel):
 
     def _grad_inputs(self, X, Y, M):
         return np.zeros_like(X)
+
+    def _cross(self, X, Z, scale=1.0):
+        return np.zeros((X.shape[0], Z.shape[0]))     # distinct inputs: independent noise
+
+    def _cross_gradient(self, X, Z, G, w, K=None, scale=1.0, overwrite=False):
+        value = scale * float(self.noise_level) * _total(w)     # the diagonal terms only
+        return _free_part(self, value), np.zeros_like(Z), value
 
 
 class Linear(Kernel):
@@ -159,6 +174,16 @@ class Linear(Kernel):
 
     def _grad_inputs(self, X, Y, M):
         return float(self.variance) * (M @ Y)
+
+    def _cross_gradient(self, X, Z, G, w, K=None, scale=1.0, overwrite=False):
+        # ∂k/∂log v = k; ∂(v xᵀz)/∂z = v x
+        v = scale * float(self.variance)
+        if K is None:
+            K = self._cross(X, Z, scale)
+        value = float(np.vdot(G, K))
+        if w is not None:
+            value += v * float(w @ np.einsum("ij,ij->i", X, X))
+        return _free_part(self, value), v * (G.T @ X), value
 
     def is_stationary(self):
         return False
@@ -242,6 +267,23 @@ class Polynomial(Kernel):
         A *= M
         return (p / self._s(X)) * (A @ Y)
 
+    def _cross_gradient(self, X, Z, G, w, K=None, scale=1.0, overwrite=False):
+        # no θ; ∂k(x, z)/∂z = p (1 + xᵀz/s)^(p-1) x / s
+        if K is None:
+            K = self._cross(X, Z, scale)
+        value = float(np.vdot(G, K)) + (scale * float(w @ self._diag(X)) if w is not None else 0.0)
+        g_Z = scale * self._grad_inputs(Z, X, np.ascontiguousarray(G.T))
+        return np.empty(0), g_Z, value
+
     def is_stationary(self):
         return False
 
+
+def _total(w):
+    return 0.0 if w is None else float(np.sum(w))
+
+
+def _free_part(kernel, value):
+    """[value] when the kernel's one hyperparameter is free (its gradient in log space is the
+    function's value), else nothing."""
+    return np.array([value]) if kernel._free() else np.empty(0)

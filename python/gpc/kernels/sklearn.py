@@ -102,6 +102,19 @@ class _ForeignKernel(Kernel):
     def _diagonal(self):
         return self._fast is not None and self._fast._diagonal()
 
+    def _cross(self, X, Z, scale=1.0):
+        if self._fast is not None:
+            return self._fast._cross(X, Z, scale)
+        return super()._cross(X, Z, scale)
+
+    def _cross_gradient(self, X, Z, G, w, K=None, scale=1.0, overwrite=False):
+        if self._fast is not None:
+            return self._fast._cross_gradient(X, Z, G, w, K, scale, overwrite)
+        return super()._cross_gradient(X, Z, G, w, K, scale, overwrite)
+
+    def _has_grad_inputs(self):
+        return self._fast is not None and self._fast._has_grad_inputs()
+
     def _grad_inputs(self, X, Y, M):
         if self._fast is not None:
             return self._fast._grad_inputs(X, Y, M)

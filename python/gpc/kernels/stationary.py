@@ -3,7 +3,7 @@
 import numpy as np
 from scipy.linalg.blas import dgemm as _dgemm
 
-from .. import _kernels
+from .. import _kernels, _sparse
 from .._parallel import over_rows
 from . import matrices
 from .base import Kernel, _check_positive_values
@@ -102,6 +102,38 @@ class _Stationary(Kernel):
         g = 2.0 * (G.sum(axis=1) @ (U * U) - np.einsum("id,id->d", U, SU))
         return g, value
 
+    def _scaled_by(self, X, Z):
+        """(ℓ, (X - z̄)/ℓ, (Z - z̄)/ℓ): a block of rows and the inducing points, both shifted by the
+        mean of Z (the same for every block) so that |u|² + |v|² - 2 uᵀv does not cancel."""
+        ls = self._length_scales(X.shape[1])
+        shift = Z.mean(axis=0)
+        return ls, (X - shift) / ls, (Z - shift) / ls
+
+    def _cross_gradient(self, X, Z, G, w, K=None, scale=1.0, overwrite=False):
+        """The b x m contraction (:meth:`Kernel.cross_gradient`'s Notes) with W = -f'(r)/r of the
+        scaled distances; the diagonal k(x, x) = 1 does not depend on θ."""
+        ls, U, V = self._scaled_by(X, Z)
+        R2 = _sqdist(U, V)
+        if K is None:
+            K = scale * self._f(R2)
+        A = self._w(R2, None)
+        A *= G
+        if scale != 1.0:
+            A *= scale
+        value = float(np.vdot(G, K)) + (scale * float(np.sum(w)) if w is not None else 0.0)
+        g_theta, g_Z = self._cross_parts(A, A.sum(axis=1), A.sum(axis=0), U, V, ls)
+        return g_theta, g_Z, value
+
+    def _cross_parts(self, A, rows, cols, U, V, ls):
+        """(∂F/∂log ℓ, ∂F/∂Z) from A = G ∘ W with its row and column sums:
+        Σ_ij A_ij (u_id - v_jd)² = rowsᵀ u_d² + colsᵀ v_d² - 2 u_dᵀ A v_d and
+        ∂F/∂z_jd = [(Aᵀ U)_jd - cols_j v_jd] / ℓ_d."""
+        g_Z = (A.T @ U - cols[:, None] * V) / ls
+        if isinstance(self.length_scale_bounds, str):          # "fixed"
+            return np.empty(0), g_Z
+        per_d = rows @ (U * U) + cols @ (V * V) - 2.0 * np.einsum("id,id->d", U, A @ V)
+        return (per_d if ls.size > 1 else np.array([per_d.sum()])), g_Z
+
     def _grad_inputs(self, X, Y, M):
         ls, U, V = self._scaled(X, Y)
         A = self._w(_sqdist(U, V), None)
@@ -141,6 +173,30 @@ class RBF(_Stationary):
 
     def _kind(self):
         return _KIND_RBF
+
+    def _cross(self, X, Z, scale=1.0):
+        """scale · exp(-½ |u - v|²) with u, v shifted by the mean of Z and scaled (:meth:`_scaled_by`):
+        one b x d x m product, one compiled pass for the exponent log(scale) - ½ |u - v|² and one
+        vectorised exp."""
+        _, U, V = self._scaled_by(X, Z)
+        K = U @ V.T
+        _sparse.squared_exponential_exponent(K, np.einsum("ij,ij->i", U, U),
+                                             np.einsum("ij,ij->i", V, V), np.log(scale))
+        return np.exp(K, out=K)
+
+    def _cross_gradient(self, X, Z, G, w, K=None, scale=1.0, overwrite=False):
+        """For the squared exponential W = -f'(r)/r = f, so A = G ∘ W comes from K itself: one
+        compiled pass makes G ∘ K with its row and column sums (their total is F's block part),
+        then the b x m products of :meth:`_cross_parts`."""
+        if K is None:
+            K = self._cross(X, Z, scale)
+        A = G if overwrite else np.array(G, dtype=np.float64, order="C")
+        rows, cols = np.empty(A.shape[0]), np.empty(A.shape[1])
+        _sparse.hadamard_sums(A, K, rows, cols)
+        ls, U, V = self._scaled_by(X, Z)
+        value = float(rows.sum()) + (scale * float(np.sum(w)) if w is not None else 0.0)
+        g_theta, g_Z = self._cross_parts(A, rows, cols, U, V, ls)
+        return g_theta, g_Z, value
 
 
 class Matern(_Stationary):

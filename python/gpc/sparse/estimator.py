@@ -14,7 +14,7 @@ from scipy.cluster.vq import kmeans2
 
 from .._estimator import GPCEstimator, check_n_jobs
 from .._validation import check_positive_float, check_positive_int
-from ..kernels import RBF, ConstantKernel, as_kernel
+from ..kernels import RBF, ConstantKernel, as_kernel, user_kernel
 from ..likelihoods import get_likelihood
 from ._passes import as_block, block_ranges
 from ._train import SEPState
@@ -371,6 +371,10 @@ class SparseGaussianProcessClassifier(GPCEstimator):
         Z = initial_inducing(X, self.n_inducing, self.inducing_points, rng)
         kernel = (ConstantKernel(1.0) * RBF(median_length_scale(X, rng)) if self.kernel is None
                   else as_kernel(self.kernel))
+        if self.optimize_inducing and not kernel._has_grad_inputs():
+            raise ValueError(f"the kernel {self.kernel!r} has no gradient in its inputs, so the "
+                             "inducing points cannot move: pass optimize_inducing=False (or a "
+                             "gpc kernel)")
         n = X.shape[0]
         self._batch = self._minibatch_rows(n)
         self._threads = self._n_jobs()   # stored for the engines; training does not use it yet
@@ -517,8 +521,9 @@ class SparseGaussianProcessClassifier(GPCEstimator):
 
     @property
     def kernel_(self):
+        """The fitted kernel, of the kind passed in (a scikit-learn kernel stays one)."""
         self._check_fitted()
-        return self._one_or_list([m.state.kernel for m, _ in self._problems])
+        return self._one_or_list([user_kernel(m.state.kernel) for m, _ in self._problems])
 
     @property
     def log_marginal_likelihood_value_(self):
