@@ -80,3 +80,11 @@ def test_sparse_and_multiclass_do_not_import_the_dense_estimator():
     for folder in ("sparse", "multiclass"):
         for path in (PACKAGE / folder).glob("*.py"):
             assert not any(name.startswith("gpc.classifier") for name in _imports(path)), path
+
+
+def test_no_library_package_imports_the_experiments():
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE)
+        if rel.parts[0] == "experiments" or rel.name == "__main__.py":
+            continue
+        assert not any(name.startswith("gpc.experiments") for name in _imports(path)), path

@@ -10,8 +10,7 @@ Where things live
   rows and the shard's sites.  A step is one call per shard to its actor, relayed by the scheduler:
   ``step``, q and θ go out pickled once per round (O(m²)); the partial, the row count and a flag saying
   whether the sites changed come back (O(m²)).  The sites never leave the worker.  A call bypasses the
-  scheduler's task machinery (a step task and a report task per shard cost about five times as much
-  per round: see bench/RESULTS.md, "Distributed engine").
+  scheduler's task machinery, which would add a step task and a report task per shard and round.
 * The master adds the partials in shard order (`add_partials`), so the sum equals the in-process sum.
 
 Resilience

@@ -488,7 +488,7 @@ class Kernel:
     def _with_theta(self, theta):
         """``clone_with_theta(theta)`` for a θ that comes from this kernel's own (moved by an
         optimiser step and clipped to its bounds): shallow copies without the parameter checks of
-        a full clone, which cost as much as a b x m x m product at m = 200."""
+        a full clone, which a θ step after every minibatch would pay each time."""
         if type(self).theta is not Kernel.theta or type(self).clone_with_theta is not Kernel.clone_with_theta:
             return self.clone_with_theta(theta)
         new = copy.copy(self)

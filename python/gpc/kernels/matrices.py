@@ -76,8 +76,9 @@ def _gram(U, V, kind, scale=1.0):
 
     K(U, U): the strict lower triangle first holds r^2, or for the squared exponential its
     exponent -r^2/2, from direct differences (few dimensions) or a BLAS Gram matrix;
-    NumPy's vectorised exp then makes the values (ten times as fast as the C library's scalar exp,
-    which was most of the kernel matrix's time) by row blocks of the lower triangle, and one pass
+    NumPy's vectorised exp then makes the values (the exponentials are most of the kernel matrix's
+    cost, and a vectorised exp is far cheaper than a scalar one per entry) by row blocks of the
+    lower triangle, and one pass
     sets the diagonal and mirrors.  The Matérn kinds, whose polynomial factor needs care at
     r = inf, take the scalar pass of gpc._kernels.
     """

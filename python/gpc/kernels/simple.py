@@ -193,7 +193,7 @@ def _check_no_overflow(kernel, values, X, Y=None):
     """``values`` if finite; else a ValueError naming the kernel and the input size that overflows.
 
     The Linear and Polynomial kernels grow with |x|: inputs of size ~1e155 (Linear) give values
-    beyond float64, and a predictive variance inf − inf would be NaN further on (issue 17)."""
+    beyond float64, and a predictive variance inf − inf would be NaN further on."""
     if np.all(np.isfinite(values)):
         return values
     biggest = max(float(np.max(np.abs(X))), 0.0 if Y is None else float(np.max(np.abs(Y))))

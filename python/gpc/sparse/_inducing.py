@@ -60,9 +60,9 @@ class InducingFactor:
 
         self.L, _ = cholesky_lower(jittered(), name="K_uu (kernel at the inducing points)",
                                    overwrite=True, rebuild=jittered)
-        # L⁻¹, explicit: every product with it is a triangular multiply (dtrmm), which runs at
-        # twice the speed of a triangular solve (dtrsm) at m = 200 and serves the whitening, the
-        # gradient and the move of q to a new factor alike
+        # L⁻¹, explicit: every product with it is a triangular multiply (dtrmm), cheaper than a
+        # triangular solve (dtrsm), and serves the whitening, the gradient and the move of q to a
+        # new factor alike
         self.Li = self.L.copy()
         _sparse.lower_inverse_in_place(self.Li)   # L has a positive diagonal: never singular
 
