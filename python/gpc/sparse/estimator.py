@@ -55,6 +55,24 @@ def median_length_scale(X, rng):
     return med if med > 0 else 1.0
 
 
+def default_kernel(X, rng):
+    """ConstantKernel(1) · RBF(ℓ₀) with ℓ₀ the median heuristic and length-scale bounds ℓ₀ · 10^±5:
+    bounds relative to the data's scale, so inputs measured in any unit start inside them."""
+    ell = median_length_scale(X, rng)
+    return ConstantKernel(1.0) * RBF(ell, length_scale_bounds=(1e-5 * ell, 1e5 * ell))
+
+
+def _check_theta_in_bounds(kernel):
+    """A start outside the bounds would be clipped onto them by the first step: say so instead."""
+    theta, bounds = kernel.theta, kernel.bounds
+    slack = 1e-9 * np.maximum(1.0, np.abs(bounds))
+    outside = (theta < bounds[:, 0] - slack[:, 0]) | (theta > bounds[:, 1] + slack[:, 1])
+    if np.any(outside):
+        names = [n for n, o in zip(kernel.hyperparameter_names, outside) if o]
+        raise ValueError(f"the kernel's {', '.join(names)} start outside their bounds "
+                         f"({user_kernel(kernel)!r}); widen the bounds or rescale X")
+
+
 def as_rows(X, idx):
     """Rows ``idx`` (sorted) of any row-indexable array, as float64."""
     rows = X[idx]
@@ -369,8 +387,8 @@ class SparseGaussianProcessClassifier(GPCEstimator):
         self._check_validation_data()
         rng = self._rng()
         Z = initial_inducing(X, self.n_inducing, self.inducing_points, rng)
-        kernel = (ConstantKernel(1.0) * RBF(median_length_scale(X, rng)) if self.kernel is None
-                  else as_kernel(self.kernel))
+        kernel = default_kernel(X, rng) if self.kernel is None else as_kernel(self.kernel)
+        _check_theta_in_bounds(kernel)
         if self.optimize_inducing and not kernel._has_grad_inputs():
             raise ValueError(f"the kernel {self.kernel!r} has no gradient in its inputs, so the "
                              "inducing points cannot move: pass optimize_inducing=False (or a "
