@@ -16,13 +16,15 @@ the rows in this process (:class:`InProcessRows`) or their shards on an engine (
   one evaluation per epoch, ending on the best point it evaluated.
 """
 
+import warnings
 from abc import ABC, abstractmethod
 
 import numpy as np
 from scipy.optimize import minimize
 
 from .._estimator import BLOCK_ROWS
-from ..exceptions import NumericalError
+from ..exceptions import ConvergenceWarning, NumericalError
+from ..optimize import stop_message
 from ._passes import as_block, block_ranges
 from ._train import LocalBatch, LocalRows, iteration, tied_iteration
 
@@ -312,8 +314,14 @@ class LBFGSTrainer(Trainer):
                 fun(p0)
                 return
             bounds = [b for s in self.states for b in s.bounds()]
-            minimize(fun, p0, jac=True, method="L-BFGS-B", bounds=bounds,
-                     options={"maxfun": epochs, "maxiter": epochs})
+            res = minimize(fun, p0, jac=True, method="L-BFGS-B", bounds=bounds,
+                           options={"maxfun": epochs, "maxiter": epochs})
+            if res.status == 2:   # a failed line search (a spent budget ends in _BudgetSpent)
+                warnings.warn(stop_message(res, f"of {self.states[0].name}'s objective after "
+                                                f"{spent[0]} evaluations",
+                                           "method='ep' (its steps need no line search), "
+                                           "standardised X, or fewer inducing points if K_uu is "
+                                           "near singular"), ConvergenceWarning, stacklevel=4)
         except _BudgetSpent:
             pass
         finally:
