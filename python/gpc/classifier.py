@@ -43,6 +43,9 @@ class _OnlyForOnline:
         return self.fn.__get__(obj, owner)
 
 
+#: P(y = classes_[1]) of a tie: the largest double below 1/2 (the tie goes to classes_[0])
+_BELOW_HALF = float(np.nextafter(0.5, 0.0))
+
 #: step in log θ of the central differences used for methods without an analytic evidence gradient
 FD_STEP = 1e-4
 
@@ -321,6 +324,12 @@ class GaussianProcessClassifier(GPCEstimator):
         ``requires_vector_input = False``), which read X as given."""
         return self.kernel is None or getattr(self.kernel, "requires_vector_input", True)
 
+    def _check_kernel(self):
+        """Before X is looked at, as scikit-learn's estimator does: one kernel, not a CompoundKernel
+        (each binary problem fits its own; ``kernel_`` is a CompoundKernel after fitting more)."""
+        if _CompoundKernel is not None and isinstance(self.kernel, _CompoundKernel):
+            raise ValueError("kernel cannot be a CompoundKernel")
+
     def _resolve(self):
         method = self.method
         if method is None:
@@ -329,8 +338,6 @@ class GaussianProcessClassifier(GPCEstimator):
             raise ValueError(f"unknown method {method!r}; available: {', '.join(sorted(METHODS))}")
         if self.multi_class not in ("one_vs_rest", "one_vs_one"):
             raise ValueError(f"multi_class must be 'one_vs_rest' or 'one_vs_one', got {self.multi_class!r}")
-        if _CompoundKernel is not None and isinstance(self.kernel, _CompoundKernel):
-            raise ValueError("kernel cannot be a CompoundKernel")
         check_positive_int(self.n_restarts_optimizer, "n_restarts_optimizer", minimum=0)
         if not (self.optimizer is None or self.optimizer == "fmin_l_bfgs_b" or callable(self.optimizer)):
             raise ValueError(f"optimizer must be 'fmin_l_bfgs_b', a callable or None, got {self.optimizer!r}")
@@ -353,6 +360,7 @@ class GaussianProcessClassifier(GPCEstimator):
     # -- fitting ------------------------------------------------------------------------------
     def fit(self, X: ArrayLike, y: ArrayLike) -> "GaussianProcessClassifier":
         """Fit the hyperparameters (unless ``optimizer=None``) and the posterior of each binary problem."""
+        self._check_kernel()
         X = self._check_X(X, fitting=True)
         n = len(X)
         y = self._check_y(y, n)
@@ -441,6 +449,7 @@ class GaussianProcessClassifier(GPCEstimator):
         optimiser: ADF sees each point once).  ``classes`` must list every class on the first call
         unless the first batch contains them all.  One-vs-rest for more than two classes.
         """
+        self._check_kernel()
         X = self._check_X(X, fitting=not hasattr(self, "base_estimators_"))
         y = self._check_y(y, X.shape[0])
         method, likelihood = self._resolve()
@@ -499,11 +508,18 @@ class GaussianProcessClassifier(GPCEstimator):
         Binary: P(y = classes_[1]) = ∫ p(+1|f) N(f | μ*, σ*²) df (closed form for probit, quadrature for
         logit).  One-vs-rest: the binary probabilities normalised to sum to one (as scikit-learn).
         One-vs-one: p_c ∝ Σ_{pairs containing c} P(c wins the pair), normalised.
+
+        A tie, P(y = classes_[1]) of exactly 1/2 (a latent mean of exactly 0 with a symmetric
+        likelihood), goes to ``classes_[0]``: its probability is the largest double below 1/2, so
+        ``predict``, the argmax of these columns and the threshold ``[:, 1] >= 0.5`` agree, as
+        they do in scikit-learn's estimator (which predicts ``classes_[1]`` for a latent mean
+        above 0 only, and whose probability at 0 is a little below 1/2).
         """
         self._check_fitted()
         X = self._check_X(X, fitting=False)
         if self.n_classes_ == 2:
             p = self.base_estimators_[0].proba_positive(X)
+            p = np.where(p == 0.5, _BELOW_HALF, p)
             return np.column_stack([1.0 - p, p])
         P = np.zeros((len(X), self.n_classes_))
         for (i, j), b in zip(self._pairs, self.base_estimators_):
