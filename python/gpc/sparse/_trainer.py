@@ -63,8 +63,9 @@ class TrainingRows(ABC):
     def start_minibatches(self, k, state):
         """Get SEP's sites ready for minibatch steps (their directions, SEP §2.3)."""
 
-    def close(self, states):
-        """The end of a training run: nothing to do in process."""
+    def close(self, states, interrupted=False):
+        """The end of a training run; whether every state has its per-row sites (in process: yes)."""
+        return True
 
 
 class InProcessRows(TrainingRows):
@@ -121,10 +122,10 @@ class EngineRows(TrainingRows):
     def start_minibatches(self, k, state):
         self.fit.start_minibatches(state, k, BLOCK_ROWS)
 
-    def close(self, states):
+    def close(self, states, interrupted=False):
         """The sites come home (``partial_fit`` can continue in process) and the shards are
-        released."""
-        self.fit.finish(states)
+        released; after an interruption the cluster may be gone with them (False)."""
+        return self.fit.finish(states, interrupted)
 
 
 # -- the trainers --------------------------------------------------------------------------------

@@ -400,6 +400,7 @@ class SparseGaussianProcessClassifier(GPCEstimator):
         self._trainer = self._new_trainer(states, likelihood, rng)
         self._problems = [(_BinarySparse(state, likelihood), None) for state in states]
         self.history_ = []
+        self._sites_home = True
         self._start = time.perf_counter()
 
     def _new_state(self, kernel, Z, n):
@@ -456,6 +457,9 @@ class SparseGaussianProcessClassifier(GPCEstimator):
                              f"{(self.classes_ if not first else classes).tolist()}")
         if first:
             self._start_fit(X, y, classes, likelihood)
+        elif not getattr(self, "_sites_home", True):
+            raise ValueError("the sites of this model's interrupted distributed fit stayed on its "
+                             "cluster, which is gone: partial_fit cannot continue it; call fit")
         elif not self._trainer.streams and X.shape[0] != self._trainer.states[0].n:
             raise ValueError(f"partial_fit continues the fit of {self._trainer.states[0].n} rows "
                              f"(its sites are per row); got {X.shape[0]} rows")
@@ -491,8 +495,14 @@ class SparseGaussianProcessClassifier(GPCEstimator):
             if bar is not None:
                 bar.close()
             if rows is not None:
-                rows.close(states)
-        if interrupted:
+                self._sites_home = rows.close(states, interrupted)
+        if interrupted and not self._sites_home:
+            warnings.warn("fit interrupted: the model keeps its last completed step (θ, Z and q "
+                          "predict as they did), but the cluster did not give its per-row sites "
+                          "back (a Ctrl-C in the terminal of a LocalCluster stops its workers "
+                          "too), so partial_fit cannot continue this fit: call fit again",
+                          RuntimeWarning, stacklevel=3)
+        elif interrupted:
             warnings.warn("fit interrupted: the model keeps its last completed step",
                           RuntimeWarning, stacklevel=3)
 
