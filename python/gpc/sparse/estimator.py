@@ -177,14 +177,14 @@ class SparseGaussianProcessClassifier(GPCEstimator):
         whitened q(u) = N(μ, L_q L_qᵀ), by L-BFGS-B in batch or Adadelta on minibatches.  See
         :mod:`gpc.sparse.baselines`.
     likelihood : "probit", "logit", "noisy_threshold" or a Likelihood, default "probit"
-    batch_size : int, None or "auto", default None
+    batch_size : int, None or "auto", default "auto"
         None trains in batch (parallel site passes over all rows, one inner step per pass);
         an int trains on minibatches of that many rows (eq. (6), stochastic step scaled by
         ``n/|M|``); one of n rows or more is batch training.  "auto": batch below 10,000 rows,
         minibatches of 2,000 rows from there on (GFITC always trains in batch).  A minibatch
         step costs about b/n of a batch pass and moves θ and Z as far, so large data sets reach a
         good model in a few epochs.
-    max_iter : int or "auto", default 100
+    max_iter : int or "auto", default "auto"
         Epochs (passes over the data), batch or minibatch.  For the L-BFGS-B fits (GFITC, batch
         SVI) it is the number of objective evaluations (for GFITC each one a converged EP).
         "auto": 100 in batch; on minibatches as many epochs as see about 400,000 rows (at least
@@ -275,7 +275,7 @@ class SparseGaussianProcessClassifier(GPCEstimator):
     """
 
     def __init__(self, kernel=None, n_inducing=100, inducing_points="kmeans", method="ep",
-                 likelihood="probit", batch_size=None, max_iter=100, learning_rate=1.0,
+                 likelihood="probit", batch_size="auto", max_iter="auto", learning_rate=1.0,
                  damping=None, optimize_inducing=True, tied_sites=False, jitter=1e-8,
                  validation_data=None, progress=True, random_state=None, verbose=False,
                  client=None, n_jobs=None):
