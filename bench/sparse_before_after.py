@@ -1,94 +1,101 @@
-"""Minibatch SEP before and after a change, in one process (issue 12's speed work).
+"""The sparse classifier's fits under two (or more) gpc builds, alternated on the same data.
 
-``python bench/sparse_before_after.py [REV]`` (default REV ``main``) extracts ``python/gpc/sparse`` at REV
-with ``git show`` into a temporary package (its relative imports pointed at the installed ``gpc``), then
-alternates REV's trainer, this tree's trainer and the BLAS floor of ``bench_sparse.py`` (its ``Floor``:
-K_bm by the same routine as the step, and one b x m x m dgemm) four times on the same data (n, steps
-from ``GPC_BENCH_SPARSE_N`` / ``GPC_BENCH_SPARSE_STEPS``), BLAS pinned to 1 thread, and prints the
-minimum CPU time (``process_time``) of each: a burst of load on a shared machine then hits all three
-alike.  Both trainers take the first steps of a fit (fresh rows, damping 0.5 as before).
+    python bench/sparse_before_after.py PYTHON [PYTHON ...] [--n N] [--rounds R] [--fits NAME ...]
+
+Each PYTHON is an interpreter whose environment has a gpc build installed, e.g. one virtual
+environment per source tree (``python -m venv /tmp/a && /tmp/a/bin/pip install
+--no-build-isolation /path/to/tree``); ``this`` stands for the interpreter running the script.
+Every fit runs in a fresh process of its interpreter through the public API only
+(``SparseGaussianProcessClassifier``), so any two builds compare, whatever their internals.  The
+fits (``--fits``, default all):
+
+* ``sep-minibatch``: SEP, minibatches of 200 rows, 2 epochs;
+* ``sep-tied``: tied sites, minibatches of 200 rows, 2 epochs;
+* ``sep-batch``: batch SEP, 5 passes;
+* ``svi-minibatch``: SVI, minibatches of 200 rows, 2 epochs;
+* ``gfitc``: GFITC, 10 L-BFGS-B evaluations,
+
+on n rows (default 20,000) of ``bench_sparse.py``'s problem (d = 8, y = sign(sin x₀ + x₁x₂ - x₃/2 +
+0.3 ε)), m = 100 inducing points from the same random rows, BLAS pinned to one thread.  The
+interpreters take turns, ``--rounds`` times (default 3), and the minimum CPU time
+(``time.process_time`` of the fit) of each fit and build is printed with the ratio to the first
+build, and the last log Z_q (equal builds give equal numbers).  The minimum of alternated rounds
+keeps a burst of load on a shared machine from favouring either build.
 """
 
-import importlib
+import argparse
+import json
 import os
-import re
 import subprocess
 import sys
-import tempfile
-import time
 
+FITS = {
+    "sep-minibatch": dict(method="ep", batch_size=200, max_iter=2),
+    "sep-tied": dict(method="ep", batch_size=200, max_iter=2, tied_sites=True),
+    "sep-batch": dict(method="ep", batch_size=None, max_iter=5),
+    "svi-minibatch": dict(method="svi", batch_size=200, max_iter=2),
+    "gfitc": dict(method="gfitc", batch_size=None, max_iter=10),
+}
+
+#: what each process runs: one fit, its CPU seconds and log Z_q as JSON on the last line
+CHILD = r"""
+import json, sys, time
 import numpy as np
-from threadpoolctl import threadpool_limits
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_sparse as bs  # noqa: E402
-
-from gpc.likelihoods import get_likelihood  # noqa: E402
-from gpc.sparse import _train as this_train  # noqa: E402
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FILES = ("__init__.py", "_inducing.py", "_passes.py", "_train.py", "baselines.py", "ep.py", "estimator.py")
-
-
-def trainer_at(rev, where):
-    """``_train`` of python/gpc/sparse at ``rev``, importable as ``sparse_at_rev._train``."""
-    package = os.path.join(where, "sparse_at_rev")
-    os.makedirs(package)
-    for name in FILES:
-        source = subprocess.run(["git", "show", f"{rev}:python/gpc/sparse/{name}"], cwd=ROOT, check=True,
-                                capture_output=True, text=True).stdout
-        source = re.sub(r"^from \.\. import", "from gpc import", source, flags=re.M)
-        source = re.sub(r"^from \.\.", "from gpc.", source, flags=re.M)
-        with open(os.path.join(package, name), "w") as fh:
-            fh.write(source)
-    sys.path.insert(0, where)
-    return importlib.import_module("sparse_at_rev._train")
+n, params = int(sys.argv[1]), json.loads(sys.argv[2])
+rng = np.random.default_rng(0)
+X = rng.standard_normal((n, 8))
+f = np.sin(X[:, 0]) + X[:, 1] * X[:, 2] - 0.5 * X[:, 3]
+y = np.where(f + 0.3 * rng.standard_normal(n) > 0, 1.0, -1.0)
+Z = X[np.sort(np.random.default_rng(1).choice(n, 100, replace=False))]
+from gpc import SparseGaussianProcessClassifier
+from gpc.kernels import RBF, ConstantKernel
+try:
+    from threadpoolctl import threadpool_limits
+    limit = threadpool_limits(1)
+except ImportError:
+    limit = None
+clf = SparseGaussianProcessClassifier(kernel=ConstantKernel(1.0) * RBF(np.full(8, 2.0)),
+                                      n_inducing=100, inducing_points=Z, random_state=0,
+                                      progress=False, **params)
+start = time.process_time()
+clf.fit(X, y)
+print(json.dumps({"seconds": time.process_time() - start,
+                  "log_z": float(clf.log_marginal_likelihood_value_)}))
+"""
 
 
-def steps(module, X, y, tied, lik):
-    state = bs.new_state(X, tied=tied) if module is this_train else module.SEPState(
-        *_state_args(X), tied=tied)
-    start = time.process_time()
-    for k in range(bs.STEPS):
-        s0 = k * bs.B
-        Xb, yb = bs.as_block(X, s0, s0 + bs.B), y[s0:s0 + bs.B]
-        if tied:
-            module.tied_minibatch_step(state, lik, Xb, yb, 0.5)
-        else:
-            module.minibatch_step(state, lik, Xb, yb, slice(s0, s0 + bs.B), bs.N, 0.5)
-    return time.process_time() - start, state
+def run(python, n, params):
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    out = subprocess.run([python, "-c", CHILD, str(n), json.dumps(params)], capture_output=True,
+                         text=True, env=env, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"{python} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _state_args(X):
-    from gpc.kernels import RBF, ConstantKernel
-    kernel = ConstantKernel(1.0) * RBF(np.full(bs.D, 2.0))
-    return kernel, X[:: max(1, bs.N // bs.M)][:bs.M].copy(), bs.N, 1e-8, True, 1.0
-
-
-def main(rev="main", rounds=4):
-    X, y = bs.make_data()
-    lik = get_likelihood("probit")
-    with tempfile.TemporaryDirectory() as where, threadpool_limits(1):
-        before = trainer_at(rev, where)
-        print(f"n={bs.N} m={bs.M} b={bs.B} steps={bs.STEPS} BLAS threads=1 ({rev} against this tree); "
-              f"load average {os.getloadavg()[0]:.1f}")
-        for tied in (False, True):
-            times = {"before": [], "after": [], "floor": []}
-            floor = bs.Floor()
-            for _ in range(rounds):
-                times["before"].append(steps(before, X, y, tied, lik)[0])
-                seconds, state = steps(this_train, X, y, tied, lik)
-                times["after"].append(seconds)
-                start = time.process_time()
-                floor.steps(state, X)
-                times["floor"].append(time.process_time() - start)
-            ms = {k: min(v) / bs.STEPS * 1e3 for k, v in times.items()}
-            print(f"[{'tied sites' if tied else 'per-row sites'}] {rev} {ms['before']:.2f} ms/step "
-                  f"({ms['before'] / ms['floor']:.1f}x floor), this tree {ms['after']:.2f} ms/step "
-                  f"({ms['after'] / ms['floor']:.1f}x floor), floor {ms['floor']:.2f} ms; this / {rev} "
-                  f"{ms['after'] / ms['before']:.3f}")
-        print(f"load average after: {os.getloadavg()[0]:.1f}")
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("pythons", nargs="+", metavar="PYTHON",
+                        help="interpreters with a gpc build each ('this': the one running this)")
+    parser.add_argument("--n", type=int, default=20_000, help="training rows (default 20,000)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternations (default 3)")
+    parser.add_argument("--fits", nargs="+", choices=sorted(FITS), default=list(FITS))
+    args = parser.parse_args(argv)
+    pythons = [sys.executable if p == "this" else p for p in args.pythons]
+    print(f"n = {args.n}, m = 100, BLAS 1 thread, {args.rounds} rounds; "
+          f"load average {os.getloadavg()[0]:.1f}")
+    for name in args.fits:
+        best = [None] * len(pythons)
+        for _ in range(args.rounds):
+            for k, python in enumerate(pythons):
+                result = run(python, args.n, FITS[name])
+                if best[k] is None or result["seconds"] < best[k]["seconds"]:
+                    best[k] = result
+        cells = [f"{r['seconds']:.2f} s ({r['seconds'] / best[0]['seconds']:.3f}x, "
+                 f"log Z_q {r['log_z']:.6g})" for r in best]
+        print(f"{name:<14} " + " | ".join(cells))
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:2])
+    main()

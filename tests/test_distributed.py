@@ -688,3 +688,85 @@ def test_command_line_rejects_bad_counts(capsys):
         main(["sep-distributed", "--dask-workers", "0"])
     assert exit_.value.code == 2
     assert "--dask-workers must be at least 1" in capsys.readouterr().err
+
+
+CTRL_C_SCRIPT = r"""
+import logging, os, signal, sys, time, warnings
+import numpy as np
+from distributed import Client, LocalCluster
+from gpc import SparseGaussianProcessClassifier
+
+
+def main():
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((2000, 4))
+    y = np.where(np.sin(X[:, 0]) + X[:, 1] * X[:, 2] > 0, 1, 0)
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                           dashboard_address="127.0.0.1:0", silence_logs=logging.CRITICAL)
+    client = Client(cluster)
+    clf = SparseGaussianProcessClassifier(n_inducing=20, max_iter=100000, progress=False, verbose=True,
+                                          random_state=0, client=client)
+
+    def late(signum, frame):
+        # the master often sits in compiled code when the Ctrl-C lands and sees it only later,
+        # when its workers (same process group) are gone already: that case, made certain
+        time.sleep(2.0)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, late)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            clf.fit(X, y)
+            print("returned", time.monotonic(), flush=True)
+        except Exception as exc:
+            print("raised", time.monotonic(), type(exc).__name__, exc, flush=True)
+    print("warned", " | ".join(str(w.message) for w in caught if "interrupted" in str(w.message)), flush=True)
+    p = clf.predict_proba(X[:50])
+    print("usable", bool(np.all(np.isfinite(p))), len(clf.history_), flush=True)
+    os._exit(0)
+
+
+if __name__ == "__main__":    # the workers' processes import this file too
+    main()
+"""
+
+
+def test_ctrl_c_on_a_fit_whose_cluster_shares_its_process_group(tmp_path):
+    """Ctrl-C in a terminal reaches the whole process group: the fit and a LocalCluster's workers
+    started from it.  The fit must come back within seconds with the model of its last completed
+    step (or a clear error), not wait for the dead workers' shards to be rebuilt (300 s)."""
+    import select
+    import signal
+    import subprocess
+
+    script = tmp_path / "fit.py"
+    script.write_text(CTRL_C_SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        lines, started = [], time.monotonic()
+        while time.monotonic() - started < PATIENCE:       # until the fit has run an epoch
+            ready, _, _ = select.select([proc.stdout], [], [], 5.0)
+            line = proc.stdout.readline() if ready else ""
+            lines.append(line)
+            if line.startswith("iteration=") or proc.poll() is not None:
+                break
+        assert any(line.startswith("iteration=") for line in lines), lines[-5:]
+        sent = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=PATIENCE)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    ends = [line.split() for line in out.splitlines() if line.startswith(("returned", "raised"))]
+    assert ends, out[-2000:]
+    # within 30 s of the Ctrl-C (2 s until the master sees it, then at most 10 s for the sites; a
+    # rebuild of the dead workers' shards would wait PATIENCE)
+    assert float(ends[0][1]) - sent < 30.0, out[-2000:]
+    assert ends[0][0] == "returned", out[-2000:]
+    warned = [line for line in out.splitlines() if line.startswith("warned")]
+    assert warned and "interrupted" in warned[0], out[-2000:]
+    usable = [line.split() for line in out.splitlines() if line.startswith("usable")]
+    assert usable and usable[0][1] == "True" and int(usable[0][2]) >= 1, out[-2000:]

@@ -132,7 +132,7 @@ def test_gradient_contract_with_K_and_symmetric_M(name, path, monkeypatch):
     # K = k(X) handed in (as an evidence gradient does) and the promise that M is symmetric change
     # where the values and M's entries are read from, not the result: 1e-10 relative, as against
     # the tensor above.  The diagonal of K carries jitter, which must not be read.
-    import gpc.kernels as gk
+    import gpc.kernels.matrices as gk
     if path == "gram":
         monkeypatch.setattr(gk, "DIRECT_MAX_D", 0)
     k = GRAD_KERNELS[name]()
@@ -152,7 +152,7 @@ def test_gradient_contract_reads_the_values_from_K(path, monkeypatch):
     # For the squared exponential W = f, so with K = c A for an arbitrary symmetric A the
     # contraction must be (sum M o A, sum M o A o r^2) scaled as for c * RBF: proof that the values
     # come from K and not from recomputed exponentials.
-    import gpc.kernels as gk
+    import gpc.kernels.matrices as gk
     if path == "gram":
         monkeypatch.setattr(gk, "DIRECT_MAX_D", 0)
     ls, c = 0.8, 1.3
@@ -435,9 +435,9 @@ def test_duplicate_inputs(name):
                                   "matern25_iso", "const_times_rbf_iso", "sum_product"])
 def test_direct_and_gram_paths_agree(name, monkeypatch):
     # Few input dimensions use direct differences, many a BLAS Gram matrix |u|^2 + |v|^2 - 2 u.v
-    # (gpc.kernels.DIRECT_MAX_D).  Both must give the same K and contraction: the Gram form loses
+    # (gpc.kernels.matrices.DIRECT_MAX_D).  Both must give the same K and contraction: the Gram form loses
     # ~1e-16 |u|^2 to cancellation, so 1e-12 relative to the largest entry.
-    import gpc.kernels as gk
+    import gpc.kernels.matrices as gk
     k = GRAD_KERNELS[name]()
     M = RNG.normal(size=(25, 25))
     direct = k(X), k.gradient_contract(X, M)
@@ -542,3 +542,72 @@ def test_sklearn_adapters_take_theta_back():
     power = _Power(RBF(1.0), 2.0)
     power.theta = np.log([0.5])
     assert power.base.length_scale == pytest.approx(0.5, rel=1e-15)
+
+
+# -- the b x m blocks of the sparse engine ----------------------------------------------------------
+CROSS_KERNELS = {
+    "const_rbf_ard": lambda: ConstantKernel(2.0) * RBF(LS3),
+    "rbf_const": lambda: RBF(1.3) * ConstantKernel(0.5),
+    "rbf_ard": lambda: RBF(LS3),
+    "fixed_const_rbf": lambda: ConstantKernel(2.0, "fixed") * RBF(LS3),
+    "const_fixed_rbf": lambda: ConstantKernel(2.0) * RBF(1.2, "fixed"),
+    "matern05": lambda: Matern(1.2, nu=0.5),
+    "const_matern25_white": lambda: ConstantKernel(2.0) * Matern(LS3, nu=2.5) + WhiteKernel(0.1),
+    "linear_times_rbf": lambda: Linear(0.3) * RBF(2.0),
+    "rbf_times_rbf": lambda: RBF(1.0) * RBF(LS3),
+    "poly_plus_linear": lambda: Polynomial(3) + Linear(),
+    "sk_const_matern": lambda: as_kernel(sk.ConstantKernel(2.0) * sk.Matern(LS3, nu=1.5)),
+    "sk_rational_quadratic": lambda: as_kernel(sk.RationalQuadratic(1.5, 2.0)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CROSS_KERNELS))
+def test_cross_gradient_equals_the_stacked_contraction(name):
+    # cross_gradient works on the b x m block (the squared exponential in gpc._sparse, other
+    # stationary kernels in NumPy, products and sums from their parts); the reference is the
+    # kernel's own gradient_contract over the stacked inputs [X; Z] of the symmetric matrix
+    # [[diag w, G/2], [Gᵀ/2, 0]] and gradient_inputs: independent code.  Sums of O(100) O(1)
+    # terms on off-centre inputs, so 1e-10 of the largest is rounding with a wide margin.
+    kernel = CROSS_KERNELS[name]()
+    rng = np.random.default_rng(0)
+    Xs, Zs = rng.normal(size=(30, 3)) + 5.0, rng.normal(size=(7, 3)) + 5.0
+    G, w = rng.normal(size=(30, 7)), rng.normal(size=30)
+    close_to(kernel.cross_covariance(Xs, Zs), kernel(Xs, Zs), rtol=1e-13)
+    M = np.zeros((37, 37))
+    M[np.arange(30), np.arange(30)] = w
+    M[:30, 30:], M[30:, :30] = 0.5 * G, 0.5 * G.T
+    expected = kernel.gradient_contract(np.vstack([Xs, Zs]), M)
+    for K in (None, kernel(Xs, Zs)):
+        g_theta, g_Z = kernel.cross_gradient(Xs, Zs, G, w, K=K)
+        assert g_theta.shape == (kernel.n_dims,)
+        close_to(g_theta, expected, rtol=1e-10)
+        if name == "sk_rational_quadratic":       # scikit-learn gives no gradient in the inputs
+            assert g_Z is None and not kernel._has_grad_inputs()
+        else:
+            assert kernel._has_grad_inputs()
+            close_to(g_Z, kernel.gradient_inputs(Zs, Xs, np.ascontiguousarray(G.T)), rtol=1e-10)
+
+
+@pytest.mark.parametrize("name", sorted(CROSS_KERNELS))
+def test_with_theta_is_a_clone_that_leaves_the_kernel_alone(name):
+    # the θ step's shallow copy must compute what a full clone computes, and not touch the kernel
+    kernel = CROSS_KERNELS[name]()
+    theta = kernel.theta + 0.3
+    before = kernel(X, Y)
+    fresh = kernel._with_theta(theta)
+    assert_allclose(fresh.theta, theta, rtol=1e-14)
+    assert fresh._n_free() == kernel.n_dims
+    close_to(fresh(X, Y), kernel.clone_with_theta(theta)(X, Y), rtol=1e-14)
+    assert_allclose(kernel(X, Y), before, rtol=0, atol=0)
+    if kernel.n_dims:
+        assert not np.array_equal(before, fresh(X, Y))
+
+
+def test_cross_gradient_checks_its_inputs():
+    kernel = ConstantKernel(2.0) * RBF(1.0)
+    with pytest.raises(ValueError, match="features"):
+        kernel.cross_gradient(X, Y[:, :2], np.zeros((25, 7)))
+    with pytest.raises(ValueError, match="G must have shape"):
+        kernel.cross_gradient(X, Y, np.zeros((7, 25)))
+    with pytest.raises(ValueError, match="diag_weights"):
+        kernel.cross_gradient(X, Y, np.zeros((25, 7)), np.zeros(3))

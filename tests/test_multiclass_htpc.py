@@ -212,8 +212,9 @@ def test_fitted_model_keeps_no_nl_squared_matrix():
 
 
 def test_fit_and_prediction_follow_the_thread_policy(monkeypatch):
-    """HTPC's BLAS runs on n_jobs threads (default one) during the fit and the prediction, as EP's
-    runs on one: never the library default, which oversubscribes a loaded machine."""
+    """HTPC's BLAS runs on n_jobs threads during the fit and the prediction (None: as many as BLAS
+    may use when the fit starts, joblib's convention as on every gpc estimator), never on a count
+    the caller did not choose."""
     threadpoolctl = pytest.importorskip("threadpoolctl")
     from gpc.multiclass import htpc
 
@@ -234,8 +235,11 @@ def test_fit_and_prediction_follow_the_thread_policy(monkeypatch):
     monkeypatch.setattr(htpc, "_laplace", spy_laplace)
     monkeypatch.setattr(htpc, "htpc_latent_moments", spy_moments)
     X, y = _blob_data(30, 3)
-    for n_jobs, want in ((None, {1}), (2, {2})):
+    from gpc._estimator import resolve_n_jobs
+    for n_jobs, limit, want in ((None, None, {resolve_n_jobs(None)}), (None, 1, {1}),
+                                (1, None, {1}), (2, 1, {2})):
         seen.clear()
-        clf = MultiClassGPC(model="heavy-tailed", optimizer=None, n_jobs=n_jobs).fit(X, y)
-        clf.predict_proba(X[:5])
+        with threadpoolctl.threadpool_limits(limit):
+            clf = MultiClassGPC(model="heavy-tailed", optimizer=None, n_jobs=n_jobs).fit(X, y)
+            clf.predict_proba(X[:5])
         assert [s for _, s in seen] == [want, want]

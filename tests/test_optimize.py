@@ -57,3 +57,50 @@ def test_the_final_posterior_continues_from_the_optimisers_last_sites(monkeypatc
     assert len(calls) > 3 and calls[0] is None         # the first fit of the start is cold
     assert calls[-1] is not None and calls[-1].method == "ep"
     assert calls[-1] is not clf.base_estimators_[0].result_
+
+
+def test_a_failed_line_search_says_what_happened_and_what_to_try():
+    # a gradient that points the wrong way: L-BFGS-B's line search cannot lower the objective,
+    # and scipy's message is "ABNORMAL: " with the reason left empty
+    from gpc.exceptions import ConvergenceWarning
+
+    def wrong(theta):
+        return float(theta @ theta), -2.0 * theta + 1.0
+
+    with pytest.warns(ConvergenceWarning) as caught:
+        lbfgsb(wrong, np.array([1.0, -2.0]), np.array([[-5.0, 5.0], [-5.0, 5.0]]))
+    message = str(caught[0].message)
+    assert "line search" in message and "gradient" in message
+    assert "Try:" in message and "max_iter" in message
+    assert not message.rstrip().endswith(":")
+
+
+def test_the_sparse_lbfgs_fit_says_so_too():
+    # the same failure in the sparse L-BFGS-B fits (GFITC, batch SVI)
+    from gpc.exceptions import ConvergenceWarning
+    from gpc.sparse._trainer import LBFGSTrainer
+    from gpc.sparse.baselines import _LBFGSState
+
+    class Wrong(_LBFGSState):
+        name = "test"
+        _model = ("p", "log_z")
+
+        def __init__(self):
+            self.p, self.log_z = np.array([1.0, -2.0]), np.nan
+
+        def params(self):
+            return self.p.copy()
+
+        def bounds(self):
+            return [(-5.0, 5.0)] * 2
+
+        def objective(self, likelihood, X, y, p, block_rows):
+            self.p, self.log_z = p.copy(), -float(p @ p)
+            return self.log_z, 2.0 * p - 1.0          # the gradient of -|p|² is -2p
+
+    class NoRows:
+        def objective_rows(self, k, likelihood):
+            return None, None
+
+    with pytest.warns(ConvergenceWarning, match="line search.*Try:"):
+        LBFGSTrainer([Wrong()], None, None).train(NoRows(), 50, lambda: None, lambda v: None)

@@ -175,9 +175,57 @@ def test_hyperparameter_at_its_bound_warns(GPC):
         GPC(kernel=kernel).fit(X, y)
 
 
-@BOTH
-def test_compound_kernel_is_refused(GPC):
-    X, y = two_moons()
+THREE = pytest.mark.parametrize("GPC", [SkGPC, GaussianProcessClassifier, GpcLaplace],
+                                ids=["sklearn", "gpc", "gpc-laplace"])
+
+
+class SharedLetters(GenericKernelMixin, Kernel):
+    """k(s, t) = c · (pairs of equal letters) / (|s| |t|) on strings, c fixed: no θ."""
+
+    def __init__(self, c=1.0, c_bounds="fixed"):
+        self.c = c
+        self.c_bounds = c_bounds
+
+    @property
+    def hyperparameter_c(self):
+        return Hyperparameter("c", "numeric", self.c_bounds)
+
+    def _k(self, s, t):
+        return self.c * sum(a == b for a in s for b in t) / (len(s) * len(t))
+
+    def __call__(self, X, Y=None, eval_gradient=False):
+        K = np.array([[self._k(s, t) for t in (X if Y is None else Y)] for s in X])
+        return (K, np.empty(K.shape + (0,))) if eval_gradient else K
+
+    def diag(self, X):
+        return np.array([self._k(s, s) for s in X])
+
+    def is_stationary(self):
+        return False
+
+
+@THREE
+def test_a_tie_goes_to_the_first_class_in_predict_and_predict_proba(GPC):
+    # "TTT" shares no letter with the training strings: its latent mean is exactly 0, a tie.
+    # scikit-learn predicts classes_[1] for a latent mean above 0 only, and its probability
+    # there is a little below 1/2: predict and predict_proba[:, 1] >= 0.5 both give classes_[0]
+    X, y = ["AAA", "CCC", "GGG"], [True, False, True]
+    T = ["AAA", "TTT", "CCC"]
+    clf = GPC(kernel=SharedLetters()).fit(X, y)
+    p = clf.predict_proba(T)
+    assert clf.predict(T).tolist() == [True, False, False]
+    assert clf.predict(T).tolist() == clf.classes_[(p[:, 1] >= 0.5).astype(int)].tolist()
+    assert clf.predict(T).tolist() == clf.classes_[np.argmax(p, axis=1)].tolist()
+    # the tie's probabilities are 1/2 to within 1e-8 (scikit-learn's erf expansion: 5e-9)
+    np.testing.assert_allclose(p[1], 0.5, rtol=0, atol=1e-8)
+
+
+@THREE
+@pytest.mark.parametrize("strings", [False, True])
+def test_compound_kernel_is_refused(GPC, strings):
+    # refused before X is looked at, whatever the method and inputs (on strings an RBF compound
+    # kernel would otherwise fail on X first)
+    X, y = (["AAA", "CCC", "GGG"], [True, False, True]) if strings else two_moons()
     with pytest.raises(ValueError, match="kernel cannot be a CompoundKernel"):
         GPC(kernel=CompoundKernel([RBF(1.0), RBF(2.0)])).fit(X, y)
 
@@ -187,7 +235,7 @@ def test_n_jobs_threads_give_the_same_fit(GPC):                           # proc
     iris = load_iris()
     X, y = iris.data[::5], iris.target[::5]
     kernel = ConstantKernel(1.0, (1e-2, 1e2)) * RBF(1.0, (1e-2, 1e2))
-    serial = GPC(kernel=kernel, n_jobs=None).fit(X, y)
+    serial = GPC(kernel=kernel, n_jobs=1).fit(X, y)
     threads = GPC(kernel=kernel, n_jobs=2).fit(X, y)
     assert len(threads.base_estimator_.estimators_) == 3
     assert isinstance(threads.kernel_, CompoundKernel)

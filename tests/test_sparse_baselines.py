@@ -10,6 +10,7 @@ from gpc.exceptions import NumericalError
 from gpc.kernels import RBF, ConstantKernel, WhiteKernel
 from gpc.likelihoods import get_likelihood
 from gpc.sparse._inducing import InducingFactor
+from gpc.sparse._trainer import LBFGSTrainer
 from gpc.sparse.baselines import GFITCState, SVIState, _LBFGSState
 
 
@@ -123,6 +124,9 @@ def test_gfitc_rows_far_from_every_inducing_point_add_log_half(crabs):
 class _Quadratic(_LBFGSState):
     """-(p - 3)² that cannot be evaluated beyond p = 2: the optimum of the feasible part is p = 2."""
 
+    name = "quadratic"
+    _model = ("p", "log_z")
+
     def __init__(self):
         self.p = np.zeros(1)
         self.log_z = np.nan
@@ -138,13 +142,28 @@ class _Quadratic(_LBFGSState):
         self.calls.append(float(p[0]))
         if p[0] > 2.0:
             return -np.inf, np.zeros_like(p)
-        return -float((p[0] - 3.0) ** 2), -2.0 * (p - 3.0)
+        self.p, self.log_z = p.copy(), -float((p[0] - 3.0) ** 2)
+        return self.log_z, -2.0 * (p - 3.0)
+
+
+class _NoRows:
+    """The rows of an objective that needs none."""
+
+    def objective_rows(self, k, likelihood):
+        return None, None
+
+
+def _lbfgs(state, evaluations, recorded):
+    ticks = []
+    LBFGSTrainer([state], None, None).train(_NoRows(), evaluations, lambda: ticks.append(1),
+                                            recorded.append)
+    return len(ticks)
 
 
 def test_lbfgs_backtracks_from_a_point_it_cannot_evaluate():
     state = _Quadratic()
     recorded = []
-    state.run(None, None, None, 40, recorded.append, 1)
+    _lbfgs(state, 40, recorded)
     # an infinite value ended L-BFGS-B at its first infeasible trial (after 2 evaluations);
     # the finite penalty makes its line search come back, and it closes in on the edge p = 2
     assert any(c > 2.0 for c in state.calls) and len(recorded) > 4
@@ -156,4 +175,4 @@ def test_lbfgs_refuses_a_start_it_cannot_evaluate():
     state = _Quadratic()
     state.p = np.array([2.5])
     with pytest.raises(gpc.exceptions.NumericalError, match="initial"):
-        state.run(None, None, None, 10, lambda v: None, 1)
+        _lbfgs(state, 10, [])

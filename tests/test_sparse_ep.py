@@ -82,8 +82,8 @@ def test_evidence_gradient_matches_finite_differences(likelihood, white, held):
     # The gradient is eq. (4) at an EP fixed point, in either of its forms (sites following
     # their rows, batch; or fixed in u-space with the cavities held, minibatches); the finite
     # differences re-converge EP (warm started) at θ ± h, so they see the total derivative of
-    # the converged log Z_q.  With the white-noise term the kernel's general contractions run;
-    # without it, the squared exponential's b x m path (_inducing._SquaredExponential).
+    # the converged log Z_q.  With the white-noise term the sum's contractions run; without it,
+    # the squared exponential's compiled b x m path (gpc.kernels.RBF._cross_gradient).
     X, y, Z, kernel, lik = off_data_problem(likelihood, white)
     factor, q, tau, nu = _converged(lik, X, y, kernel, Z)
     log_z, g_theta, g_Z, n_bad = evidence(lik, X, y, factor, q, tau, nu, block_rows=64, held=held)
@@ -96,52 +96,6 @@ def test_evidence_gradient_matches_finite_differences(likelihood, white, held):
     # central differences (h = 1e-5): O(h²) truncation ~1e-9 plus EP stopped at 1e-11 over 2h
     # (~1e-6 at worst); the gradients are O(1)-O(10)
     assert_central_differences(value, kernel.theta, Z, g_theta, g_Z, 1e-5)
-
-
-SE_KERNELS = [
-    ConstantKernel(2.0) * RBF(np.array([0.7, 1.5, 2.0])),
-    RBF(1.3) * ConstantKernel(0.5),
-    RBF(np.array([0.7, 1.5, 2.0])),
-    ConstantKernel(2.0, "fixed") * RBF(np.array([0.7, 1.5, 2.0])),
-    ConstantKernel(2.0) * RBF(1.2, "fixed"),
-]
-
-
-@pytest.mark.parametrize("kernel", SE_KERNELS, ids=repr)
-def test_squared_exponential_fast_path_equals_the_kernel_contractions(kernel):
-    # the b x m contraction of _SquaredExponential against the kernel's own gradient_contract on
-    # the stacked inputs and gradient_inputs (two independent implementations); all O(1) sums of
-    # O(100) terms, so 1e-10 is rounding with a wide margin
-    from gpc.sparse._inducing import _SquaredExponential
-    rng = np.random.default_rng(0)
-    X, Z = rng.normal(size=(30, 3)) + 5.0, rng.normal(size=(7, 3)) + 5.0   # off-centre inputs
-    G, g_diag = rng.normal(size=(30, 7)), rng.normal(size=30)
-    fast = _SquaredExponential.of(kernel)
-    assert fast is not None
-    g_theta, g_Z = fast.contract(X, Z, kernel(X, Z), G, g_diag)
-    M = np.zeros((37, 37))
-    M[np.arange(30), np.arange(30)] = g_diag
-    M[:30, 30:], M[30:, :30] = 0.5 * G, 0.5 * G.T
-    np.testing.assert_allclose(g_theta, kernel.gradient_contract(np.vstack([X, Z]), M), rtol=1e-10,
-                               atol=1e-10)
-    np.testing.assert_allclose(g_Z, kernel.gradient_inputs(Z, X, np.ascontiguousarray(G.T)),
-                               rtol=1e-10, atol=1e-10)
-    theta = kernel.theta + 0.3
-    fresh = fast.with_theta(kernel, theta)
-    np.testing.assert_allclose(fresh.theta, theta, rtol=1e-14)
-    np.testing.assert_allclose(fresh(X, Z), kernel.clone_with_theta(theta)(X, Z), rtol=1e-14)
-    assert not np.array_equal(kernel(X, Z), fresh(X, Z))   # the original is left as it was
-    # the fast path carried to the new kernel is the one made for it from scratch
-    moved, made = fast.at(fresh), _SquaredExponential.of(fresh)
-    assert (moved.c, moved.c_free, moved.ls_free, moved.amplitude_first) == (
-        made.c, made.c_free, made.ls_free, made.amplitude_first)
-    np.testing.assert_array_equal(moved.ls, made.ls)
-
-
-def test_other_kernels_take_the_general_path():
-    from gpc.sparse._inducing import _SquaredExponential
-    assert _SquaredExponential.of(ConstantKernel(2.0) * RBF(1.0) + WhiteKernel(0.1)) is None
-    assert _SquaredExponential.of(RBF(1.0) * RBF(2.0)) is None
 
 
 def _refine(lik, y, mean, var, s, tau, nu, damping, moved=None, rule=None):

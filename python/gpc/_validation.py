@@ -33,7 +33,7 @@ def check_kernel_matrix(K):
     if n == 0:
         raise ValueError("K is empty: at least one data point is needed")
     scale = max(float(np.max(np.abs(np.diag(K)))), np.finfo(float).tiny)
-    # by blocks of rows, so that the check's temporaries are block x n, not two n x n (issue 16)
+    # by blocks of rows, so that the check's temporaries are block x n, not two n x n
     block = 256
     for i in range(0, n, block):
         rows = slice(i, min(i + block, n))

@@ -1,23 +1,19 @@
 """The scikit-learn-compatible estimator.
 
 ``GaussianProcessClassifier`` fits any binary method of :func:`gpc.infer` and extends it to several
-classes one-vs-rest or one-vs-one, as scikit-learn's estimator of the same name does.  scikit-learn is
-optional: when it is installed the estimator derives from its ``BaseEstimator`` and ``ClassifierMixin``
-(so ``clone``, ``check_estimator``, pipelines and grid search work unchanged); otherwise a small local
-base provides ``get_params``/``set_params`` and ``score``.
+classes one-vs-rest or one-vs-one, as scikit-learn's estimator of the same name does.  Its base,
+:class:`gpc._estimator.GPCEstimator`, is scikit-learn's ``BaseEstimator`` and ``ClassifierMixin``
+when scikit-learn is installed and a small local one otherwise.
 """
 
-import inspect
 import itertools
-import numbers
-import os
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
 import numpy as np
 from numpy.typing import ArrayLike
 
+from ._estimator import GPCEstimator, check_n_jobs, independent_generators, int_seed
 from ._validation import check_finite_array, check_positive_int
 from .inference import METHODS, infer
 from .kernels import ConstantKernel, RBF, _reads_lower_triangle_only, as_kernel, user_kernel
@@ -25,54 +21,9 @@ from .likelihoods import get_likelihood
 from .optimize import maximise_evidence
 
 try:  # pragma: no branch
-    from sklearn.base import BaseEstimator as _Base, ClassifierMixin as _ClassifierMixin
-    from sklearn.exceptions import DataConversionWarning, NotFittedError
     from sklearn.gaussian_process.kernels import CompoundKernel as _CompoundKernel
 except ImportError:  # pragma: no cover - exercised only without scikit-learn
     _CompoundKernel = None
-
-    class DataConversionWarning(UserWarning):  # type: ignore[no-redef]
-        """A column-vector y was reshaped to 1-D."""
-
-    class _Base:  # type: ignore[no-redef]
-        """get_params / set_params from the constructor's signature, as scikit-learn does."""
-
-        @classmethod
-        def _get_param_names(cls):
-            sig = inspect.signature(cls.__init__)
-            return sorted(p.name for p in sig.parameters.values() if p.name != "self")
-
-        def get_params(self, deep=True):
-            out = {}
-            for name in self._get_param_names():
-                value = getattr(self, name)
-                if deep and hasattr(value, "get_params") and not isinstance(value, type):
-                    out.update((f"{name}__{k}", v) for k, v in value.get_params().items())
-                out[name] = value
-            return out
-
-        def set_params(self, **params):
-            valid = self._get_param_names()
-            for key, value in params.items():
-                name, _, sub = key.partition("__")
-                if name not in valid:
-                    raise ValueError(f"invalid parameter {name!r} for {type(self).__name__}")
-                if sub:
-                    getattr(self, name).set_params(**{sub: value})
-                else:
-                    setattr(self, name, value)
-            return self
-
-        def __repr__(self):
-            args = ", ".join(f"{k}={v!r}" for k, v in self.get_params(deep=False).items())
-            return f"{type(self).__name__}({args})"
-
-    class _ClassifierMixin:  # type: ignore[no-redef]
-        def score(self, X, y, sample_weight=None):
-            return float(np.average(self.predict(X) == np.asarray(y), weights=sample_weight))
-
-    class NotFittedError(ValueError, AttributeError):  # type: ignore[no-redef]
-        """The estimator is used before ``fit``."""
 
 
 class _OnlyForOnline:
@@ -92,6 +43,9 @@ class _OnlyForOnline:
         return self.fn.__get__(obj, owner)
 
 
+#: P(y = classes_[1]) of a tie: the largest double below 1/2 (the tie goes to classes_[0])
+_BELOW_HALF = float(np.nextafter(0.5, 0.0))
+
 #: step in log θ of the central differences used for methods without an analytic evidence gradient
 FD_STEP = 1e-4
 
@@ -99,17 +53,6 @@ FD_STEP = 1e-4
 def _default_kernel():
     # scikit-learn's default: 1.0 * RBF(1.0) with both hyperparameters fixed
     return ConstantKernel(1.0, constant_value_bounds="fixed") * RBF(1.0, length_scale_bounds="fixed")
-
-
-def _int_seed(random_state):
-    """An int seed from an estimator's random_state (None: 0, so that a fit is deterministic)."""
-    if random_state is None:
-        return 0
-    if isinstance(random_state, (int, np.integer)):
-        return int(random_state)
-    if isinstance(random_state, np.random.RandomState):
-        return int(random_state.randint(0, 2**31 - 1))
-    return int(random_state.integers(0, 2**63 - 1))
 
 
 class _BinaryGPC:
@@ -278,7 +221,7 @@ class _MultiClass:
         self.n_jobs = n_jobs
 
 
-class GaussianProcessClassifier(_ClassifierMixin, _Base):
+class GaussianProcessClassifier(GPCEstimator):
     """Gaussian process classification with any of gpc's approximate inference methods.
 
     A drop-in for ``sklearn.gaussian_process.GaussianProcessClassifier``: the same ``fit``,
@@ -323,7 +266,10 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
         Keep a copy of the training inputs; False keeps a reference (which later changes of the
         caller's array then affect).
     n_jobs : int or None, default None
-        Threads fitting the binary problems of one-vs-rest / one-vs-one; None means 1, -1 all CPUs.
+        Threads fitting the binary problems of one-vs-rest / one-vs-one, with joblib's convention:
+        None as many as BLAS may use (threadpoolctl's limit, else OMP_NUM_THREADS /
+        OPENBLAS_NUM_THREADS, else every core), -1 every core, -2 all but one, k > 0 exactly k.
+        The fit does not depend on it.
 
     Attributes
     ----------
@@ -371,54 +317,18 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
         self.n_jobs = n_jobs
 
     # -- validation ---------------------------------------------------------------------------
-    def _structured(self):
-        """Whether the kernel takes inputs other than float vectors (strings, graphs)."""
-        return self.kernel is not None and not getattr(self.kernel, "requires_vector_input", True)
+    _fitted_attribute = "base_estimators_"
 
-    def _check_X(self, X, fitting) -> np.ndarray:
-        if self._structured():
-            # scikit-learn's validation without forcing a 2-D float array: the kernel reads X
-            try:
-                from sklearn.utils import check_array
-            except ImportError:  # pragma: no cover - such kernels come from scikit-learn
-                return np.asarray(X)
-            return check_array(X, ensure_2d=False, dtype=None)
-        if hasattr(X, "toarray") or hasattr(X, "tocsr"):
-            raise TypeError("sparse input is not supported: pass a dense array (X.toarray())")
-        X = check_finite_array(X, "X")
-        if X.ndim != 2:
-            raise ValueError(f"Expected 2D array, got {X.ndim}D array instead. Reshape your data to (n_samples, "
-                             "n_features)")
-        if X.shape[0] == 0:
-            raise ValueError(f"Found array with 0 sample(s) (shape={X.shape}) while a minimum of 1 is required.")
-        if X.shape[1] == 0:
-            raise ValueError(f"Found array with 0 feature(s) (shape={X.shape}) while a minimum of 1 is required.")
-        if not fitting and X.shape[1] != self.n_features_in_:
-            raise ValueError(f"X has {X.shape[1]} features, but GaussianProcessClassifier is expecting "
-                             f"{self.n_features_in_} features as input")
-        return X
+    def _vector_input(self):
+        """Whether X holds float vectors: not for kernels of strings, graphs, ... (scikit-learn's
+        ``requires_vector_input = False``), which read X as given."""
+        return self.kernel is None or getattr(self.kernel, "requires_vector_input", True)
 
-    def _check_y(self, y, n) -> np.ndarray:
-        if y is None:
-            raise ValueError("GaussianProcessClassifier requires y to be passed, but the target y is None")
-        y = np.asarray(y)
-        if y.ndim == 2 and y.shape[1] == 1:
-            warnings.warn("A column-vector y was passed when a 1d array was expected. Please change the "
-                          "shape of y to (n_samples, ), for example using ravel().",
-                          DataConversionWarning, stacklevel=3)
-            y = y.ravel()
-        if y.ndim != 1:
-            raise ValueError(f"y should be a 1d array, got an array of shape {y.shape} instead")
-        if y.shape[0] != n:
-            raise ValueError(f"X has {n} samples but y has {y.shape[0]}")
-        if y.dtype.kind == "f":
-            if not np.all(np.isfinite(y)):
-                raise ValueError("y contains NaN or inf")
-            if np.any(y != np.round(y)):
-                raise ValueError("Unknown label type: continuous. gpc classifies; y must hold class labels")
-        if y.dtype.kind == "O" and any(isinstance(v, float) and np.isnan(v) for v in y):
-            raise ValueError("y contains NaN")
-        return y
+    def _check_kernel(self):
+        """Before X is looked at, as scikit-learn's estimator does: one kernel, not a CompoundKernel
+        (each binary problem fits its own; ``kernel_`` is a CompoundKernel after fitting more)."""
+        if _CompoundKernel is not None and isinstance(self.kernel, _CompoundKernel):
+            raise ValueError("kernel cannot be a CompoundKernel")
 
     def _resolve(self):
         method = self.method
@@ -428,8 +338,6 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
             raise ValueError(f"unknown method {method!r}; available: {', '.join(sorted(METHODS))}")
         if self.multi_class not in ("one_vs_rest", "one_vs_one"):
             raise ValueError(f"multi_class must be 'one_vs_rest' or 'one_vs_one', got {self.multi_class!r}")
-        if _CompoundKernel is not None and isinstance(self.kernel, _CompoundKernel):
-            raise ValueError("kernel cannot be a CompoundKernel")
         check_positive_int(self.n_restarts_optimizer, "n_restarts_optimizer", minimum=0)
         if not (self.optimizer is None or self.optimizer == "fmin_l_bfgs_b" or callable(self.optimizer)):
             raise ValueError(f"optimizer must be 'fmin_l_bfgs_b', a callable or None, got {self.optimizer!r}")
@@ -437,9 +345,7 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
         for name in ("warm_start", "copy_X_train"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        if self.n_jobs is not None and (not isinstance(self.n_jobs, numbers.Integral)
-                                        or isinstance(self.n_jobs, bool) or self.n_jobs == 0):
-            raise ValueError(f"n_jobs must be None or a nonzero integer (-1: all CPUs), got {self.n_jobs!r}")
+        check_n_jobs(self.n_jobs)
         return str(method).lower(), get_likelihood(self.likelihood)
 
     def _max_iter(self, method):
@@ -449,14 +355,12 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
         return self.max_iter
 
     def _n_threads(self, n_problems):
-        n_jobs = 1 if self.n_jobs is None else int(self.n_jobs)
-        if n_jobs < 0:   # joblib's convention: -1 all CPUs, -2 all but one, ...
-            n_jobs = max(1, (os.cpu_count() or 1) + 1 + n_jobs)
-        return min(n_jobs, n_problems)
+        return min(self._n_jobs(), n_problems)
 
     # -- fitting ------------------------------------------------------------------------------
     def fit(self, X: ArrayLike, y: ArrayLike) -> "GaussianProcessClassifier":
         """Fit the hyperparameters (unless ``optimizer=None``) and the posterior of each binary problem."""
+        self._check_kernel()
         X = self._check_X(X, fitting=True)
         n = len(X)
         y = self._check_y(y, n)
@@ -477,7 +381,7 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
             # drives type-II ML to a degenerate optimum (gpc.inference.online): a seeded random order,
             # the same in every evaluation of the evidence
             options["order"] = "random"
-            options.setdefault("random_state", _int_seed(self.random_state))
+            options.setdefault("random_state", int_seed(self.random_state))
         X_train = np.copy(X) if self.copy_X_train else X
 
         #: (positive class, negative class or None for "the rest"); (rows or None for all, ±1 labels)
@@ -502,7 +406,7 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
         else:
             inits = [b.result_ if hasattr(b, "result_") and len(b.y_train_) == len(labels) else None
                      for b, (_, labels) in zip(previous, problems)]
-        rngs = self._problem_rngs(len(problems))
+        rngs = independent_generators(self.random_state, len(problems))
         binaries = [_BinaryGPC(kernel, likelihood, method, self.schedule, self.optimizer,
                                self.n_restarts_optimizer, self._max_iter(method), self.tol, rng, options,
                                warm_start=bool(self.warm_start)) for rng in rngs]
@@ -521,18 +425,6 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
         self.n_iter_ = fits[0].result_.n_iter if len(fits) == 1 else np.array([b.result_.n_iter for b in fits])
         self.converged_ = bool(all(b.result_.converged for b in fits))
         return self
-
-    def _problem_rngs(self, n_problems):
-        """One random generator per binary problem (the restarts' draws), independent of n_jobs."""
-        rs = self.random_state
-        rng = rs if isinstance(rs, (np.random.Generator, np.random.RandomState)) else np.random.default_rng(rs)
-        if n_problems == 1:
-            return [rng]
-        if isinstance(rng, np.random.RandomState):
-            seeds = rng.randint(0, 2**31 - 1, size=n_problems)
-        else:
-            seeds = rng.integers(0, 2**63 - 1, size=n_problems)
-        return [np.random.default_rng(int(s)) for s in seeds]
 
     def _set_fitted(self, fits, X_train):
         """The attributes common to fit and partial_fit, from the fitted binary problems."""
@@ -557,6 +449,7 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
         optimiser: ADF sees each point once).  ``classes`` must list every class on the first call
         unless the first batch contains them all.  One-vs-rest for more than two classes.
         """
+        self._check_kernel()
         X = self._check_X(X, fitting=not hasattr(self, "base_estimators_"))
         y = self._check_y(y, X.shape[0])
         method, likelihood = self._resolve()
@@ -571,7 +464,7 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
             self._pairs = [(1, 0)] if n_problems == 1 else [(c, None) for c in range(self.n_classes_)]
             self.base_estimators_ = [
                 _BinaryGPC(kernel, likelihood, method, None, None, 0, self.max_iter, self.tol,
-                           rng, dict(self.method_options or {})) for rng in self._problem_rngs(n_problems)]
+                           rng, dict(self.method_options or {})) for rng in independent_generators(self.random_state, n_problems)]
         unknown = np.setdiff1d(np.unique(y), self.classes_)
         if unknown.size:
             raise ValueError(f"y has classes {unknown.tolist()} not in classes_ {self.classes_.tolist()}")
@@ -583,11 +476,6 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
         self.n_iter_ = fits[0].result_.n_iter
         self.converged_ = True
         return self
-
-    def _check_fitted(self):
-        if not hasattr(self, "base_estimators_"):
-            raise NotFittedError(f"This {type(self).__name__} instance is not fitted yet. Call 'fit' with "
-                                 "appropriate arguments before using this estimator.")
 
     # -- prediction -----------------------------------------------------------------------------
     def predict_latent(self, X: ArrayLike) -> Any:
@@ -620,11 +508,18 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
         Binary: P(y = classes_[1]) = ∫ p(+1|f) N(f | μ*, σ*²) df (closed form for probit, quadrature for
         logit).  One-vs-rest: the binary probabilities normalised to sum to one (as scikit-learn).
         One-vs-one: p_c ∝ Σ_{pairs containing c} P(c wins the pair), normalised.
+
+        A tie, P(y = classes_[1]) of exactly 1/2 (a latent mean of exactly 0 with a symmetric
+        likelihood), goes to ``classes_[0]``: its probability is the largest double below 1/2, so
+        ``predict``, the argmax of these columns and the threshold ``[:, 1] >= 0.5`` agree, as
+        they do in scikit-learn's estimator (which predicts ``classes_[1]`` for a latent mean
+        above 0 only, and whose probability at 0 is a little below 1/2).
         """
         self._check_fitted()
         X = self._check_X(X, fitting=False)
         if self.n_classes_ == 2:
             p = self.base_estimators_[0].proba_positive(X)
+            p = np.where(p == 0.5, _BELOW_HALF, p)
             return np.column_stack([1.0 - p, p])
         P = np.zeros((len(X), self.n_classes_))
         for (i, j), b in zip(self._pairs, self.base_estimators_):
@@ -678,7 +573,3 @@ class GaussianProcessClassifier(_ClassifierMixin, _Base):
             return np.mean([v for v, _ in out]), np.mean([g for _, g in out], axis=0)
         return np.mean(out)
 
-    def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
-        tags.non_deterministic = False
-        return tags

@@ -37,9 +37,28 @@ def lbfgsb(obj_func, initial_theta, bounds, maxiter=200, maxfun=1000):
     res = minimize(scaled, theta0 * c, method="L-BFGS-B", jac=True, bounds=np.asarray(bounds) * c,
                    options={"maxiter": maxiter, "maxfun": maxfun})
     if not res.success:
-        warnings.warn(f"L-BFGS-B stopped without convergence: {res.message}", ConvergenceWarning,
-                      stacklevel=2)
+        warnings.warn(stop_message(res, "of the evidence in log θ",
+                                   "raise the inference's max_iter or lower its tol (a gradient "
+                                   "of an unconverged posterior misleads the line search), "
+                                   "standardise X, or try n_restarts_optimizer > 0"),
+                      ConvergenceWarning, stacklevel=2)
     return res.x / c, res.fun
+
+
+def stop_message(res, what, advice):
+    """What a ConvergenceWarning says when L-BFGS-B stops short of convergence: its reason in words
+    (scipy's ``status``; its message leaves the reason empty for a failed line search), ``what``
+    it optimised, and ``advice``."""
+    if res.status == 1:
+        reason = (f"it reached its limit of {res.nit} iterations / {res.nfev} evaluations before "
+                  "the gradient vanished")
+    elif res.status == 2:
+        reason = ("its line search found no point that improves the objective along the "
+                  "direction it chose, usually because the gradient does not match the values "
+                  "(they are computed inexactly) or the objective is flat or not smooth there")
+    else:
+        reason = str(res.message).strip() or f"status {res.status}"
+    return f"L-BFGS-B stopped without convergence {what}: {reason}. Try: {advice}."
 
 
 def maximise_evidence(objective, theta0, bounds, optimizer="fmin_l_bfgs_b", n_restarts=0,

@@ -10,8 +10,7 @@ Where things live
   rows and the shard's sites.  A step is one call per shard to its actor, relayed by the scheduler:
   ``step``, q and θ go out pickled once per round (O(m²)); the partial, the row count and a flag saying
   whether the sites changed come back (O(m²)).  The sites never leave the worker.  A call bypasses the
-  scheduler's task machinery (a step task and a report task per shard cost about five times as much
-  per round: see bench/RESULTS.md, "Distributed engine").
+  scheduler's task machinery, which would add a step task and a report task per shard and round.
 * The master adds the partials in shard order (`add_partials`), so the sum equals the in-process sum.
 
 Resilience
@@ -294,20 +293,25 @@ class DaskEngine:
                 raise
             return exc
 
-    def _finish(self, k, call, what, method, *args):
-        """The result of shard k's call; after a lost worker, the shard rebuilt and the call made again."""
+    def _finish(self, k, call, what, method, *args, timeout=None, recover=True):
+        """The result of shard k's call; after a lost worker, the shard rebuilt and the call made again
+        (with ``recover=False`` a lost worker raises a DistributedError instead).  ``timeout``
+        overrides the engine's for this wait."""
+        timeout = self.timeout if timeout is None else timeout
         for _ in range(3):
             if not isinstance(call, Exception):
                 try:
-                    return call.result(timeout=self.timeout)
+                    return call.result(timeout=timeout)
                 except TimeoutError as exc:
                     self._check_futures(what)
-                    raise DistributedError(f"{what} did not finish within {self.timeout:g} s on the Dask "
+                    raise DistributedError(f"{what} did not finish within {timeout:g} s on the Dask "
                                            "cluster; is the scheduler still reachable?") from exc
                 except (OSError, RuntimeError, KeyError) as exc:
                     if not self._lost(k, exc):
                         raise
                     call = exc
+            if not recover:
+                raise DistributedError(f"{what}: the worker of shard {k} is gone ({call})")
             self._check_client()
             self._check_futures(what)
             self._recover(k, what, call)
@@ -350,10 +354,11 @@ class DaskEngine:
         self._log = self._log[-1:]
         self._log_bytes = len(self._log[0][0])
 
-    def _gather_sites(self, which, what, select=None):
+    def _gather_sites(self, which, what, select=None, timeout=None, recover=True):
         revert, self._revert_pending = self._revert_pending, False
         calls = [self._call(k, "get_sites", what, which, select, revert) for k in range(len(self._actors))]
-        return [self._finish(k, call, what, "get_sites", which, select, revert)
+        return [self._finish(k, call, what, "get_sites", which, select, revert, timeout=timeout,
+                             recover=recover)
                 for k, call in enumerate(calls)]
 
     def revert(self):
@@ -367,14 +372,17 @@ class DaskEngine:
             self._log_bytes -= len(self._log.pop()[0])
         self._last_logged = False
 
-    def sites(self, select=None):
+    def sites(self, select=None, timeout=None, recover=True):
         """Every shard's sites, gathered to the master in shard order (O(n) data: for results only).
-        ``select(sites)``, a pure function, runs on each worker first and picks what to send."""
+        ``select(sites)``, a pure function, runs on each worker first and picks what to send.
+        ``timeout`` overrides the engine's for these waits; ``recover=False`` gives up on a lost
+        worker (a DistributedError) instead of rebuilding its shard, for a fit that is being
+        abandoned (an interrupted one, whose workers may have died with it)."""
         if self._actors is None:
             raise RuntimeError("call load() before sites()")
         self._check_client()
         self._check_futures("gathering the sites")
-        return self._gather_sites("current", "gathering the sites", select)
+        return self._gather_sites("current", "gathering the sites", select, timeout, recover)
 
     def close(self):
         """Release the shards and sites on the cluster (the client stays open)."""

@@ -152,9 +152,10 @@ class InProcessEngine:
             raise RuntimeError("revert() needs a step() since load() or the last revert()")
         self._sites, self._previous = self._previous, None
 
-    def sites(self, select=None):
+    def sites(self, select=None, timeout=None, recover=True):
         """Every shard's sites, in shard order; ``select(sites)``, when given, picks what to return
-        of each shard's sites."""
+        of each shard's sites.  ``timeout`` and ``recover`` are the Dask engine's; in process there
+        is nothing to wait for."""
         return [s if select is None else select(s) for s in self._sites]
 
     def close(self):

@@ -30,9 +30,9 @@ __all__ = ["open_client", "local_cluster"]
 DEFAULT_WORKERS = (1, 2)
 
 #: glibc's mmap threshold for the workers.  Dask's nanny sets MALLOC_TRIM_THRESHOLD_=65536, which
-#: also freezes glibc's adaptive mmap threshold at 128 KiB: every block of a shard task (4096 rows x m
-#: doubles, 6.5 MB at m = 200) is then a fresh mmap with its pages faulted in, 15-20 % more CPU per row
-#: than in a plain process (measured).  A 16 MiB threshold serves those blocks from the heap again.
+#: also freezes glibc's adaptive mmap threshold at 128 KiB: every block of a shard task (BLOCK_ROWS
+#: rows x m doubles, 6.5 MB at m = 200) is then a fresh mmap whose pages are faulted in anew, CPU a
+#: plain process does not spend.  A 16 MiB threshold serves those blocks from the heap again.
 WORKER_ENVIRON = {"distributed.nanny.pre-spawn-environ.MALLOC_MMAP_THRESHOLD_": 16 * 2 ** 20}
 
 
@@ -132,9 +132,9 @@ def synthetic(n, seed=0, d=8):
 
 def _data(args):
     if getattr(args, "fashion_mnist", None) is not None:
-        from ..experiments import sep_mnist
-        Xtr, ytr = sep_mnist.load(args.fashion_mnist, "train")
-        Xte, yte = sep_mnist.load(args.fashion_mnist, "test")
+        from ..datasets._idx import load_fashion_mnist
+        Xtr, ytr = load_fashion_mnist(args.fashion_mnist, "train", option="--fashion-mnist")
+        Xte, yte = load_fashion_mnist(args.fashion_mnist, "test", option="--fashion-mnist")
         if args.subsample is not None:
             if not 10 <= args.subsample <= len(ytr):
                 raise ValueError(f"--subsample must be between 10 and {len(ytr)}")

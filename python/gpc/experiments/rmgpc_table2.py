@@ -18,7 +18,7 @@ from .. import datasets
 from ..kernels import RBF, ConstantKernel
 from ..multiclass import MultiClassGPC
 from ._common import standardise
-from .sep_common import add_doc_arguments, markdown_table, publish_doc_tables, read_records
+from .publish import add_doc_arguments, markdown_table, publish_doc_tables, read_records
 
 DATASETS = {"new-thyroid": datasets.load_thyroid, "wine": datasets.load_wine,
             "glass": datasets.load_glass}

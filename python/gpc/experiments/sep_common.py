@@ -13,6 +13,9 @@ import numpy as np
 
 from ..kernels import RBF, ConstantKernel, WhiteKernel
 from ..sparse.estimator import SparseGaussianProcessClassifier
+# the docs' tables, for the SEP experiments that import them from here
+from .publish import (add_doc_arguments, markdown_table, publish_doc_tables,  # noqa: F401
+                      read_records, replace_blocks)
 
 #: the paper's method labels -> the estimator's ``method``
 METHODS = {"gfitc": "gfitc", "sep": "ep", "svi": "svi"}
@@ -102,11 +105,10 @@ def fit_with_divergence_guard(clf, X, y, iterations):
     k or None).
 
     Batch SEP is deterministic (every pass sees all rows in order, Z is given), so the second fit
-    retraces the first k - 1 epochs exactly; its times are the ones returned.  Why the guard:
-    before the sparse engine rebuilt q from its sites at every pass, batch SEP broke down after
-    20-60 epochs on these sets (docs/reproduction.md, SEP section): log Z_q (SEP eq. (3)) jumped
-    and turned positive while the posterior mean ran away.  With the rebuild it has not happened
-    in the runs reported there; the guard stays to catch it, and the records count it.
+    retraces the first k - 1 epochs exactly; its times are the ones returned.  Why the guard: an EP
+    state that breaks down shows as log Z_q (SEP eq. (3)) jumping and turning positive while the
+    posterior mean runs away (docs/reproduction.md, SEP section); the guard stops the fit before
+    that epoch, and the records count it.
     """
     clf.set_params(max_iter=iterations)
     cpu, wall = timed_fit(clf, X, y)
@@ -128,59 +130,3 @@ def train(method, clf, X, y, iterations):
     if method == "sep" and clf.batch_size is None:
         return fit_with_divergence_guard(clf, X, y, iterations)
     return (clf, *timed_fit(clf, X, y), None)
-
-
-# -- the tables of docs/reproduction.md, made from the records --------------------------------------
-def add_doc_arguments(parser):
-    """``--from-json`` and ``--update-doc``: remake the docs' tables from an earlier run's records."""
-    parser.add_argument("--from-json", metavar="FILE",
-                        help="run nothing: read the records an earlier run wrote with --out, and "
-                             "print them and the markdown tables docs/reproduction.md shows")
-    parser.add_argument("--update-doc", metavar="MD",
-                        help="write those markdown tables into MD, each between its markers "
-                             "'<!-- NAME -->' and '<!-- /NAME -->' (after a run, or with --from-json)")
-
-
-def read_records(path):
-    """The JSON list of records an earlier ``--out`` wrote."""
-    import json
-
-    with open(path) as fh:
-        records = json.load(fh)
-    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
-        raise ValueError(f"{path} does not hold a list of records (written by --out)")
-    return records
-
-
-def replace_blocks(text, blocks):
-    """``text`` with the body between '<!-- NAME -->' and '<!-- /NAME -->' replaced by
-    ``blocks[NAME]`` for every name; a missing marker is an error (nothing is written)."""
-    for name, body in blocks.items():
-        begin, end = f"<!-- {name} -->", f"<!-- /{name} -->"
-        i = text.find(begin)
-        j = text.find(end, i + 1)
-        if i < 0 or j < 0:
-            raise ValueError(f"no block '{begin}' ... '{end}' in the markdown file")
-        text = text[:i + len(begin)] + "\n" + body.rstrip("\n") + "\n" + text[j:]
-    return text
-
-
-def publish_doc_tables(args, blocks):
-    """Print the markdown ``blocks`` ({marker name: table}) and, with ``--update-doc``, write them
-    into that file."""
-    for name, body in blocks.items():
-        print(f"<!-- {name} -->\n{body.rstrip()}\n<!-- /{name} -->")
-    if getattr(args, "update_doc", None):
-        with open(args.update_doc, encoding="utf-8") as fh:
-            text = fh.read()
-        text = replace_blocks(text, blocks)
-        with open(args.update_doc, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        print("updated", args.update_doc)
-
-
-def markdown_table(header, rows):
-    """A markdown table from a header row and rows of cells (strings)."""
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)

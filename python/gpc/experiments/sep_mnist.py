@@ -15,50 +15,21 @@ against training time.  The paper's numbers are on MNIST (SEP 1.8 % / 0.0528, SV
 and are not comparable with Fashion-MNIST's, whose classes overlap far more.
 """
 
-import gzip
-import os
-
 import numpy as np
 
-from .sep_common import ard_kernel, publish_doc_tables, read_records
+from ..datasets._idx import FILES, load_fashion_mnist, read_idx  # noqa: F401  (the experiment's names)
+from .publish import publish_doc_tables, read_records
+from .sep_common import ard_kernel
 from .sep_curves import (VARIANTS, add_curve_arguments, doc_table, epochs_of, format_curves,
                          run_variants, subsample)
 
-FILES = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
-         "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")}
 PAPER = {"sep": (0.018, 0.0528), "svi": (0.020, 0.0654)}
 
 
-def read_idx(path):
-    """An IDX array (the MNIST file format: magic 0x0000 08 NDIM, big-endian sizes, uint8 data),
-    gzipped or not."""
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as fh:
-        raw = fh.read()
-    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 8:
-        raise ValueError(f"{path} is not an IDX file of unsigned bytes")
-    ndim = raw[3]
-    shape = tuple(int.from_bytes(raw[4 + 4 * k:8 + 4 * k], "big") for k in range(ndim))
-    data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
-    if data.size != int(np.prod(shape)):
-        raise ValueError(f"{path}: header says {shape}, file holds {data.size} values")
-    return data.reshape(shape)
-
-
 def load(data_dir, part):
-    """(X in [0, 1], ±1 labels: odd class codes +1) of the "train" or "test" part."""
-    if data_dir is None:
-        raise ValueError("sep-mnist needs --data-dir: the directory of the four Fashion-MNIST IDX "
-                         "files (Debian package dataset-fashion-mnist)")
-    images, labels = (os.path.join(data_dir, f) for f in FILES[part])
-    for path in (images, labels):
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"no {os.path.basename(path)} in --data-dir {data_dir}")
-    X = read_idx(images)
-    y = read_idx(labels)
-    if X.ndim != 3 or y.ndim != 1 or len(X) != len(y):
-        raise ValueError(f"{data_dir}: images {X.shape} and labels {y.shape} do not match")
-    return X.reshape(len(X), -1).astype(np.float64) / 255.0, np.where(y % 2 == 1, 1.0, -1.0)
+    """(X in [0, 1], ±1 labels: odd class codes +1) of the "train" or "test" part
+    (:func:`gpc.datasets._idx.load_fashion_mnist`)."""
+    return load_fashion_mnist(data_dir, part, option="--data-dir")
 
 
 def median_distance(X, seed, rows=1000):

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from .._validation import check_finite_array, check_positive_float, check_positive_int
-from ..classifier import GaussianProcessClassifier, NotFittedError, _Base, _ClassifierMixin
+from .._estimator import GPCEstimator, check_n_jobs
+from .._validation import check_positive_float, check_positive_int
 from ..kernels import RBF, as_kernel
 from ..optimize import maximise_evidence
 from ..sparse.estimator import median_length_scale
@@ -26,7 +26,7 @@ LABEL_NOISE_BOUNDS = (1e-6, 0.4)
 AMPLITUDE_RTOL, AMPLITUDE_ROWS = 1e-10, 50
 
 
-class MultiClassGPC(_ClassifierMixin, _Base):
+class MultiClassGPC(GPCEstimator):
     """Multi-class GP classifier with l latent functions and the argmax likelihood (RMGPC paper).
 
     model="robust" is RMGPC: P(yᵢ | f, zᵢ) = Π_{k≠yᵢ} Θ(f_yᵢ(xᵢ) − f_k(xᵢ)) when zᵢ = 0 and 1/l when the
@@ -81,10 +81,11 @@ class MultiClassGPC(_ClassifierMixin, _Base):
         mismatch (:func:`gpc.multiclass.ep.rmgpc_ep`).
     random_state : seed for the restarts (and the rows of the median heuristic).
     n_jobs : int or None
-        Threads over EP's l class blocks, or HTPC's BLAS threads (None or 1: one thread; -1: one
-        per core).  BLAS runs on one thread during EP, and on n_jobs during HTPC's fit and
-        prediction, so more threads are never a second pool competing for the cores.  The fit does
-        not depend on it (HTPC: beyond rounding).
+        Threads over EP's l class blocks, or HTPC's BLAS threads, with joblib's convention: None
+        as many as BLAS may use, -1 every core, -2 all but one, k > 0 exactly k.  BLAS runs on one
+        thread during EP, and on n_jobs threads during HTPC's fit and prediction, so more threads
+        are never a second pool competing for the cores.  The fit does not depend on it (HTPC:
+        beyond rounding).
     label_noise : "beta" or float
         model="robust" only.  "beta": RMGPC's outlier rate ρ with a Beta(a0, b0) prior and
         posterior.  A float ε in (0, (l − 1)/l): fixed label noise (see above), its starting value.
@@ -146,20 +147,7 @@ class MultiClassGPC(_ClassifierMixin, _Base):
         self.label_noise_bounds = label_noise_bounds
 
     # -- validation -----------------------------------------------------------------------------
-    def _check_X(self, X, fitting):
-        if hasattr(X, "toarray") or hasattr(X, "tocsr"):
-            raise TypeError("sparse input is not supported: pass a dense array (X.toarray())")
-        X = check_finite_array(X, "X")
-        if X.ndim != 2:
-            raise ValueError(f"Expected 2D array, got {X.ndim}D array instead. Reshape your data to "
-                             "(n_samples, n_features)")
-        if X.shape[0] == 0 or X.shape[1] == 0:
-            raise ValueError(f"Found array with 0 sample(s) or 0 feature(s) (shape={X.shape}) while a "
-                             "minimum of 1 is required.")
-        if not fitting and X.shape[1] != self.n_features_in_:
-            raise ValueError(f"X has {X.shape[1]} features, but {type(self).__name__} is expecting "
-                             f"{self.n_features_in_} features as input")
-        return X
+    _fitted_attribute = "ep_result_"
 
     def _check_params(self):
         if self.model not in MODELS:
@@ -172,8 +160,7 @@ class MultiClassGPC(_ClassifierMixin, _Base):
         check_positive_int(self.max_iter, "max_iter")
         check_positive_float(self.tol, "tol")
         check_positive_int(self.n_restarts_optimizer, "n_restarts_optimizer", minimum=0)
-        if self.n_jobs is not None and self.n_jobs != -1:
-            check_positive_int(self.n_jobs, "n_jobs")
+        check_n_jobs(self.n_jobs)
         if isinstance(self.label_noise, str):
             if self.label_noise != "beta":
                 raise ValueError(f"label_noise must be 'beta' or a float ε in (0, 1), got "
@@ -216,12 +203,6 @@ class MultiClassGPC(_ClassifierMixin, _Base):
             raise ValueError(f"label_noise_bounds' upper end must be below (l - 1)/l = {top:.6g} "
                              f"for {self.n_classes_} classes, got {self.label_noise_bounds!r}")
 
-    def _threads(self):
-        import os
-        if self.n_jobs is None:
-            return 1
-        return max(1, os.cpu_count() or 1) if self.n_jobs == -1 else int(self.n_jobs)
-
     # -- the evidence as a function of θ ------------------------------------------------------------
     def _unpack(self, theta):
         """θ → (one kernel per class, one noise or scale per class or None, fixed outlier rate ρ
@@ -256,7 +237,7 @@ class MultiClassGPC(_ClassifierMixin, _Base):
         """HTPC's Laplace evidence at θ = (kernel θ, log b_k), and its forward-difference gradient."""
         kernels, scales, _ = self._unpack(theta)
         res = htpc_laplace(kernels[0](X), y, self.n_classes_, scales, max_iter=self.max_iter,
-                           tol=HTPC_NEWTON_TOL, init=init, n_threads=self._threads())
+                           tol=HTPC_NEWTON_TOL, init=init, n_threads=self._n_jobs())
         if not eval_gradient:
             return res
         grad = np.empty_like(theta)
@@ -274,7 +255,7 @@ class MultiClassGPC(_ClassifierMixin, _Base):
         Ks, cache = self._matrices(kernels, noise, X)
         res = rmgpc_ep(Ks, y, self.n_classes_, a0=self.a0, b0=self.b0,
                        robust=self.model == "robust", max_iter=self.max_iter, tol=self.tol,
-                       init=init, n_threads=self._threads(), rate=rate)
+                       init=init, n_threads=self._n_jobs(), rate=rate)
         if not eval_gradient:
             return res
         Ms = res.gradient_matrices()
@@ -299,7 +280,7 @@ class MultiClassGPC(_ClassifierMixin, _Base):
         """
         self._check_params()
         X = self._check_X(X, fitting=True)
-        y = GaussianProcessClassifier._check_y(self, y, X.shape[0])
+        y = self._check_y(y, X.shape[0])
         self.classes_, y_index = np.unique(y, return_inverse=True)
         self.n_classes_ = len(self.classes_)
         self.n_features_in_ = X.shape[1]
@@ -308,7 +289,7 @@ class MultiClassGPC(_ClassifierMixin, _Base):
                              "needs at least two")
         self._check_label_noise()
         if self.kernel is None:     # the median heuristic: a length scale on the features' scale
-            kernel = RBF(median_length_scale(X, np.random.default_rng(self.random_state)))
+            kernel = RBF(median_length_scale(X, self._rng()))
         else:
             kernel = self.kernel
         self._base_kernel = as_kernel(kernel)
@@ -346,7 +327,7 @@ class MultiClassGPC(_ClassifierMixin, _Base):
             start = theta0[free]
             t, _ = maximise_evidence(objective, start, bounds[free], optimizer=self.optimizer,
                                      n_restarts=self.n_restarts_optimizer,
-                                     random_state=np.random.default_rng(self.random_state))
+                                     random_state=self._rng())
             theta = full(t)
         self.theta_ = theta
         self.kernels_, self.noise_, _ = self._unpack(theta)
@@ -407,7 +388,7 @@ class MultiClassGPC(_ClassifierMixin, _Base):
         X = self._check_X(X, fitting=False)
         if self.model == "heavy-tailed":
             kern = self.kernels_[0]
-            with blas_threads(self._threads()):
+            with blas_threads(self._n_jobs()):
                 return htpc_predict_proba(self.ep_result_, self.scales_, kern(X, self.X_train_),
                                           kern.diag(X))
         crosses, diags, cache = [], [], {}
@@ -418,11 +399,6 @@ class MultiClassGPC(_ClassifierMixin, _Base):
             crosses.append(Kc)
             diags.append(kd + self.noise_[k] if self.noise_ is not None else kd)
         return predict_proba(self.ep_result_, crosses, diags)
-
-    def _check_fitted(self):
-        if not hasattr(self, "ep_result_"):
-            raise NotFittedError(f"This {type(self).__name__} instance is not fitted yet. Call 'fit' "
-                                 "with appropriate arguments before using this estimator.")
 
     def predict(self, X):
         self._check_fitted()

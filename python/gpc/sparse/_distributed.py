@@ -41,6 +41,7 @@ import copy
 
 import numpy as np
 
+from ..distributed import DistributedError
 from ..exceptions import NotPositiveDefiniteError
 from ._passes import as_block, block_parts, block_ranges, evidence_parts, site_pass
 from ._train import site_directions, swap_block_sites, tied_block_sites
@@ -84,6 +85,10 @@ class ShardSites:
                 tau[lo - start:hi - start] = p_tau[lo - a:hi - a]
                 nu[lo - start:hi - start] = p_nu[lo - a:hi - a]
         return tau, nu
+
+
+#: seconds an interrupted fit waits for its sites (:meth:`DistributedFit.finish`)
+INTERRUPTED_WAIT = 10.0
 
 
 def _no_sites(n_rows):
@@ -370,14 +375,27 @@ class DistributedFit:
         except NotPositiveDefiniteError:
             state.skipped_passes += 1
 
-    def finish(self, states):
+    def finish(self, states, interrupted=False):
         """Bring the sites home into ``states`` (O(n), once, so that the model can be continued
-        in process or on another cluster) and release the shards.  The directions of minibatch
-        SEP stay behind (n x m): a continued minibatch fit makes them afresh from the sites
-        (``SEPState.start_minibatches``)."""
+        in process or on another cluster) and release the shards; returns whether the sites came
+        home.  The directions of minibatch SEP stay behind (n x m): a continued minibatch fit makes
+        them afresh from the sites (``SEPState.start_minibatches``).
+
+        After an interruption (``interrupted``) the cluster is given INTERRUPTED_WAIT seconds and
+        no recovery: a Ctrl-C in the terminal of a LocalCluster reaches its workers too, and
+        rebuilding their shards would wait for workers that are gone.  The sites then stay where
+        they were and False is returned."""
         try:
             with_sites = [k for k, state in enumerate(states) if getattr(state, "tau", None) is not None]
-            shards = self.engine.sites(_home) if with_sites else []   # SVI and tied sites have none
+            if not with_sites:                 # SVI and tied sites keep none per row
+                return True
+            try:
+                shards = self.engine.sites(_home, **({"timeout": INTERRUPTED_WAIT, "recover": False}
+                                                     if interrupted else {}))
+            except DistributedError:
+                if not interrupted:
+                    raise
+                return False
             bounds = self.engine.bounds
             for k in with_sites:
                 state = states[k]
@@ -387,5 +405,6 @@ class DistributedFit:
                 state.tau = np.concatenate([tau for tau, _ in parts])
                 state.nu = np.concatenate([nu for _, nu in parts])
                 state.V = None
+            return True
         finally:
             self.engine.close()

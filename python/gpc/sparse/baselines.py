@@ -19,7 +19,6 @@ scaled by n/|M|.
 """
 
 import numpy as np
-from scipy.optimize import minimize
 
 from ..exceptions import NotPositiveDefiniteError, NumericalError
 from ._inducing import InducingFactor
@@ -46,42 +45,24 @@ def _unpack_kernel(state, p):
 
 
 class _LBFGSState:
-    """Batch fitting by L-BFGS-B: ``run`` minimises -objective(p) for at most ``epochs`` evaluations
-    (each one pass over the data, or for GFITC one converged EP), calling ``record`` after each.
+    """A state that L-BFGS-B fits (:class:`gpc.sparse._trainer.LBFGSTrainer`): ``params()``,
+    ``bounds()`` and ``objective(likelihood, X, y, p, block_rows)``, which moves the state to p
+    and returns (value, gradient), or -inf where the objective cannot be evaluated (``failure``
+    then holds the cause); ``snapshot()`` and ``restore()`` keep and bring back the model at a
+    point (the attributes ``_model``), the counters aside."""
 
-    A point where the objective cannot be evaluated (``objective`` returns -inf: K_uu or q without a
-    factor, EP without proper cavities) is handed to L-BFGS-B as a finite penalty above every value
-    seen, with a zero gradient, so its line search backtracks; an infinite value would end the
-    optimisation there (scipy's L-BFGS-B stops on it).
-    """
+    #: what the method is called in messages
+    name = ""
+    #: the attributes that make the model at one point
+    _model = ()
+    failure = None
 
-    def run(self, likelihood, X, y, epochs, record, block_rows):
-        best = {}
-        worst = [0.0]
+    def snapshot(self):
+        return {key: getattr(self, key) for key in self._model}
 
-        def fun(p):
-            value, grad = self.objective(likelihood, X, y, p, block_rows)
-            if not np.isfinite(value):
-                if not best:
-                    raise NumericalError(f"{type(self).__name__[:-5]}: the objective cannot be "
-                                         "evaluated at the initial hyperparameters and inducing "
-                                         "points", value=value) from getattr(self, "failure", None)
-                return worst[0] + 1.0 + abs(worst[0]), np.zeros_like(p)
-            if not best or value > best["value"]:
-                best.update(value=value, p=p.copy())
-            worst[0] = max(worst[0], -value)
-            record(value)
-            return -value, -grad
-
-        p0 = self.params()
-        if len(p0) == 0:     # everything fixed: GFITC's EP alone (SVI has μ, L_q, never empty)
-            fun(p0)
-            return
-        minimize(fun, p0, jac=True, method="L-BFGS-B", bounds=self.bounds(),
-                 options={"maxfun": epochs, "maxiter": epochs})
-        if best:
-            self.objective(likelihood, X, y, best["p"], block_rows)   # settle on the best point
-            self.log_z = best["value"]
+    def restore(self, snapshot):
+        for key, value in snapshot.items():
+            setattr(self, key, value)
 
 
 class GFITCState(_LBFGSState):
@@ -98,12 +79,16 @@ class GFITCState(_LBFGSState):
     ``on_negative`` is EP's policy for negative variances (:class:`ep.Rule`).
     """
 
+    name = "GFITC"
+    _model = ("kernel", "Z", "factor", "q", "tau", "nu", "log_z")
+
     def __init__(self, kernel, Z, n, jitter, optimize_inducing, damping, tol=1e-4, max_passes=200,
                  on_negative=DEFAULT_ON_NEGATIVE):
         self.rule = Rule("ep", on_negative)
         self.kernel, self.Z, self.jitter = kernel, np.array(Z, dtype=np.float64), jitter
         self.optimize_inducing, self.damping, self.tol, self.max_passes = (
             optimize_inducing, damping, tol, max_passes)
+        self.n = n
         self.tau, self.nu = np.zeros(n), np.zeros(n)
         self.factor = InducingFactor(kernel, self.Z, jitter)
         self.q = None
@@ -252,9 +237,13 @@ def svi_finish(factor, mean, Lq, parts, scale=1.0):
 class SVIState(_LBFGSState):
     """SVI: variational parameters (μ, L_q) beside θ and Z, all moved by one optimiser."""
 
+    name = "SVI"
+    _model = ("kernel", "Z", "factor", "mean", "Lq", "log_z")
+
     def __init__(self, kernel, Z, n, jitter, optimize_inducing):
         self.kernel, self.Z, self.jitter = kernel, np.array(Z, dtype=np.float64), jitter
         self.optimize_inducing = optimize_inducing
+        self.n = n
         m = self.Z.shape[0]
         self.mean, self.Lq = np.zeros(m), np.eye(m)
         self.factor = InducingFactor(kernel, self.Z, jitter)
@@ -288,8 +277,9 @@ class SVIState(_LBFGSState):
         (an object with ``svi_parts``, :class:`gpc.sparse._distributed.ShardedRows`)."""
         try:
             self._set(p)
-        except NotPositiveDefiniteError:
+        except NotPositiveDefiniteError as exc:
             self.reverted += 1
+            self.failure = exc
             return -np.inf, np.zeros_like(p)
         if hasattr(X, "svi_parts"):   # rows on a distributed engine (gpc.sparse._distributed)
             parts = X.svi_parts(self.factor, self.mean, self.Lq)

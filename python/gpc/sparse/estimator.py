@@ -7,35 +7,70 @@ linearisation on the same sites), "gfitc" or "svi" (the baselines of SEP §3).
 """
 
 import time
+import warnings
 
 import numpy as np
 from scipy.cluster.vq import kmeans2
 
+from .._estimator import GPCEstimator, check_n_jobs
 from .._validation import check_positive_float, check_positive_int
-from ..classifier import GaussianProcessClassifier, NotFittedError, _Base, _ClassifierMixin
-from ..kernels import RBF, ConstantKernel, as_kernel
+from ..kernels import RBF, ConstantKernel, as_kernel, user_kernel
 from ..likelihoods import get_likelihood
 from ._passes import as_block, block_ranges
-from ._train import (SEPState, batch_step, iteration, minibatch_step, tied_iteration,
-                     tied_minibatch_step)
-from .baselines import GFITCState, SVIState, _LBFGSState
+from ._train import SEPState
+from ._trainer import (BLOCK_ROWS, EngineRows, InProcessRows, LBFGSTrainer, SEPBatch, SEPMinibatch,
+                       SEPTied, SVIMinibatch)
+from .baselines import GFITCState, SVIState
 from .ep import DEFAULT_ON_NEGATIVE, Rule, posterior_predict
 
 METHODS = ("ep", "pl", "gfitc", "svi")
+
+#: batch_size="auto": minibatches of AUTO_BATCH_SIZE rows from AUTO_MINIBATCH_FROM training rows on
+AUTO_BATCH_SIZE, AUTO_MINIBATCH_FROM = 2000, 10_000
+#: max_iter="auto": AUTO_BATCH_EPOCHS in batch (or L-BFGS-B evaluations); on minibatches enough
+#: epochs to see about AUTO_ROWS rows, at least AUTO_MIN_EPOCHS and at most AUTO_BATCH_EPOCHS
+AUTO_BATCH_EPOCHS, AUTO_ROWS, AUTO_MIN_EPOCHS = 100, 400_000, 2
 
 #: rows used for the k-means initialisation of Z and for the median heuristic
 _INIT_ROWS = 10_000
 _MEDIAN_ROWS = 1_000
 
 
+def _scale_of(S):
+    """A power of two near the largest |entry| of S (1 for zeros): dividing by it is exact, and
+    brings inputs of any magnitude to where their squares do not overflow."""
+    top = float(np.max(np.abs(S))) if S.size else 0.0
+    return float(2.0 ** np.round(np.log2(top))) if top > 0 else 1.0
+
+
 def median_length_scale(X, rng):
     """The median distance between rows of a subsample (the median heuristic), 1.0 if it is 0."""
     idx = rng.choice(X.shape[0], size=min(X.shape[0], _MEDIAN_ROWS), replace=False)
     S = as_rows(X, np.sort(idx))
+    scale = _scale_of(S)
+    S = (S - S.mean(axis=0)) / scale
     sq = np.sum(S * S, axis=1)
     D2 = np.maximum(sq[:, None] + sq[None, :] - 2.0 * S @ S.T, 0.0)
-    med = float(np.sqrt(np.median(D2[np.triu_indices(len(S), 1)]))) if len(S) > 1 else 0.0
+    med = float(np.sqrt(np.median(D2[np.triu_indices(len(S), 1)]))) * scale if len(S) > 1 else 0.0
     return med if med > 0 else 1.0
+
+
+def default_kernel(X, rng):
+    """ConstantKernel(1) · RBF(ℓ₀) with ℓ₀ the median heuristic and length-scale bounds ℓ₀ · 10^±5:
+    bounds relative to the data's scale, so inputs measured in any unit start inside them."""
+    ell = median_length_scale(X, rng)
+    return ConstantKernel(1.0) * RBF(ell, length_scale_bounds=(1e-5 * ell, 1e5 * ell))
+
+
+def _check_theta_in_bounds(kernel):
+    """A start outside the bounds would be clipped onto them by the first step: say so instead."""
+    theta, bounds = kernel.theta, kernel.bounds
+    slack = 1e-9 * np.maximum(1.0, np.abs(bounds))
+    outside = (theta < bounds[:, 0] - slack[:, 0]) | (theta > bounds[:, 1] + slack[:, 1])
+    if np.any(outside):
+        names = [n for n, o in zip(kernel.hyperparameter_names, outside) if o]
+        raise ValueError(f"the kernel's {', '.join(names)} start outside their bounds "
+                         f"({user_kernel(kernel)!r}); widen the bounds or rescale X")
 
 
 def as_rows(X, idx):
@@ -46,8 +81,16 @@ def as_rows(X, idx):
     return np.ascontiguousarray(rows, dtype=np.float64)
 
 
+def _distinct(rows):
+    """The distinct rows, in their order."""
+    _, first = np.unique(rows, axis=0, return_index=True)
+    return rows if len(first) == len(rows) else rows[np.sort(first)]
+
+
 def initial_inducing(X, m, how, rng):
-    """Z (m x d): k-means (scipy's kmeans2, k-means++ seeds) on a subsample, or random rows."""
+    """Z: k-means (scipy's kmeans2, k-means++ seeds) on a subsample, or random rows; at most as
+    many points as the subsample has distinct rows (a repeated inducing point adds nothing but a
+    singular K_uu)."""
     n = X.shape[0]
     if not isinstance(how, str):
         Z = np.asarray(how, dtype=np.float64)
@@ -59,12 +102,16 @@ def initial_inducing(X, m, how, rng):
         raise ValueError(f"inducing_points must be 'kmeans', 'random' or an array, got {how!r}")
     m = min(m, n)
     if how == "random":
-        return as_rows(X, np.sort(rng.choice(n, size=m, replace=False)))
+        return _distinct(as_rows(X, np.sort(rng.choice(n, size=m, replace=False))))
     sample = as_rows(X, np.sort(rng.choice(n, size=min(n, max(_INIT_ROWS, m)), replace=False)))
-    if m == len(sample):
-        return sample
-    Z, _ = kmeans2(sample, m, minit="++", seed=rng)
-    return Z
+    # k-means++ draws each seed with probability ∝ its squared distance to the seeds so far, 0/0
+    # once the seeds cover every distinct row: the distinct rows are the candidates
+    distinct = _distinct(sample)
+    if m >= len(distinct):
+        return distinct
+    scale = _scale_of(distinct)           # squared distances of rows near 1e154 overflow
+    Z, _ = kmeans2(distinct / scale, m, minit="++", seed=rng)
+    return Z * scale
 
 
 class _Progress:
@@ -103,7 +150,7 @@ class _BinarySparse:
         return self.likelihood.predictive_probability(mean, np.maximum(var, 1e-300))
 
 
-class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
+class SparseGaussianProcessClassifier(GPCEstimator):
     """Gaussian process classification with m inducing points (SEP paper, §2).
 
     The latent f has a GP prior; inducing values u = f(Z) carry it, each label's factor is
@@ -128,8 +175,9 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         for *sequential* EP).  "pl": posterior linearisation (PL paper eq. (9)-(18)) on the same
         rank-one sites and the same training, each site the statistical linear regression of its
         label on a_iᵀw under q (never a negative site); its log Z_q is PL eq. (18) for the sparse
-        model and its gradient that of the linearised model's evidence (docs/sparse.md).  "gfitc": EP on the FITC prior run to convergence (tol 1e-6) at
-        every (θ, Z), with L-BFGS-B on its evidence; batch only.  "svi": the bound (8) with a
+        model and its gradient that of the linearised model's evidence (docs/sparse.md).
+        "gfitc": EP on the FITC prior run to convergence (site changes
+        below 1e-4) at every (θ, Z), with L-BFGS-B on its evidence; batch only.  "svi": the bound (8) with a
         whitened q(u) = N(μ, L_q L_qᵀ), by L-BFGS-B in batch or Adadelta on minibatches.  See
         :mod:`gpc.sparse.baselines`.
     likelihood : "probit", "logit", "noisy_threshold" or a Likelihood, default "probit"
@@ -140,12 +188,21 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         that is not a distribution; "clip" sets a negative site precision to 1e-8; "skip" keeps
         the old site; "pl" takes PL's update for that site.  ``n_fixed`` of each problem's state
         counts the updates so handled.
-    batch_size : int or None, default None
+    batch_size : int, None or "auto", default "auto"
         None trains in batch (parallel site passes over all rows, one inner step per pass);
-        an int trains on minibatches of that many rows (eq. (6), stochastic step scaled by ``n/|M|``).
-    max_iter : int, default 100
+        an int trains on minibatches of that many rows (eq. (6), stochastic step scaled by
+        ``n/|M|``); one of n rows or more is batch training.  "auto": batch below 10,000 rows,
+        minibatches of 2,000 rows from there on (GFITC always trains in batch).  A minibatch
+        step costs about b/n of a batch pass and moves θ and Z as far, so large data sets reach a
+        good model in a few epochs.
+    max_iter : int or "auto", default "auto"
         Epochs (passes over the data), batch or minibatch.  For the L-BFGS-B fits (GFITC, batch
         SVI) it is the number of objective evaluations (for GFITC each one a converged EP).
+        "auto": 100 in batch; on minibatches as many epochs as see about 400,000 rows (at least
+        2, at most 100): 8 epochs of 50,000 rows, 2 of a million.  For more accuracy give more
+        epochs (the history's ``val_nll`` with ``validation_data`` shows when it stops
+        improving), more inducing points (``n_inducing``), and for runs of thousands of
+        minibatches ``learning_rate=0.1``.
     learning_rate : float, default 1.0
         Adadelta's step multiplier (ρ = 0.9, ε = 1e-5).  A step that fails is undone and this is
         halved (counted in ``history_``).  Under minibatch noise Adadelta's steps grow with the
@@ -165,7 +222,7 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         method "ep" only: one shared average site instead of one per row (stochastic EP, Li,
         Hernández-Lobato & Turner 2015; beyond the SEP paper).  The state is O(m²) whatever n,
         and ``partial_fit`` then accepts any rows (a stream).  Trains on blocks of
-        ``batch_size`` rows (4096 when None).
+        ``batch_size`` rows (4096 when None or larger than n).
     jitter : float, default 1e-8
         Added to K_uu's diagonal, relative to its mean diagonal.
     validation_data : (X_val, y_val) or None
@@ -189,6 +246,11 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         process, which reproduces a minibatch fit on K workers.  A Dask client needs the
         ``distributed`` extra (``pip install "gpc[distributed]"``).  Clones share the client; a
         pickled model drops it (``client=None`` after unpickling).
+    n_jobs : int or None, default None
+        Workers of the fit, with joblib's convention: None as many as BLAS may use (threadpoolctl's
+        limit, else OMP_NUM_THREADS / OPENBLAS_NUM_THREADS, else every core), -1 every core, -2 all
+        but one, k > 0 exactly k.  Stored and checked; the sparse engine's BLAS calls use BLAS's
+        own threads.
 
     Attributes
     ----------
@@ -197,7 +259,7 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
     kernel_ : the fitted kernel, or a list (one-vs-rest)
     log_marginal_likelihood_value_ : log Z_q (eq. (3)) at the last step (minibatch: the last
         stochastic estimate); the sum over the one-vs-rest problems
-    n_iter_ : int, epochs completed
+    n_iter_ : int, epochs completed (L-BFGS-B fits: evaluations that could be evaluated)
     history_ : list of dicts, one per epoch: ``iteration``, ``seconds``, ``objective`` (log Z_q),
         ``reverted`` (failed steps so far) and, with ``validation_data``, ``val_error`` and
         ``val_nll``.
@@ -224,11 +286,10 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
     """
 
     def __init__(self, kernel=None, n_inducing=100, inducing_points="kmeans", method="ep",
-                 likelihood="probit", batch_size=None, max_iter=100, learning_rate=1.0,
+                 likelihood="probit", batch_size="auto", max_iter="auto", learning_rate=1.0,
                  damping=None, optimize_inducing=True, tied_sites=False, jitter=1e-8,
-                 validation_data=None,
-                 progress=True, random_state=None, verbose=False, client=None,
-                 on_negative=DEFAULT_ON_NEGATIVE):
+                 validation_data=None, progress=True, random_state=None, verbose=False,
+                 client=None, n_jobs=None, on_negative=DEFAULT_ON_NEGATIVE):
         self.kernel = kernel
         self.n_inducing = n_inducing
         self.inducing_points = inducing_points
@@ -246,85 +307,78 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         self.random_state = random_state
         self.verbose = verbose
         self.client = client
+        self.n_jobs = n_jobs
         self.on_negative = on_negative
 
     # -- checks --------------------------------------------------------------------------------
-    def _check_X(self, X, fitting):
-        if hasattr(X, "toarray") or hasattr(X, "tocsr"):
-            raise TypeError("sparse input is not supported: pass a dense array (X.toarray())")
-        if not (isinstance(X, np.ndarray) or hasattr(X, "compute")):
-            X = np.asarray(X)     # lists, DataFrames; NumPy, np.memmap and Dask stay lazy
-        if getattr(X, "dtype", None) is not None and X.dtype.kind not in "biuf":
-            X = np.asarray(X)
-            if X.dtype.kind == "c":
-                raise ValueError("Complex data not supported")
-            try:
-                X = X.astype(np.float64)
-            except ValueError as exc:    # a TypeError (a dict in an object array) propagates
-                raise ValueError(f"X must be numeric: {exc}") from None
-        if len(X.shape) != 2:
-            raise ValueError(f"Expected 2D array, got {len(X.shape)}D array instead. Reshape your "
-                             "data to (n_samples, n_features)")
-        if X.shape[0] == 0:
-            raise ValueError(f"Found array with 0 sample(s) (shape={X.shape}) while a minimum of 1 "
-                             "is required.")
-        if X.shape[1] == 0:
-            raise ValueError(f"Found array with 0 feature(s) (shape={X.shape}) while a minimum of 1 "
-                             "is required.")
-        if not fitting and X.shape[1] != self.n_features_in_:
-            raise ValueError(f"X has {X.shape[1]} features, but {type(self).__name__} is expecting "
-                             f"{self.n_features_in_} features as input")
-        return X
-
-    def _check_y(self, y, n):
-        return GaussianProcessClassifier._check_y(self, y, n)
+    _fitted_attribute = "_problems"
+    _lazy_rows = True          # NumPy, np.memmap and Dask are read block by block
 
     def _check_params(self):
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
         Rule("ep", self.on_negative)                  # a ValueError naming on_negative
         check_positive_int(self.n_inducing, "n_inducing")
-        check_positive_int(self.max_iter, "max_iter")
-        if self.batch_size is not None:
+        if not (isinstance(self.max_iter, str) and self.max_iter == "auto"):
+            check_positive_int(self.max_iter, "max_iter")
+        if not (self.batch_size is None or (isinstance(self.batch_size, str)
+                                            and self.batch_size == "auto")):
             check_positive_int(self.batch_size, "batch_size")
         check_positive_float(self.learning_rate, "learning_rate")
         if self.tied_sites and self.method != "ep":
             raise ValueError("tied_sites=True needs method='ep'")
-        if self.method == "gfitc" and self.batch_size is not None:
+        if self.method == "gfitc" and self.batch_size not in (None, "auto"):
             raise ValueError("method='gfitc' trains in batch only (its evidence is not a sum over the "
                              "data, SEP §3): use batch_size=None")
-        if self.client is not None:
-            self._check_distributable()
+        if self.client is not None and self.method == "gfitc":
+            raise ValueError("client= cannot run method='gfitc': GFITC's evidence is not a sum over "
+                             "the data (SEP §3), so it does not split over workers; use "
+                             "method='ep' or 'svi', or client=None")
         check_positive_float(self.jitter, "jitter", allow_zero=True)
         if self.damping is not None:
             d = check_positive_float(self.damping, "damping")
             if d > 1:
                 raise ValueError(f"damping must be in (0, 1], got {self.damping!r}")
+        check_n_jobs(self.n_jobs)
         return get_likelihood(self.likelihood)
+
+    def _check_validation_data(self):
+        """``validation_data`` as (X_val, y_val) with the training data's features, checked before
+        training starts."""
+        if self.validation_data is None:
+            return
+        try:
+            Xv, yv = self.validation_data
+        except (TypeError, ValueError):
+            raise ValueError("validation_data must be a pair (X_val, y_val)") from None
+        try:
+            Xv = self._check_X(Xv, fitting=False)
+            self._check_y(yv, Xv.shape[0])
+        except ValueError as exc:
+            raise ValueError(f"validation_data: {exc}") from None
 
     def _damping(self, per_row_minibatch):
         if self.damping is not None:
             return self.damping
         return 1.0 if per_row_minibatch else 0.5
 
-    def _check_distributable(self):
-        if self.method == "gfitc":
-            raise ValueError("client= cannot run method='gfitc': GFITC's evidence is not a sum over "
-                             "the data (SEP §3), so it does not split over workers; use "
-                             "method='ep' or 'svi', or client=None")
+    def _minibatch_rows(self, n):
+        """The rows of a minibatch for n training rows, or None for batch training: ``batch_size``
+        below n, or with "auto" AUTO_BATCH_SIZE rows from AUTO_MINIBATCH_FROM rows on (SEP and
+        SVI; GFITC trains in batch)."""
+        size = self.batch_size
+        if isinstance(size, str):
+            size = AUTO_BATCH_SIZE if n >= AUTO_MINIBATCH_FROM and self.method != "gfitc" else None
+        return size if size is not None and size < n else None
 
-    def _rng(self):
-        rs = self.random_state
-        if isinstance(rs, np.random.Generator):
-            return rs
-        if isinstance(rs, np.random.RandomState):
-            return np.random.default_rng(rs.randint(2 ** 31))
-        return np.random.default_rng(rs)
-
-    def _check_fitted(self):
-        if not hasattr(self, "_problems"):
-            raise NotFittedError(f"This {type(self).__name__} instance is not fitted yet. Call 'fit' "
-                                 "with appropriate arguments before using this estimator.")
+    def _epochs(self, n, minibatch):
+        """``max_iter``, or for "auto" 100 in batch and enough minibatch epochs to see about
+        AUTO_ROWS rows (at least AUTO_MIN_EPOCHS)."""
+        if not isinstance(self.max_iter, str):
+            return int(self.max_iter)
+        if minibatch is None:
+            return AUTO_BATCH_EPOCHS
+        return int(min(AUTO_BATCH_EPOCHS, max(AUTO_MIN_EPOCHS, -(-AUTO_ROWS // n))))
 
     # -- fitting -------------------------------------------------------------------------------
     def fit(self, X, y):
@@ -332,25 +386,35 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         X = self._check_X(X, fitting=True)
         y = self._check_y(y, X.shape[0])
         likelihood = self._check_params()
-        classes, y_index = np.unique(y, return_inverse=True)
+        classes = np.unique(y)
         if len(classes) < 2:
             raise ValueError(f"only one class ({classes[0]!r}) is present in y; GP classification "
                              "needs at least two classes")
-        self.classes_, self.n_features_in_ = classes, X.shape[1]
-        rng = self._rng()
-        self._rng_ = rng
-        Z = initial_inducing(X, self.n_inducing, self.inducing_points, rng)
-        if self.kernel is None:
-            kernel = ConstantKernel(1.0) * RBF(median_length_scale(X, rng))
-        else:
-            kernel = as_kernel(self.kernel)
-        targets = [y_index == 1] if len(classes) == 2 else [y_index == k for k in range(len(classes))]
-        self._problems = [(_BinarySparse(self._new_state(kernel, Z, X.shape[0]), likelihood),
-                           np.where(t, 1.0, -1.0)) for t in targets]
-        self.history_ = []
-        self._start = time.perf_counter()
-        self._train(X, self.max_iter)
+        self._start_fit(X, y, classes, likelihood)
+        self._train(X, y, self._epochs(X.shape[0], self._batch))
         return self
+
+    def _start_fit(self, X, y, classes, likelihood):
+        """The model before training: classes, Z, the kernel, one state per problem, the trainer."""
+        self.classes_, self.n_features_in_ = classes, X.shape[1]
+        self._check_validation_data()
+        rng = self._rng()
+        Z = initial_inducing(X, self.n_inducing, self.inducing_points, rng)
+        kernel = default_kernel(X, rng) if self.kernel is None else as_kernel(self.kernel)
+        _check_theta_in_bounds(kernel)
+        if self.optimize_inducing and not kernel._has_grad_inputs():
+            raise ValueError(f"the kernel {self.kernel!r} has no gradient in its inputs, so the "
+                             "inducing points cannot move: pass optimize_inducing=False (or a "
+                             "gpc kernel)")
+        n = X.shape[0]
+        self._batch = self._minibatch_rows(n)
+        self._threads = self._n_jobs()   # stored for the engines; training does not use it yet
+        states = [self._new_state(kernel, Z, n) for _ in range(1 if len(classes) == 2 else len(classes))]
+        self._trainer = self._new_trainer(states, likelihood, rng)
+        self._problems = [(_BinarySparse(state, likelihood), None) for state in states]
+        self.history_ = []
+        self._sites_home = True
+        self._start = time.perf_counter()
 
     def _new_state(self, kernel, Z, n):
         if self.method == "gfitc":
@@ -362,71 +426,98 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
                         tied=bool(self.tied_sites), method=self.method,
                         on_negative=self.on_negative)
 
+    def _new_trainer(self, states, likelihood, rng):
+        """The trainer of ``method`` (:mod:`gpc.sparse._trainer`)."""
+        batch = self._batch
+        if self.tied_sites:
+            return SEPTied(states, likelihood, rng, batch or BLOCK_ROWS, self._damping(False))
+        sep = self.method in ("ep", "pl")     # EP's or PL's rank-one sites, SEP's training
+        if sep and batch is None:
+            return SEPBatch(states, likelihood, rng, self._damping(False))
+        if sep:
+            return SEPMinibatch(states, likelihood, rng, batch, self._damping(True))
+        if self.method == "svi" and batch is not None:
+            return SVIMinibatch(states, likelihood, rng, batch, self.learning_rate)
+        return LBFGSTrainer(states, likelihood, rng)
+
     def partial_fit(self, X, y, classes=None):
         """One more epoch over (X, y), continuing from the current state.
 
-        The rows must be the training rows of the first ``fit`` (or, on an unfitted estimator,
-        they start a fit of one epoch): each row keeps its sites between calls.  An L-BFGS-B fit
-        (GFITC, batch SVI) restarts the optimiser for two evaluations.
+        The rows must be the training rows of the first ``fit``: each row keeps its sites between
+        calls.  With ``tied_sites`` there are no per-row sites, and the rows may be new ones (a
+        stream).  On an unfitted estimator the call starts a fit of one epoch; ``classes`` then
+        fixes the classes (scikit-learn's meaning: every class that y may ever hold, needed when
+        the first rows do not show them all) and must be the same, or None, on later calls.  An
+        L-BFGS-B fit (GFITC, batch SVI) restarts the optimiser for two evaluations, of which the
+        first is the point it starts from.
         """
-        if not hasattr(self, "_problems"):
-            max_iter = self.max_iter
-            try:
-                self.max_iter = 1
-                return self.fit(X, y)
-            finally:
-                self.max_iter = max_iter
-        X = self._check_X(X, fitting=False)
+        first = not hasattr(self, "_problems")
+        X = self._check_X(X, fitting=first)
         y = self._check_y(y, X.shape[0])
-        state = self._problems[0][0].state
-        if getattr(state, "tied", False):
-            self._stream(X, y)
-            return self
-        if X.shape[0] != len(self._problems[0][1]):
-            raise ValueError(f"partial_fit continues the fit of {len(self._problems[0][1])} rows "
-                             f"(its sites are per row); got {X.shape[0]} rows")
-        unknown = np.setdiff1d(np.unique(y), self.classes_)
+        if classes is not None:
+            classes = np.unique(np.asarray(classes))
+            if not first and not np.array_equal(classes, self.classes_):
+                raise ValueError(f"classes={classes.tolist()} is not the same as on the first call "
+                                 f"({self.classes_.tolist()})")
+        if first:
+            likelihood = self._check_params()
+            if classes is None:
+                classes = np.unique(y)
+            if len(classes) < 2:
+                raise ValueError("partial_fit needs at least two classes: pass classes=[...] on the "
+                                 "first call")
+        unknown = np.setdiff1d(np.unique(y), self.classes_ if not first else classes)
         if len(unknown):
-            raise ValueError(f"y has classes {unknown!r} not seen by fit")
-        self._train(X, 2 if isinstance(self._problems[0][0].state, _LBFGSState) else 1)
+            raise ValueError(f"y has classes {unknown.tolist()} not in classes_ "
+                             f"{(self.classes_ if not first else classes).tolist()}")
+        if first:
+            self._start_fit(X, y, classes, likelihood)
+        elif not getattr(self, "_sites_home", True):
+            raise ValueError("the sites of this model's interrupted distributed fit stayed on its "
+                             "cluster, which is gone: partial_fit cannot continue it; call fit")
+        elif not self._trainer.streams and X.shape[0] != self._trainer.states[0].n:
+            raise ValueError(f"partial_fit continues the fit of {self._trainer.states[0].n} rows "
+                             f"(its sites are per row); got {X.shape[0]} rows")
+        self._train(X, y, self._trainer.partial_epochs)
         return self
 
-    def _train(self, X, epochs):
-        n = X.shape[0]
-        minibatch = self.batch_size is not None and self.batch_size < n
-        rows = self.batch_size if minibatch else 4096
-        blocks = block_ranges(n, rows)
-        steps_per_epoch = len(blocks) if minibatch else 1
-        bar = self._progress_bar(epochs, steps_per_epoch * len(self._problems))
-        states = [model.state for model, _ in self._problems]
-        shards = None
+    def _targets(self, y):
+        """The ±1 labels of each binary problem: classes_[1] against classes_[0] for two classes,
+        each class against the rest otherwise."""
+        y = np.asarray(y)
+        if len(self._problems) == 1:
+            return [np.where(y == self.classes_[1], 1.0, -1.0)]
+        return [np.where(y == c, 1.0, -1.0) for c in self.classes_]
+
+    def _train(self, X, y, epochs):
+        targets = self._targets(y)
+        self._problems = [(model, t) for (model, _), t in zip(self._problems, targets)]
+        states = self._trainer.states
+        rows = None
         interrupted = False
+        bar = None
         try:
-            if self.client is not None:
+            if self.client is None:
+                rows = InProcessRows(X, targets)
+            else:
                 from ._distributed import DistributedFit
-                shards = DistributedFit(self.client, X, [yy for _, yy in self._problems], states)
-            if isinstance(states[0], _LBFGSState) and not minibatch:
-                for k, (model, yy) in enumerate(self._problems):
-                    data = X if shards is None else shards.rows(k, model.likelihood, rows)
-                    model.state.run(model.likelihood, data, yy, epochs,
-                                    lambda value: (bar.update(), self._record(value)), rows)
-                epochs = 0
-            for _ in range(epochs):
-                objective = 0.0
-                for k, (model, yy) in enumerate(self._problems):
-                    if shards is None:
-                        objective += self._epoch(model, X, yy, minibatch, blocks, rows, bar)
-                    else:
-                        objective += self._shard_epoch(shards, k, model, minibatch, rows, bar)
-                self._record(objective)
+                rows = EngineRows(DistributedFit(self.client, X, targets, states))
+            bar = self._progress_bar(epochs, self._trainer.steps_per_epoch(rows))
+            self._trainer.train(rows, epochs, bar.update, self._record)
         except KeyboardInterrupt:
             interrupted = True
         finally:
-            bar.close()
-            if shards is not None:
-                shards.finish(states)      # the sites come home: partial_fit can continue
-        if interrupted:
-            import warnings
+            if bar is not None:
+                bar.close()
+            if rows is not None:
+                self._sites_home = rows.close(states, interrupted)
+        if interrupted and not self._sites_home:
+            warnings.warn("fit interrupted: the model keeps its last completed step (θ, Z and q "
+                          "predict as they did), but the cluster did not give its per-row sites "
+                          "back (a Ctrl-C in the terminal of a LocalCluster stops its workers "
+                          "too), so partial_fit cannot continue this fit: call fit again",
+                          RuntimeWarning, stacklevel=3)
+        elif interrupted:
             warnings.warn("fit interrupted: the model keeps its last completed step",
                           RuntimeWarning, stacklevel=3)
 
@@ -434,84 +525,6 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         """What ``_train`` tells of each step (``update()``) and of the end (``close()``): a tqdm bar
         with ``progress``; the experiments score held-out rows there between epochs."""
         return _Progress(self.progress, epochs * steps_per_epoch)
-
-    def _shard_epoch(self, shards, k, model, minibatch, rows, bar):
-        """One epoch of problem k on the engine's shards (``client=``): the in-process epoch's steps,
-        each worker taking its share of every minibatch (``_distributed.minibatch_plan``) and
-        keeping the directions of its own rows' sites."""
-        state, lik = model.state, model.likelihood
-        if not minibatch and not getattr(state, "tied", False):
-            value = iteration(state, shards.rows(k, lik, rows), self._damping(False))
-            bar.update()
-            return value
-        plan = shards.plan(rows)
-        if isinstance(state, SEPState) and not state.tied:
-            shards.start_minibatches(state, k, 4096)
-        values = []
-        for j in self._rng_.permutation(len(plan)):
-            batch = shards.rows(k, lik, rows, plan[j])
-            if isinstance(state, SVIState):
-                values.append(state.minibatch_step(lik, batch, shards.batch_labels(k, plan[j]),
-                                                   shards.engine.n_rows, self.learning_rate))
-            elif state.tied:
-                values.append(tied_iteration(state, batch, self._damping(False)))
-            else:
-                values.append(iteration(state, batch, self._damping(True)))
-            bar.update()
-        return float(np.mean(values))
-
-    def _epoch(self, model, X, y, minibatch, blocks, rows, bar):
-        state, n, lik = model.state, len(y), model.likelihood
-        if getattr(state, "tied", False):
-            def step(Xb, start, stop):
-                return tied_minibatch_step(state, lik, Xb, y[start:stop], self._damping(False))
-        elif not minibatch:
-            value = batch_step(state, lik, X, y, self._damping(False), rows)
-            bar.update()
-            return value
-        elif isinstance(state, SVIState):
-            def step(Xb, start, stop):
-                return state.minibatch_step(lik, Xb, y[start:stop], n, self.learning_rate)
-        else:
-            state.start_minibatches(X, 4096)
-
-            def step(Xb, start, stop):
-                return minibatch_step(state, lik, Xb, y[start:stop], slice(start, stop), n,
-                                      self._damping(True))
-        values = []
-        for k in self._rng_.permutation(len(blocks)):
-            start, stop = blocks[k]
-            values.append(step(as_block(X, start, stop), start, stop))
-            bar.update()
-        return float(np.mean(values))
-
-    def _stream(self, X, y):
-        """Tied sites: one step per block of the given rows, which need not be the fit's rows."""
-        y = np.asarray(y)
-        rows = self.batch_size or 4096
-        targets = [np.where(y == (self.classes_[1] if len(self._problems) == 1 else c), 1.0, -1.0)
-                   for c in self.classes_[:len(self._problems)]]
-        shards = None
-        if self.client is not None:
-            from ._distributed import DistributedFit
-            shards = DistributedFit(self.client, X, targets, [m.state for m, _ in self._problems])
-        damping = self._damping(False)
-        objective = 0.0
-        try:
-            for k, ((model, _), yy) in enumerate(zip(self._problems, targets)):
-                if shards is None:
-                    values = [tied_minibatch_step(model.state, model.likelihood, as_block(X, a, b),
-                                                  yy[a:b], damping)
-                              for a, b in block_ranges(X.shape[0], rows)]
-                else:           # the blocks in order, each worker taking its share
-                    values = [tied_iteration(model.state, shards.rows(k, model.likelihood, rows,
-                                                                      batch), damping)
-                              for batch in shards.plan(rows)]
-                objective += float(np.mean(values))
-        finally:
-            if shards is not None:
-                shards.finish([])       # tied sites: nothing per row to bring home
-        self._record(objective)
 
     def _validation_scores(self):
         """(error, mean negative log predictive probability) on ``validation_data``."""
@@ -523,11 +536,10 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
                 float(-np.mean(np.log(np.maximum(p, 1e-300)))))
 
     def _record(self, objective):
-        states = [m.state for m, _ in self._problems]
         entry = {"iteration": len(self.history_) + 1,
                  "seconds": time.perf_counter() - self._start,
                  "objective": objective,
-                 "reverted": sum(s.reverted for s in states)}
+                 "reverted": sum(s.reverted for s in self._trainer.states)}
         if self.validation_data is not None:
             entry["val_error"], entry["val_nll"] = self._validation_scores()
         self.history_.append(entry)
@@ -552,8 +564,9 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
 
     @property
     def kernel_(self):
+        """The fitted kernel, of the kind passed in (a scikit-learn kernel stays one)."""
         self._check_fitted()
-        return self._one_or_list([m.state.kernel for m, _ in self._problems])
+        return self._one_or_list([user_kernel(m.state.kernel) for m, _ in self._problems])
 
     @property
     def log_marginal_likelihood_value_(self):
@@ -563,8 +576,7 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
     # -- prediction ------------------------------------------------------------------------------
     def _latent_blocks(self, X, fn):
         X = self._check_X(X, fitting=False)
-        out = [fn(as_block(X, a, b)) for a, b in block_ranges(X.shape[0], 4096)]
-        return out
+        return [fn(as_block(X, a, b)) for a, b in block_ranges(X.shape[0], BLOCK_ROWS)]
 
     def predict_latent(self, X):
         """Latent predictive mean and variance (SEP eq. (5) before the likelihood integral).
@@ -610,8 +622,3 @@ class SparseGaussianProcessClassifier(_ClassifierMixin, _Base):
         state = dict(super().__getstate__())
         state["client"] = None
         return state
-
-    def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
-        tags.non_deterministic = False
-        return tags

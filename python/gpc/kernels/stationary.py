@@ -1,0 +1,281 @@
+"""Stationary kernels k = f(r) of the scaled distance r: the squared exponential (RBF) and Matérn."""
+
+import numpy as np
+from scipy.linalg.blas import dgemm as _dgemm
+
+from .. import _kernels, _sparse
+from .._parallel import over_rows
+from . import matrices
+from .base import Kernel, _check_positive_values
+from .matrices import _KIND_RBF, _gram, _gram_lower, _sqdist, _sum_parts
+
+
+class _Stationary(Kernel):
+    """k = f(r), r^2 = sum_d (x_d - y_d)^2 / l_d^2.  Subclasses give f and W = -f'(r)/r of R2.
+
+    The kernel matrix and the gradient contraction run in gpc._kernels (one pass over the lower
+    triangle after a BLAS Gram matrix); the NumPy ``_f``/``_w`` serve the gradient tensor and the
+    input gradient.
+    """
+
+    _hyper = ("length_scale",)
+
+    def _kind(self):
+        raise NotImplementedError
+
+    def _length_scales(self, n_features):
+        ls = _check_positive_values(self.length_scale, "length_scale")
+        if ls.size != 1 and ls.size != n_features:
+            raise ValueError(f"length_scale has {ls.size} entries (ARD) but X has "
+                             f"{n_features} features")
+        return ls
+
+    def _scaled(self, X, Y):
+        ls = self._length_scales(X.shape[1])
+        shift = X.mean(axis=0)  # translation invariance: centring keeps |u|^2 small
+        U = (X - shift) / ls
+        V = None if Y is None else (Y - shift) / ls
+        return ls, U, V
+
+    def _f(self, R2):
+        raise NotImplementedError
+
+    def _w(self, R2, K):
+        raise NotImplementedError
+
+    def _free(self):
+        return self._hyper_entries()[0][2] is not None
+
+    def _call_times(self, X, Y, c):
+        # c * K in the pass that makes K (a constant factor of a product)
+        _, U, V = self._scaled(X, Y)
+        return _gram(U, V, self._kind(), c)
+
+    def _call(self, X, Y, eval_gradient):
+        ls, U, V = self._scaled(X, Y)
+        if not eval_gradient:
+            return _gram(U, V, self._kind())
+        R2 = _sqdist(U, V)
+        K = self._f(R2)
+        if not self._free():
+            return K, np.empty(K.shape + (0,))
+        W = self._w(R2, K)
+        if ls.size == 1:
+            return K, _times_weight(W, R2)[:, :, None]
+        D2 = (U[:, None, :] - U[None, :, :]) ** 2
+        return K, _times_weight(W[:, :, None], D2)
+
+    def _diag(self, X):
+        self._length_scales(X.shape[1])
+        return np.ones(X.shape[0])
+
+    def _contract(self, X, M, K=None, symmetric=False):
+        return self._contract_value(X, M, K, symmetric=symmetric)[0] if self._free() else np.empty(0)
+
+    def _contract_value(self, X, M, K=None, scale=1.0, symmetric=False):
+        """(sum_ij M_ij dK_ij/dlog l, sum_ij M_ij K_ij) in one pass (gpc._kernels.contract).
+
+        Given K = scale * k(X) (strict lower triangle read), the values come from it: no
+        exponentials, which are most of the pass's cost."""
+        ls, U, _ = self._scaled(X, None)
+        ard = ls.size > 1 and self._free()
+        n = U.shape[0]
+        if U.shape[1] <= matrices.DIRECT_MAX_D:
+            parts = over_rows(_kernels.contract_direct, n, np.ascontiguousarray(U.T), M, self._kind(),
+                              ard, K, scale, symmetric)
+            value, iso, g = _sum_parts(parts)
+            if not self._free():
+                return np.empty(0), value
+            return (g if ard else np.array([iso])), value
+        G, su = _gram_lower(U)
+        value, iso = _sum_parts(over_rows(_kernels.contract, n, G, su, M, self._kind(), ard, K, scale,
+                                          symmetric))
+        if not self._free():
+            return np.empty(0), value
+        if not ard:
+            return np.array([iso]), value
+        # G is now S, S_ij = (M_ij + M_ji) W_ij / 2 (zero diagonal):
+        # sum_ij M_ij W_ij (u_id - u_jd)^2 = 2 [sum_i u_id^2 (S 1)_i - sum_i u_id (S U)_id]
+        # S U through scipy's BLAS (S is symmetric: its C-ordered buffer is itself in Fortran order),
+        # not NumPy's, whose idle threads would spin against the next factorisation's
+        SU = _dgemm(1.0, G.T, np.asfortranarray(U))
+        g = 2.0 * (G.sum(axis=1) @ (U * U) - np.einsum("id,id->d", U, SU))
+        return g, value
+
+    def _scaled_by(self, X, Z):
+        """(ℓ, (X - z̄)/ℓ, (Z - z̄)/ℓ): a block of rows and the inducing points, both shifted by the
+        mean of Z (the same for every block) so that |u|² + |v|² - 2 uᵀv does not cancel."""
+        ls = self._length_scales(X.shape[1])
+        shift = Z.mean(axis=0)
+        return ls, (X - shift) / ls, (Z - shift) / ls
+
+    def _cross_gradient(self, X, Z, G, w, K=None, scale=1.0, overwrite=False):
+        """The b x m contraction (:meth:`Kernel.cross_gradient`'s Notes) with W = -f'(r)/r of the
+        scaled distances; the diagonal k(x, x) = 1 does not depend on θ."""
+        ls, U, V = self._scaled_by(X, Z)
+        R2 = _sqdist(U, V)
+        if K is None:
+            K = scale * self._f(R2)
+        A = self._w(R2, None)
+        A *= G
+        if scale != 1.0:
+            A *= scale
+        value = float(np.vdot(G, K)) + (scale * float(np.sum(w)) if w is not None else 0.0)
+        g_theta, g_Z = self._cross_parts(A, A.sum(axis=1), A.sum(axis=0), U, V, ls)
+        return g_theta, g_Z, value
+
+    def _cross_parts(self, A, rows, cols, U, V, ls):
+        """(∂F/∂log ℓ, ∂F/∂Z) from A = G ∘ W with its row and column sums:
+        Σ_ij A_ij (u_id - v_jd)² = rowsᵀ u_d² + colsᵀ v_d² - 2 u_dᵀ A v_d and
+        ∂F/∂z_jd = [(Aᵀ U)_jd - cols_j v_jd] / ℓ_d."""
+        g_Z = (A.T @ U - cols[:, None] * V) / ls
+        if isinstance(self.length_scale_bounds, str):          # "fixed"
+            return np.empty(0), g_Z
+        per_d = rows @ (U * U) + cols @ (V * V) - 2.0 * np.einsum("id,id->d", U, A @ V)
+        return (per_d if ls.size > 1 else np.array([per_d.sum()])), g_Z
+
+    def _grad_inputs(self, X, Y, M):
+        ls, U, V = self._scaled(X, Y)
+        A = self._w(_sqdist(U, V), None)
+        A *= M
+        # G_id = -sum_j A_ij (u_id - v_jd) / l_d
+        return -(U * A.sum(axis=1)[:, None] - A @ V) / ls
+
+
+class RBF(_Stationary):
+    r"""Squared-exponential (radial basis function) kernel.
+
+    .. math:: k(x, y) = \exp\left(-\tfrac12 \sum_d (x_d - y_d)^2 / \ell_d^2\right)
+
+    Parameters
+    ----------
+    length_scale : float or array of shape (n_features,), default 1.0
+        A scalar gives the isotropic kernel; an array one length scale per feature (ARD).
+    length_scale_bounds : pair of floats, array of shape (n, 2), or "fixed", default (1e-5, 1e5)
+
+    Notes
+    -----
+    :math:`\partial k / \partial \log \ell_d = k \, (x_d - y_d)^2 / \ell_d^2`.
+    """
+
+    def __init__(self, length_scale=1.0, length_scale_bounds=(1e-5, 1e5)):
+        self.length_scale = length_scale
+        self.length_scale_bounds = length_scale_bounds
+        self._validate()
+
+    def _f(self, R2):
+        K = np.multiply(R2, -0.5)
+        np.exp(K, out=K)
+        return K
+
+    def _w(self, R2, K):
+        return self._f(R2) if K is None else K.copy()
+
+    def _kind(self):
+        return _KIND_RBF
+
+    def _cross(self, X, Z, scale=1.0):
+        """scale · exp(-½ |u - v|²) with u, v shifted by the mean of Z and scaled (:meth:`_scaled_by`):
+        one b x d x m product, one compiled pass for the exponent log(scale) - ½ |u - v|² and one
+        vectorised exp."""
+        _, U, V = self._scaled_by(X, Z)
+        K = U @ V.T
+        _sparse.squared_exponential_exponent(K, np.einsum("ij,ij->i", U, U),
+                                             np.einsum("ij,ij->i", V, V), np.log(scale))
+        return np.exp(K, out=K)
+
+    def _cross_gradient(self, X, Z, G, w, K=None, scale=1.0, overwrite=False):
+        """For the squared exponential W = -f'(r)/r = f, so A = G ∘ W comes from K itself: one
+        compiled pass makes G ∘ K with its row and column sums (their total is F's block part),
+        then the b x m products of :meth:`_cross_parts`."""
+        if K is None:
+            K = self._cross(X, Z, scale)
+        A = G if overwrite else np.array(G, dtype=np.float64, order="C")
+        rows, cols = np.empty(A.shape[0]), np.empty(A.shape[1])
+        _sparse.hadamard_sums(A, K, rows, cols)
+        ls, U, V = self._scaled_by(X, Z)
+        value = float(rows.sum()) + (scale * float(np.sum(w)) if w is not None else 0.0)
+        g_theta, g_Z = self._cross_parts(A, rows, cols, U, V, ls)
+        return g_theta, g_Z, value
+
+
+class Matern(_Stationary):
+    r"""Matérn kernel with half-integer smoothness.
+
+    With the scaled distance :math:`r = \sqrt{\sum_d (x_d - y_d)^2 / \ell_d^2}`:
+
+    - :math:`\nu = 1/2`: :math:`k = e^{-r}`
+    - :math:`\nu = 3/2`: :math:`k = (1 + \sqrt3 r) e^{-\sqrt3 r}`
+    - :math:`\nu = 5/2`: :math:`k = (1 + \sqrt5 r + 5 r^2 / 3) e^{-\sqrt5 r}`
+
+    Parameters
+    ----------
+    length_scale : float or array of shape (n_features,), default 1.0
+    length_scale_bounds : pair of floats, array of shape (n, 2), or "fixed", default (1e-5, 1e5)
+    nu : {0.5, 1.5, 2.5}, default 1.5
+        Fixed, not a hyperparameter.
+
+    Notes
+    -----
+    :math:`\partial k / \partial \log \ell_d = W(r) (x_d - y_d)^2 / \ell_d^2` with
+    :math:`W = -k'(r)/r`: :math:`e^{-r}/r` (0 at r = 0), :math:`3 e^{-\sqrt3 r}`,
+    :math:`\tfrac53 (1 + \sqrt5 r) e^{-\sqrt5 r}` respectively.  For ν = 1/2 the derivative in
+    the inputs at x = y does not exist; ``gradient_inputs`` uses 0 there.
+    """
+
+    def __init__(self, length_scale=1.0, length_scale_bounds=(1e-5, 1e5), nu=1.5):
+        self.length_scale = length_scale
+        self.length_scale_bounds = length_scale_bounds
+        self.nu = nu
+        self._validate()
+
+    def _validate(self):
+        super()._validate()
+        if self.nu not in (0.5, 1.5, 2.5):
+            raise ValueError(f"nu must be 0.5, 1.5 or 2.5, got {self.nu!r}")
+
+    def _f(self, R2):
+        r = np.sqrt(R2)
+        if self.nu == 0.5:
+            return np.exp(-r)
+        if self.nu == 1.5:
+            r *= np.sqrt(3.0)
+            return _poly_times_exp(1.0 + r, r)
+        r *= np.sqrt(5.0)
+        return _poly_times_exp(1.0 + r + r * r / 3.0, r)
+
+    def _kind(self):
+        return {0.5: 1, 1.5: 2, 2.5: 3}[float(self.nu)]
+
+    def _w(self, R2, K):
+        r = np.sqrt(R2)
+        if self.nu == 0.5:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                W = np.exp(-r) / r
+            W[r == 0] = 0.0
+            return W
+        if self.nu == 1.5:
+            W = np.exp(-np.sqrt(3.0) * r)
+            W *= 3.0
+            return W
+        r *= np.sqrt(5.0)
+        return _poly_times_exp((5.0 / 3.0) * (1.0 + r), r)
+
+
+def _times_weight(W, D2):
+    """W · D2 with 0 where W = 0: at infinite distance W r² → 0, where IEEE's 0 · inf is NaN."""
+    with np.errstate(invalid="ignore"):
+        return np.where(W == 0.0, 0.0, W * D2)
+
+
+def _poly_times_exp(poly, r):
+    """poly · e^{−r}, with its limit 0 where e^{−r} = 0 (r = inf: IEEE's inf · 0 is NaN)."""
+    K = np.exp(-r)
+    with np.errstate(invalid="ignore"):
+        K *= poly
+    K[np.isnan(K) & (r == np.inf)] = 0.0
+    return K
+
+
+# ----------------------------------------------------------------------------------------------
+# other leaf kernels

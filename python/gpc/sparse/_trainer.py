@@ -1,0 +1,331 @@
+"""The sparse trainers behind one interface, and the rows they train on.
+
+A sparse fit holds one state per binary problem (one for two classes, one per class one-vs-rest):
+θ, Z and q(u) with whatever the method keeps besides (SEP's sites, SVI's (μ, L_q)).  A
+:class:`Trainer` advances all of them, epoch by epoch, on a :class:`TrainingRows` source, which is
+the rows in this process (:class:`InProcessRows`) or their shards on an engine (:class:`EngineRows`,
+``client=``).  The estimator asks nothing else of a method, so it never looks at a state's type:
+
+* :class:`SEPBatch`: one parallel site pass over all rows, then one inner Adadelta step (SEP §2.3).
+* :class:`SEPMinibatch`: per-row sites refined and swapped in q one minibatch at a time, each
+  followed by a stochastic step (SEP eq. (6)).
+* :class:`SEPTied`: one shared average site (stochastic EP), a step per block of rows; it keeps no
+  per-row state, so ``partial_fit`` may bring rows the fit never saw (``streams``).
+* :class:`SVIMinibatch`: Adadelta on the minibatch estimate of SVI's bound (SEP eq. (8)).
+* :class:`LBFGSTrainer` (GFITC; SVI in batch): L-BFGS-B on the problems' objectives together,
+  one evaluation per epoch, ending on the best point it evaluated.
+"""
+
+import warnings
+from abc import ABC, abstractmethod
+
+import numpy as np
+from scipy.optimize import minimize
+
+from .._estimator import BLOCK_ROWS
+from ..exceptions import ConvergenceWarning, NumericalError
+from ..optimize import stop_message
+from ._passes import as_block, block_ranges
+from ._train import LocalBatch, LocalRows, iteration, tied_iteration
+
+# -- where the rows are ------------------------------------------------------------------------
+class TrainingRows(ABC):
+    """The training rows of every problem of a fit, and their labels (±1, one column per problem).
+
+    ``batches(size)`` cuts them into minibatches; the other methods give what a step of problem
+    ``k`` runs on: every row (a batch step), one minibatch (``batch``, an item of ``batches``) for
+    SEP, tied sites or SVI, and all rows with their labels for an L-BFGS-B objective."""
+
+    n: int
+
+    @abstractmethod
+    def batches(self, size):
+        """The minibatches of ``size`` rows, in row order."""
+
+    @abstractmethod
+    def all_rows(self, k, state, likelihood):
+        """Every row of problem k, with the interface of :class:`gpc.sparse._train.LocalRows`."""
+
+    @abstractmethod
+    def batch_rows(self, k, state, likelihood, batch, sites=True):
+        """One minibatch of problem k (:class:`gpc.sparse._train.LocalBatch`'s interface); with
+        ``sites=False`` for tied sites (no per-row sites)."""
+
+    @abstractmethod
+    def svi_rows(self, k, likelihood, batch):
+        """(rows, labels) of a minibatch for SVI's objective."""
+
+    @abstractmethod
+    def objective_rows(self, k, likelihood):
+        """(rows, labels) of every row for an L-BFGS-B objective."""
+
+    @abstractmethod
+    def start_minibatches(self, k, state):
+        """Get SEP's sites ready for minibatch steps (their directions, SEP §2.3)."""
+
+    def close(self, states, interrupted=False):
+        """The end of a training run; whether every state has its per-row sites (in process: yes)."""
+        return True
+
+
+class InProcessRows(TrainingRows):
+    """The rows in this process: any row-sliceable X (NumPy, ``np.memmap``, Dask), read block by
+    block."""
+
+    def __init__(self, X, targets):
+        self.X, self.targets, self.n = X, targets, X.shape[0]
+
+    def batches(self, size):
+        return block_ranges(self.n, size)
+
+    def all_rows(self, k, state, likelihood):
+        return LocalRows(state, likelihood, self.X, self.targets[k], BLOCK_ROWS)
+
+    def batch_rows(self, k, state, likelihood, batch, sites=True):
+        start, stop = batch
+        return LocalBatch(state, likelihood, as_block(self.X, start, stop),
+                          self.targets[k][start:stop], slice(start, stop) if sites else None)
+
+    def svi_rows(self, k, likelihood, batch):
+        start, stop = batch
+        return as_block(self.X, start, stop), self.targets[k][start:stop]
+
+    def objective_rows(self, k, likelihood):
+        return self.X, self.targets[k]
+
+    def start_minibatches(self, k, state):
+        state.start_minibatches(self.X, BLOCK_ROWS)
+
+
+class EngineRows(TrainingRows):
+    """The rows on a distributed engine's shards (:class:`gpc.sparse._distributed.DistributedFit`):
+    each worker takes its share of every minibatch."""
+
+    def __init__(self, fit):
+        self.fit, self.n = fit, fit.engine.n_rows
+
+    def batches(self, size):
+        return self.fit.plan(size)
+
+    def all_rows(self, k, state, likelihood):
+        return self.fit.rows(k, likelihood, BLOCK_ROWS)
+
+    def batch_rows(self, k, state, likelihood, batch, sites=True):
+        return self.fit.rows(k, likelihood, BLOCK_ROWS, batch)
+
+    def svi_rows(self, k, likelihood, batch):
+        return self.fit.rows(k, likelihood, BLOCK_ROWS, batch), self.fit.batch_labels(k, batch)
+
+    def objective_rows(self, k, likelihood):
+        return self.fit.rows(k, likelihood, BLOCK_ROWS), self.fit.targets[k]
+
+    def start_minibatches(self, k, state):
+        self.fit.start_minibatches(state, k, BLOCK_ROWS)
+
+    def close(self, states, interrupted=False):
+        """The sites come home (``partial_fit`` can continue in process) and the shards are
+        released; after an interruption the cluster may be gone with them (False)."""
+        return self.fit.finish(states, interrupted)
+
+
+# -- the trainers --------------------------------------------------------------------------------
+class Trainer(ABC):
+    """The training of a sparse fit: one state per problem, advanced together.
+
+    Parameters
+    ----------
+    states : list, one state per binary problem (``SEPState``, ``SVIState`` or ``GFITCState``)
+    likelihood : gpc.likelihoods.Likelihood
+    rng : numpy Generator, the order of the minibatches
+    """
+
+    #: ``partial_fit`` may bring rows that ``fit`` never saw (no per-row state)
+    streams = False
+    #: epochs one ``partial_fit`` call runs
+    partial_epochs = 1
+
+    def __init__(self, states, likelihood, rng):
+        self.states, self.likelihood, self.rng = states, likelihood, rng
+
+    @abstractmethod
+    def steps_per_epoch(self, rows):
+        """The steps (``tick`` calls) of one epoch on ``rows``, all problems together."""
+
+    @abstractmethod
+    def train(self, rows, epochs, tick, record):
+        """Run ``epochs`` epochs on ``rows`` (a :class:`TrainingRows`): ``tick()`` after every step,
+        ``record(objective)`` after every epoch with log Z_q (or SVI's bound) summed over the
+        problems; the states hold the model of the last completed step at any time."""
+
+
+class StepTrainer(Trainer):
+    """Trainers that take steps, each problem's epoch after the other's (one epoch of all problems
+    is one ``record``)."""
+
+    def train(self, rows, epochs, tick, record):
+        for _ in range(epochs):
+            record(sum(self.epoch(rows, k, state, tick) for k, state in enumerate(self.states)))
+
+    @abstractmethod
+    def epoch(self, rows, k, state, tick):
+        """One epoch of problem k; returns its objective."""
+
+
+class SEPBatch(StepTrainer):
+    """Batch SEP: every site refined from the same q, then one inner step (SEP §2.3)."""
+
+    def __init__(self, states, likelihood, rng, damping):
+        super().__init__(states, likelihood, rng)
+        self.damping = damping
+
+    def steps_per_epoch(self, rows):
+        return len(self.states)
+
+    def epoch(self, rows, k, state, tick):
+        value = iteration(state, rows.all_rows(k, state, self.likelihood), self.damping)
+        tick()
+        return value
+
+
+class _Minibatches(StepTrainer):
+    """A step per minibatch of ``batch_size`` rows, the minibatches in a random order each epoch;
+    the epoch's objective is the mean of its steps' estimates."""
+
+    def __init__(self, states, likelihood, rng, batch_size):
+        super().__init__(states, likelihood, rng)
+        self.batch_size = batch_size
+
+    def steps_per_epoch(self, rows):
+        return len(self.states) * len(rows.batches(self.batch_size))
+
+    def epoch(self, rows, k, state, tick):
+        self.start(rows, k, state)
+        batches = rows.batches(self.batch_size)
+        values = []
+        for j in self.rng.permutation(len(batches)):
+            values.append(self.step(rows, k, state, batches[j]))
+            tick()
+        return float(np.mean(values))
+
+    def start(self, rows, k, state):
+        """Before an epoch's steps."""
+
+    @abstractmethod
+    def step(self, rows, k, state, batch):
+        """One minibatch step; returns its estimate of the objective over all n rows."""
+
+
+class SEPMinibatch(_Minibatches):
+    """Minibatch SEP (SEP eq. (6)): each site kept with its direction, swapped in q along it."""
+
+    def __init__(self, states, likelihood, rng, batch_size, damping):
+        super().__init__(states, likelihood, rng, batch_size)
+        self.damping = damping
+
+    def start(self, rows, k, state):
+        rows.start_minibatches(k, state)
+
+    def step(self, rows, k, state, batch):
+        return iteration(state, rows.batch_rows(k, state, self.likelihood, batch), self.damping)
+
+
+class SEPTied(_Minibatches):
+    """Stochastic EP: one shared average site, refreshed by every block of rows."""
+
+    streams = True
+
+    def __init__(self, states, likelihood, rng, batch_size, damping):
+        super().__init__(states, likelihood, rng, batch_size)
+        self.damping = damping
+
+    def step(self, rows, k, state, batch):
+        return tied_iteration(state, rows.batch_rows(k, state, self.likelihood, batch, sites=False),
+                              self.damping)
+
+
+class SVIMinibatch(_Minibatches):
+    """SVI's bound (8) by Adadelta on minibatch estimates (data terms scaled by n/|M|)."""
+
+    def __init__(self, states, likelihood, rng, batch_size, learning_rate):
+        super().__init__(states, likelihood, rng, batch_size)
+        self.learning_rate = learning_rate
+
+    def step(self, rows, k, state, batch):
+        Xb, yb = rows.svi_rows(k, self.likelihood, batch)
+        return state.minibatch_step(self.likelihood, Xb, yb, rows.n, self.learning_rate)
+
+
+class _BudgetSpent(Exception):
+    """Ends L-BFGS-B after the evaluations it was given."""
+
+
+class LBFGSTrainer(Trainer):
+    """L-BFGS-B on the sum of the problems' objectives over their parameters stacked (the problems
+    are independent, so the optimum is each problem's own), one evaluation per epoch.
+
+    Each state gives ``params()``, ``bounds()``, ``objective(likelihood, X, y, p, block_rows)`` →
+    (value, gradient), which moves the state to p when it can be evaluated and returns -inf there
+    otherwise (``failure`` then holds the cause), and ``snapshot()`` / ``restore(snapshot)`` of its
+    model.  A point that cannot be evaluated is handed to L-BFGS-B as a finite penalty above every
+    value seen, with a zero gradient, so its line search backtracks; an infinite value would end
+    the optimisation there (scipy's L-BFGS-B stops on it).  Exactly ``epochs`` evaluations run
+    (fewer if L-BFGS-B converges); the states end on the best point evaluated.
+
+    ``partial_fit`` runs two evaluations: a restarted L-BFGS-B first evaluates the point it starts
+    from.
+    """
+
+    partial_epochs = 2
+
+    def steps_per_epoch(self, rows):
+        return 1
+
+    def train(self, rows, epochs, tick, record):
+        data = [rows.objective_rows(k, self.likelihood) for k in range(len(self.states))]
+        sizes = np.cumsum([0] + [len(s.params()) for s in self.states])
+        best, worst, spent = {}, [0.0], [0]
+
+        def fun(p):
+            if spent[0] == epochs:
+                raise _BudgetSpent
+            spent[0] += 1
+            value, grad = 0.0, np.empty_like(p)
+            for k, (state, (X, y)) in enumerate(zip(self.states, data)):
+                part = slice(sizes[k], sizes[k + 1])
+                v, g = state.objective(self.likelihood, X, y, p[part], BLOCK_ROWS)
+                if not np.isfinite(v):
+                    tick()
+                    if not best:
+                        raise NumericalError(
+                            f"{state.name}: the objective cannot be evaluated at the initial "
+                            "hyperparameters and inducing points", value=v) from state.failure
+                    return worst[0] + 1.0 + abs(worst[0]), np.zeros_like(p)
+                value += v
+                grad[part] = g
+            if not best or value > best["value"]:
+                best.update(value=value, states=[s.snapshot() for s in self.states])
+            worst[0] = max(worst[0], -value)
+            tick()
+            record(value)
+            return -value, -grad
+
+        p0 = np.concatenate([s.params() for s in self.states])
+        try:
+            if len(p0) == 0:      # everything fixed: GFITC's EP alone (SVI has μ, L_q, never empty)
+                fun(p0)
+                return
+            bounds = [b for s in self.states for b in s.bounds()]
+            res = minimize(fun, p0, jac=True, method="L-BFGS-B", bounds=bounds,
+                           options={"maxfun": epochs, "maxiter": epochs})
+            if res.status == 2:   # a failed line search (a spent budget ends in _BudgetSpent)
+                warnings.warn(stop_message(res, f"of {self.states[0].name}'s objective after "
+                                                f"{spent[0]} evaluations",
+                                           "method='ep' (its steps need no line search), "
+                                           "standardised X, or fewer inducing points if K_uu is "
+                                           "near singular"), ConvergenceWarning, stacklevel=4)
+        except _BudgetSpent:
+            pass
+        finally:
+            if best:              # end on the best point evaluated (also after an interruption)
+                for state, snapshot in zip(self.states, best["states"]):
+                    state.restore(snapshot)
