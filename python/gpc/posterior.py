@@ -300,8 +300,9 @@ class SignedSitePosterior:
             cholesky_lower(self._cov, name="the EP posterior covariance")
         except NotPositiveDefiniteError:
             raise NotPositiveDefiniteError(
-                "EP's negative site variances make the posterior covariance indefinite (the case "
-                "on_negative='raise' leaves unfixed); use on_negative='clip' or 'skip', or method='pl'"
+                "EP's negative site variances make the posterior covariance indefinite: these "
+                "sites define no distribution (EP's sequential updates never lead here; a parallel "
+                "update or given sites can); use the sequential schedule, or method='pl'"
             ) from None
 
     def _solve(self, b):
