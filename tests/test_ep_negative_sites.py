@@ -281,3 +281,52 @@ def test_ais_reference_on_crabs_is_reproduced(crabs80, eps):
     r = _quiet(K=K, y=y, likelihood=NoisyThreshold(eps), method="ep", tol=1e-10, max_iter=2000)
     assert abs(r.log_evidence - lz) < 1.0
 
+def _signed_problem(seed, n=40, scale=0.2):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 2))
+    K = rbf(X, np.sqrt(1.5), 2.0) + 0.1 * np.eye(n)
+    tau = rng.uniform(0.0, 2.0, n)
+    tau[rng.choice(n, 5, replace=False)] *= -scale
+    tau[1] = 0.0
+    Xs = rng.normal(size=(6, 2))                       # test inputs: k(X, Xs) of the same kernel
+    Ks = 2.0 * np.exp(-0.5 * ((X[:, None] - Xs[None]) ** 2).sum(-1) / 1.5)
+    return K, tau, rng.normal(size=n), 0.3 * rng.normal(size=n), Ks
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_signed_posterior_equals_explicit_inverses(seed):
+    # Σ = (K⁻¹ + T)⁻¹, μ = Σ (K⁻¹ m0 + ν), α = K⁻¹ (μ − m0), R = K⁻¹ − K⁻¹ Σ K⁻¹ with some τ < 0,
+    # against explicit inverses of a K with eigenvalues ≥ 0.1 (cond(K) ~ 1e3: their rounding is
+    # ~1e-12); the Woodbury form over the non-negative split must give the same to 1e-10
+    from gpc.posterior import SignedSitePosterior, site_posterior
+    K, tau, nu, m0, Ks = _signed_problem(seed)
+    post = site_posterior(K, tau, nu, m0)
+    assert isinstance(post, SignedSitePosterior)
+    Kinv = np.linalg.inv(K)
+    Sigma = np.linalg.inv(Kinv + np.diag(tau))
+    mu = Sigma @ (Kinv @ m0 + nu)
+    alpha = Kinv @ (mu - m0)
+    R = Kinv - Kinv @ Sigma @ Kinv
+    M = 0.5 * (np.outer(alpha, alpha) - R)
+    np.testing.assert_allclose(post.mean, mu, atol=1e-10)
+    np.testing.assert_allclose(post.diag_cov(), np.diag(Sigma), atol=1e-10)
+    np.testing.assert_allclose(np.tril(post.lower_cov()), np.tril(Sigma), atol=1e-10)
+    np.testing.assert_allclose(post.cov(), Sigma, atol=1e-10)
+    np.testing.assert_allclose(post.alpha, alpha, atol=1e-10)
+    np.testing.assert_allclose(post.R(), R, atol=1e-10)
+    np.testing.assert_allclose(post.gradient_matrix(), M, atol=1e-10)
+    np.testing.assert_allclose(np.tril(post.gradient_matrix(lower=True)), np.tril(M), atol=1e-10)
+    assert abs(post.log_det_B - np.linalg.slogdet(np.eye(len(tau)) + np.diag(tau) @ K)[1]) < 1e-10
+    kd = np.full(Ks.shape[1], 2.0)
+    mean, var = post.predict(Ks, kd, 0.2)
+    np.testing.assert_allclose(mean, 0.2 + Ks.T @ alpha, atol=1e-10)
+    np.testing.assert_allclose(var, kd - np.einsum("ij,ij->j", Ks, R @ Ks), atol=1e-10)
+
+
+def test_signed_posterior_refuses_sites_that_define_no_distribution():
+    from gpc.exceptions import NotPositiveDefiniteError
+    from gpc.posterior import site_posterior
+    K, tau, nu, m0, _ = _signed_problem(0, scale=50.0)
+    assert np.min(np.linalg.eigvalsh(np.linalg.inv(K) + np.diag(tau))) < 0
+    with pytest.raises(NotPositiveDefiniteError, match="indefinite"):
+        site_posterior(K, tau, nu, m0)

@@ -41,9 +41,9 @@ policy ``on_negative`` decides (codes of gpc._site_rule; the default is
 - "skip": every update that would be negative keeps the old site.
 - "pl": every update that would be negative (and every site without a cavity) takes PL's SLR update
   instead, which is never negative (PL §III-D).
-Negative sites are held by SignedSitePosterior (an LU of I + T K, which checks that Σ is positive
-definite); with "clip", "skip" and "pl" every τ ≥ 0 and the posterior is the Cholesky of
-B = I + S K S.
+Negative sites are held by SignedSitePosterior (the Cholesky of B for a non-negative split of the
+sites and a Woodbury correction of rank #negative sites, which checks that Σ is positive definite);
+with "clip", "skip" and "pl" every τ ≥ 0 and the posterior is the Cholesky of B = I + S K S.
 
 Each sweep counts the updates the policy handled; the count of the final sweep is the result's
 ``info["n_fallback"]`` (EP).  With it zero and the run converged, every site equals its own EP

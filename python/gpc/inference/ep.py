@@ -43,7 +43,7 @@ import functools
 import numpy as np
 
 from ..exceptions import DivergenceError
-from ..posterior import SitePosterior
+from ..posterior import SignedSitePosterior, SitePosterior
 from ._result import InferenceResult
 from ._damping import DEFAULT_MIN_DAMPING, check_min_damping
 from ._sites import check_options, run_schedule
@@ -128,8 +128,8 @@ def _raise_for_missing_cavity(post, schedule, on_negative):
 
 
 def lower_gradient_matrix(post):
-    """The lower-triangle-only gradient matrix of a SitePosterior (None for the signed one)."""
-    if isinstance(post, SitePosterior):
+    """The lower-triangle-only gradient matrix of a SitePosterior or a SignedSitePosterior."""
+    if isinstance(post, (SitePosterior, SignedSitePosterior)):
         return functools.partial(post.gradient_matrix, lower=True)
     return None
 
