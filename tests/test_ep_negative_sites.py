@@ -73,7 +73,7 @@ def test_default_schedules_agree_and_lie_near_ais_on_crabs(crabs80, eps):
     # evidences agree to rounding (clip: -86.98 sequential against -24.49 parallel at eps 0.05)
     assert abs(res["sequential"] - res["parallel"]) < 1e-6
     # EP is not exact: it is 0.69 (eps 0.05) and 0.50 (eps 0.2) below AIS here, against AIS
-    # standard errors of 0.18 and 0.07; 1 nat bounds that, where clipping was 63 and 25 nats off
+    # standard errors of 0.18 and 0.07; 1 nat bounds that, where "clip" is 63 and 25 nats off
     ais, _ = AIS_CRABS[eps]
     assert abs(res["sequential"] - ais) < 1.0
 

@@ -257,11 +257,12 @@ def cancer_569():
 @pytest.mark.parametrize("method", ["ep", "pl"])
 def test_a_tolerance_at_the_rounding_floor_converges(cancer_569, method):
     # tol 1e-11 is at the rounding floor of parallel PL's updates here: its iterates settle into a
-    # two-cycle of steps ~1e-13 (the rounding of the marginals from B's factorisation), which the
-    # oscillation test took for a real one; ten halvings later the run raised "the parallel updates
-    # oscillate at sweep 963".  The rounding level is now measured before a halving, and the run
-    # ends converged at the floor.  Both schedules reach the same fixed point: evidence to 1e-9
-    # (the floor is ~1e-13 relative in the sites; the evidence is stationary at the fixed point).
+    # two-cycle of steps ~1e-13 (the rounding of the marginals from B's factorisation), which an
+    # oscillation test without the rounding probe takes for a real one and halves the damping ten
+    # times over ("the parallel updates oscillate at sweep 963").  Measured before a halving, the
+    # rounding level ends the run converged at the floor.  Both schedules reach the same fixed
+    # point: evidence to 1e-9 (the floor is ~1e-13 relative in the sites; the evidence is
+    # stationary at the fixed point).
     K, y = cancer_569
     res = {}
     for schedule in ("sequential", "parallel"):
@@ -316,9 +317,9 @@ def _two_cycle(damping, amplitude, probe_level, sweeps=6):
 
 def test_a_two_cycle_of_unequal_relative_steps_halves_the_damping():
     # a site swinging between τ = 0 and τ = 2 is a step of 2 relative to 1 + |τ| from one end and of
-    # 0.67 from the other: measured in each step's own scale, every second step looked "shrunk by
-    # half" and the cycle was never called an oscillation (parallel EP with the noisy threshold on
-    # crabs cycled for 2000 sweeps that way; the residuals alternate within the divergence test's
+    # 0.67 from the other: measured in each step's own scale, every second step would look "shrunk
+    # by half" and the cycle would never count as an oscillation (parallel EP with the noisy
+    # threshold on crabs cycles like this; the residuals alternate within the divergence test's
     # factor 4).  Both steps in one scale: d_k = −d_{k−1}, two strikes, a halving at sweep 3.
     adapt, out = _two_cycle(1.0, 1.0, probe_level=1e-16)
     assert isinstance(out[-1], tuple) and adapt.halved_at == [(3, 0.5)]

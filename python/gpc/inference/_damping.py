@@ -30,7 +30,7 @@ marginals come from a factorisation of B, whose rounding error is relative to th
 amplified by B's condition), the steps are rounding noise, and the floating-point map often settles
 into an exact two-cycle there: a step and its reverse, which the test above reads as an oscillation.
 Halving η does not move that floor (it is a floor of F, and the convergence test divides the change
-by η), so a tolerance below it used to end, after ten halvings, in a DivergenceError.  Before it
+by η): a tolerance below it would end, after ten halvings, in a DivergenceError.  Before it
 halves for an oscillation (or after ``STALL`` sweeps without a new smallest residual), the schedule
 measures the rounding level of F at the current sites (``probe``): F evaluated afresh at the sites
 and at the sites moved by a few units in the last place, both from new factorisations; the
