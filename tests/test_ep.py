@@ -132,7 +132,8 @@ def test_on_negative_pl_reaches_a_fixed_point_on_the_supplement_example(schedule
     # Plain EP stops with a negative cavity on this example (test above).  With on_negative="pl" the
     # offending site takes PL's SLR update, and EP runs to a fixed point (tol 1e-6 on the sites) near
     # PL's own: the higher mode (PL supplement), where "clip" settles in the lower one (mean −2.1 at
-    # the second site).  1e-3: the SLR site replaces only the sites whose EP update is negative, so
+    # the second site).  (The default, "keep", reaches EP's own fixed point with a negative site:
+    # tests/test_ep_negative_sites.py.)  1e-3: the SLR site replaces only the sites whose EP update is negative, so
     # the fixed point is close to PL's but not identical (measured 3e-5 apart).
     K = np.array([[1.0, 0.8], [0.8, 1.0]])
     m0 = np.array([-0.5, -3.0])
@@ -146,7 +147,8 @@ def test_on_negative_pl_reaches_a_fixed_point_on_the_supplement_example(schedule
     pl = infer(K, y, likelihood=lik, method="pl", prior_mean=m0)
     np.testing.assert_allclose(r.mean, pl.mean, atol=1e-3)
     with pytest.warns(NegativeSitesWarning):
-        clip = infer(K, y, likelihood=lik, method="ep", schedule=schedule, prior_mean=m0)
+        clip = infer(K, y, likelihood=lik, method="ep", schedule=schedule, prior_mean=m0,
+                     on_negative="clip")
     assert clip.mean[1] < -2.0
 
 

@@ -7,7 +7,8 @@ numerical failure on valid input).  Three families, each a few seconds in CI:
 - separable data at a prior variance of 1e4 (the site precisions and the evidence's scale are
   extreme; issue 17 item 7 met here the parallel schedules' oscillation);
 - the noisy threshold, a non-log-concave likelihood, on every bundled binary data set (a stratified
-  subset) under every negative-variance policy of EP, and PL;
+  subset) under every negative-variance policy of EP, and PL; the default policy's two schedules
+  reach the same EP fixed point;
 - a K of numerical rank 1, as given (infer adds the jitter its check needs), with an explicit
   jitter, and unchecked (check_kernel=False: the methods meet the singular K itself).
 """
@@ -84,15 +85,23 @@ def _subset(name, n=60, seed=0):
 def test_noisy_threshold_on_the_bundled_data_under_each_policy(name):
     X, y = _subset(name)
     K = rbf(X, np.sqrt(X.shape[1]), 4.0)
-    outcomes = []
-    for policy in ("raise", "clip", "skip", "pl"):
+    outcomes = {}
+    for policy in ("keep", "keep-skip", "raise", "clip", "skip", "pl"):
         for schedule in ("sequential", "parallel"):
-            r = _run(K, y, "ep", NoisyThreshold(0.05), schedule, on_negative=policy)
-            outcomes.append(r is not None)
+            outcomes[policy, schedule] = _run(K, y, "ep", NoisyThreshold(0.05), schedule,
+                                              on_negative=policy)
     for schedule in ("sequential", "parallel"):
-        outcomes.append(_run(K, y, "pl", NoisyThreshold(0.05), schedule) is not None)
-    # the policies exist to keep EP going: clip and pl must give a result on these ordinary sets
-    assert outcomes[2] and outcomes[6]         # clip and pl, sequential
+        outcomes["pl", schedule] = _run(K, y, "pl", NoisyThreshold(0.05), schedule)
+    # the policies exist to keep EP going: keep (the default), clip and pl must give a result on
+    # these ordinary sets
+    for key in (("keep", "sequential"), ("keep", "parallel"), ("clip", "sequential"),
+                ("pl", "sequential")):
+        assert outcomes[key] is not None, key
+    # and the default's two schedules reach one EP fixed point where both converge (thyroid's
+    # parallel run needs more than the default 100 sweeps): the same evidence to ~tol
+    seq, par = outcomes["keep", "sequential"], outcomes["keep", "parallel"]
+    if seq.info["ep_fixed_point"] and par.info["ep_fixed_point"]:
+        assert abs(seq.log_evidence - par.log_evidence) < 1e-4
 
 
 @pytest.mark.parametrize("form", ["as given", "jittered", "unchecked"])

@@ -86,8 +86,9 @@ class NegativeVarianceError(NumericalError):
             else:
                 what = (f"negative site variance {self.site_variance:.6g} (cavity variance "
                         f"{self.cavity_variance:.6g})")
-            message = (f"{str(method).upper()}: {what} at site {int(index)}; use on_negative='clip' "
-                       "or 'skip', damping, or method='pl'")
+            message = (f"{str(method).upper()}: {what} at site {int(index)}; use on_negative='keep' "
+                       "(EP's default: negative sites kept, a site without a cavity falls back), "
+                       "damping, or method='pl'")
         value = self.cavity_variance if self.site_variance is None else self.site_variance
         super().__init__(message, method=method, index=index, value=value)
 

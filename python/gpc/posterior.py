@@ -12,6 +12,7 @@ through the Cholesky factor L of the well-conditioned B = I + S K S, S = T^½ (R
 """
 
 import numpy as np
+from scipy.linalg import blas
 
 from . import _dense, _lapack
 from ._parallel import over_rows
@@ -323,71 +324,96 @@ class InverseFactorPosterior(SitePosterior):
         self.Linv = self._L = None
 
 
-class SignedSitePosterior:
-    """The same posterior when some site precisions are negative (EP without fixes).
+class SignedSitePosterior(WoodburySitePosterior):
+    """The binary engine's WoodburySitePosterior: built from K and sites of which some are negative
+    (EP's negative sites), and holding Σ itself as well.
 
-    B = I + S K S needs √τ, so it is replaced by the LU factorisation of A = I + T K (not symmetric):
+    The split of :class:`WoodburySitePosterior` with T'_i = |τ_i| + 1/K_ii at a negative site (any
+    positive value works; this one keeps √T'_i away from 0), D_i = T'_i − τ_i; Σ' = (K⁻¹ + T')⁻¹ is a
+    SitePosterior (the Cholesky factor L of B' = I + S' K S'), and Woodbury's identity gives
 
-        Σ = K A⁻ᵀ = K (I + T K)⁻¹,   α = (I + T K)⁻¹ (ν − T m0),   μ = m0 + K α,
-        R = (K + T⁻¹)⁻¹ = (I + T K)⁻¹ T,   log|B| = log|det A|.
+        Σ = Σ' + U C⁻¹ Uᵀ,   U = Σ' P,   C = D⁻¹ − Pᵀ Σ' P  (m × m),   C = Rc Rcᵀ,
+        μ = μ' + U C⁻¹ μ'_N,   α = K⁻¹ (μ − m0) = α' + Q C⁻¹ μ'_N,   Q = K⁻¹ U = P − T' U,
+        Qc = Q Rc⁻ᵀ,   log|I + T K| = log|B'| + log|D| + log|C|
 
-    q is a distribution only if Σ is positive definite; the constructor checks that (a Cholesky of
-    Σ) and raises NotPositiveDefiniteError naming the cause otherwise.
+    (|I + T K| = |K| |K⁻¹ + T| and |K⁻¹ + T| = |Σ'⁻¹| |D| |C| by the determinant lemma).  Σ is positive
+    definite exactly when C is (Σ' is), so the Cholesky factor of C is the check that the sites define
+    a distribution; NotPositiveDefiniteError otherwise.  U's columns are Σ' e_j = K e_j − K S' B'⁻¹
+    S' K e_j = K e_j − K S' (e_j − B'⁻¹ e_j)/s_j (S' K S' = B' − I): m solves with L and m products
+    with K, O(n² m) beyond the Cholesky of B' (the factorisation of the non-negative case).
     """
 
     def __init__(self, K, site_precision, site_location, prior_mean):
-        from scipy.linalg import lu_factor, lu_solve
+        from scipy.linalg import solve_triangular
         from .exceptions import NotPositiveDefiniteError
-        self.K = K
-        self.site_precision = np.asarray(site_precision, dtype=np.float64)
-        self.site_location = np.asarray(site_location, dtype=np.float64)
-        self.prior_mean = prior_mean
-        tau = self.site_precision
-        A = tau[:, None] * K
-        A.flat[:: K.shape[0] + 1] += 1.0
-        self._lu = lu_factor(A, check_finite=False)
-        self._lu_solve = lu_solve
-        self.alpha = self._solve(self.site_location - tau * prior_mean)
-        self.mean = prior_mean + K @ self.alpha
-        diag_u = np.diag(self._lu[0])
-        if np.any(diag_u == 0):
-            raise NotPositiveDefiniteError("EP sites make I + T K singular: no posterior")
-        self.log_det_B = float(np.sum(np.log(np.abs(diag_u))))
-        Sigma = K - K @ self._solve(tau[:, None] * K)        # K − K (I + T K)⁻¹ T K
-        self._cov = 0.5 * (Sigma + Sigma.T)
-        try:
-            cholesky_lower(self._cov, name="the EP posterior covariance")
-        except NotPositiveDefiniteError:
+        tau = np.asarray(site_precision, dtype=np.float64)
+        nu = np.asarray(site_location, dtype=np.float64)
+        neg = np.flatnonzero(tau < 0)
+        tau_p = tau.copy()
+        tau_p[neg] = -tau[neg] + 1.0 / np.diag(K)[neg]
+        d = tau_p[neg] - tau[neg]
+        base = SitePosterior(K, tau_p, nu, prior_mean)
+        s = base.sqrt_tau
+        n, m = len(tau), len(neg)
+        U = np.empty((n, m))
+        w = np.empty(n)
+        for k, j in enumerate(neg):
+            g = np.zeros(n)
+            g[j] = 1.0
+            _lapack.cholesky_solve_in_place(base.L, g)          # B'⁻¹ e_j
+            g = -g
+            g[j] += 1.0                                         # e_j − B'⁻¹ e_j
+            _lapack.matvec(K, s * g / s[j], w)
+            U[:, k] = K[:, j] - w
+        Rc = np.ascontiguousarray(np.diag(1.0 / d) - 0.5 * (U[neg] + U[neg].T))
+        if m and _lapack.cholesky_in_place(Rc) != 0:            # C-order lower triangle
             raise NotPositiveDefiniteError(
-                "EP's negative site variances make the posterior covariance indefinite (the case "
-                "on_negative='raise' leaves unfixed); use on_negative='clip' or 'skip', or method='pl'"
-            ) from None
+                "EP's negative site variances make the posterior covariance indefinite: these "
+                "sites define no distribution (EP's sequential updates never lead here; a parallel "
+                "update or given sites can); use the sequential schedule, or method='pl'")
+        Rc = np.tril(Rc)
+        Q = -tau_p[:, None] * U
+        Q[neg, np.arange(m)] += 1.0
 
-    def _solve(self, b):
-        return self._lu_solve(self._lu, b, check_finite=False)
+        def right_inverse(A):                                   # A Rc⁻ᵀ
+            return solve_triangular(Rc, A.T, lower=True, check_finite=False).T if m else A
 
-    def cov(self):
-        return self._cov
-
-    def lower_cov(self, release_factor=False):
-        """A new C-ordered copy of Σ (both triangles)."""
-        return np.array(self._cov, dtype=np.float64, order="C")
+        self._base, self._V = base, right_inverse(U)
+        c = solve_triangular(Rc, base.mean[neg], lower=True, check_finite=False) if m else np.zeros(0)
+        self.K, self.prior_mean = K, prior_mean
+        self.site_precision, self.site_location = tau, nu
+        self.sqrt_tau, self.L, self.Qc = s, base.L, right_inverse(Q)
+        self.mean = base.mean + self._V @ c
+        self.alpha = base.alpha + self.Qc @ c
+        self._log_det = base.log_det_B + float(np.sum(np.log(d))) + 2.0 * float(
+            np.sum(np.log(np.diag(Rc))))
+        self._diag_cov = self._cov = self._B_inv = None
 
     def diag_cov(self):
-        return np.diag(self._cov).copy()
+        """diag Σ = diag Σ' + row sums of (U Rc⁻ᵀ)²."""
+        if self._diag_cov is None:
+            self._diag_cov = self._base.diag_cov() + np.einsum("ij,ij->i", self._V, self._V)
+        return self._diag_cov
 
-    def R(self):
-        R = self._solve(np.diag(self.site_precision))
-        return 0.5 * (R + R.T)
+    def lower_cov(self, release_factor=False):
+        """A new C-ordered n x n array whose lower triangle is Σ = Σ' + V Vᵀ (V = U Rc⁻ᵀ; one dsyrk of
+        scipy's BLAS on top of Σ' of the non-negative part)."""
+        if self._cov is not None:
+            return self._cov.copy()
+        Sigma = self._base.lower_cov(release_factor=release_factor)
+        if release_factor:
+            self.L = None
+        if self._V.shape[1]:
+            # Fortran sees Σᵀ, whose upper triangle is Σ's lower one: Σᵀ += V Vᵀ there
+            blas.dsyrk(1.0, self._V, beta=1.0, c=Sigma.T, lower=0, overwrite_c=1)
+        return Sigma
 
-    def gradient_matrix(self):
-        """M = ½ (α αᵀ − R) as for SitePosterior, with R = (I + T K)⁻¹ T from the LU."""
-        return 0.5 * (np.outer(self.alpha, self.alpha) - self.R())
-
-    def predict(self, K_cross, k_diag, prior_mean=0.0):
-        mean = prior_mean + K_cross.T @ self.alpha
-        var = k_diag - np.einsum("ij,ij->j", K_cross, self._solve(self.site_precision[:, None] * K_cross))
-        return mean, np.maximum(var, 0.0)
+    def cov(self):
+        """Σ as an n x n array (computed on first request)."""
+        if self._cov is None:
+            self._cov = self.lower_cov()
+            mirror_lower(self._cov)
+        return self._cov
 
 
 def marginal_variances(K, tau, sqrt_tau, Linv, tiny=TINY_SITE_PRECISION):

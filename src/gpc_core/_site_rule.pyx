@@ -17,13 +17,22 @@
 #       (the SLR of y on g: Cov[g, E(y|f)] = var/(var + s) Cov[f, E(y|f)], docs/derivations-ep-pl.md)
 # then damped on the natural parameters, new <- damping new + (1 - damping) old     (RMGPC §3).
 #
-# EP's negative variances (non-log-concave likelihoods, PL supplement) follow on_negative:
-#   raise: a negative site is kept (EP without fixes); a cavity that is not a distribution stops;
-#   clip:  a negative site precision becomes CLIP_PRECISION with its site mean kept (PL §IV, after
-#          Vehtari et al.); no cavity: the old site is kept;
-#   skip:  the old site is kept;
-#   pl:    the site takes PL's SLR update against the same marginal instead, which is never
-#          negative (PL §III-D) and, unlike clip and skip, a fitted site of its own.
+# EP's negative variances (non-log-concave likelihoods, PL supplement) follow on_negative.  A negative
+# site precision is part of EP (the tilted distribution is wider than the cavity); what EP cannot do
+# is update a site whose cavity tau_c = 1/var - tau_i is not positive (no distribution to match):
+#   keep:      negative sites are kept; a site without a cavity takes PL's SLR update against its
+#              marginal (PL eq. (15)-(16)) where that keeps its marginal precision tau_c + tau
+#              positive, and keeps its old value otherwise (the default: DEFAULT_ON_NEGATIVE of
+#              gpc.inference.ep);
+#   keep-skip: negative sites are kept; a site without a cavity keeps its old value this sweep;
+#   raise:     negative sites are kept; a site without a cavity stops the run;
+#   clip:      every negative site precision becomes CLIP_PRECISION with its site mean kept (PL §IV,
+#              after Vehtari et al.: the paper's Table I runs); no cavity: the old site is kept;
+#   skip:      every update that would be negative keeps the old site; no cavity: likewise;
+#   pl:        every update that would be negative, and every site without a cavity, takes PL's
+#              SLR update instead, which is never negative (PL §III-D).
+# keep, keep-skip and raise leave the fixed point EP's own; clip, skip and pl move it wherever they
+# act in the final sweep.
 
 from gpc._likelihoods cimport LikelihoodSpec, make_spec, tilted_moments, slr_moments
 
@@ -120,7 +129,7 @@ cdef int site_update(const LikelihoodSpec* spec, int rule, int on_negative, doub
 cdef int refit(const LikelihoodSpec* spec, int rule, int on_negative, double damping,
                double y, double mean, double var, double s, double* tau, double* nu,
                double* cavity_var) noexcept nogil:
-    cdef double tau_cav, tau_new, nu_new
+    cdef double tau_cav = 0.0, tau_new, nu_new
     cdef int status = SITE_UPDATED
     if rule == RULE_PL:
         status = slr_site(spec, y, mean, var, s, &tau_new, &nu_new)
@@ -132,8 +141,8 @@ cdef int refit(const LikelihoodSpec* spec, int rule, int on_negative, double dam
             if on_negative == NEG_RAISE:
                 cavity_var[0] = 1.0 / tau_cav if tau_cav != 0.0 else -1e308
                 return SITE_NEGATIVE_CAVITY
-            if on_negative != NEG_PL:
-                return SITE_KEPT                  # clip and skip: no moments without a cavity
+            if on_negative != NEG_PL and on_negative != NEG_KEEP:
+                return SITE_KEPT                  # keep-skip, clip, skip: no moments without a cavity
             status = SITE_FIXED
             if slr_site(spec, y, mean, var, s, &tau_new, &nu_new) != SITE_UPDATED:
                 return SITE_LIKELIHOOD_FAILED
@@ -142,9 +151,12 @@ cdef int refit(const LikelihoodSpec* spec, int rule, int on_negative, double dam
                 return SITE_LIKELIHOOD_FAILED
     tau_new = damping * tau_new + (1.0 - damping) * tau[0]
     nu_new = damping * nu_new + (1.0 - damping) * nu[0]
-    if tau_new < 0.0 and on_negative != NEG_RAISE:
-        # "raise" is EP without fixes: a negative site is kept (EP allows it) and the run fails only
-        # where a cavity stops being a distribution
+    if status == SITE_FIXED and on_negative == NEG_KEEP and not (tau_cav + tau_new > 0.0):
+        # the marginal precision 1/var + (tau_new - tau) = tau_cav + tau_new would not be positive
+        # (1 + dtau var <= 0: the posterior would lose positive definiteness): keep the old site
+        return SITE_KEPT
+    if tau_new < 0.0 and (on_negative == NEG_CLIP or on_negative == NEG_SKIP or on_negative == NEG_PL):
+        # raise, keep and keep-skip keep a negative site: EP allows it while the cavities stay positive
         if on_negative == NEG_SKIP:
             return SITE_KEPT
         if on_negative == NEG_CLIP:
@@ -163,7 +175,7 @@ cdef int refit(const LikelihoodSpec* spec, int rule, int on_negative, double dam
 
 cdef int check_codes(int rule, int on_negative) except -1:
     """ValueError unless ``rule`` and ``on_negative`` are codes of gpc/_site_rule.pxd."""
-    if rule < RULE_EP or rule > RULE_PL or on_negative < NEG_RAISE or on_negative > NEG_PL:
+    if rule < RULE_EP or rule > RULE_PL or on_negative < NEG_RAISE or on_negative > NEG_KEEP_SKIP:
         raise ValueError("unknown rule or on_negative code")
     return 0
 
@@ -176,7 +188,8 @@ def parallel_update(int kind, double eps, const double[::1] gh_nodes, const doub
 
     Returns (status, index, value, n_fixed) as gpc._sweeps.sequential_sweep does: status 0 done,
     1 a negative cavity variance ``value`` at site ``index`` (on_negative="raise"), 2 the likelihood
-    could not be evaluated at site ``index``.  Sites before ``index`` are updated.
+    could not be evaluated at site ``index``.  Sites before ``index`` are updated.  ``n_fixed``
+    counts the updates the on_negative policy handled (SITE_KEPT, SITE_FIXED).
     """
     cdef LikelihoodSpec spec
     cdef Py_ssize_t n = y.shape[0], i

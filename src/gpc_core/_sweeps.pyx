@@ -18,7 +18,8 @@ from libc.math cimport sqrt
 from scipy.linalg.cython_blas cimport dsyrk
 
 from gpc._likelihoods cimport LikelihoodSpec, make_spec
-from gpc._site_rule cimport site_update, SITE_NEGATIVE_CAVITY, SITE_LIKELIHOOD_FAILED, SITE_KEPT
+from gpc._site_rule cimport (site_update, SITE_UPDATED, SITE_NEGATIVE_CAVITY, SITE_LIKELIHOOD_FAILED,
+                             SITE_KEPT, NEG_KEEP, NEG_KEEP_SKIP, check_codes)
 
 
 cdef void column(const double* S, Py_ssize_t n, Py_ssize_t i, const double* P, const double* c,
@@ -81,7 +82,9 @@ def sequential_sweep(double[:, ::1] Sigma, double[::1] mu, double[::1] tau, doub
     Updates Sigma (lower triangle), mu, tau and nu in place.  ``work`` is scratch of shape (2 * block + 3, n).  Returns (status, index, value, n_fixed):
     status 0 = done; 1 = a negative cavity variance at site ``index`` under on_negative="raise" (value
     = the cavity variance); 2 = the likelihood could not be evaluated at site ``index``; 3 = an update
-    would make the posterior indefinite.  Updates handled by the on_negative policy are counted in n_fixed.
+    would make the posterior indefinite (1 + dtau Sigma_ii <= 0; under on_negative "keep" and
+    "keep-skip" such an update is not an error but leaves the site as it was).  Updates handled by
+    the on_negative policy are counted in n_fixed.
     """
     cdef Py_ssize_t n = Sigma.shape[0], t, i, nb = 0, k
     cdef Py_ssize_t bad_index = -1
@@ -98,6 +101,7 @@ def sequential_sweep(double[:, ::1] Sigma, double[::1] mu, double[::1] tau, doub
         raise ValueError("block must be <= n and work of shape (2 * block + 3, n)")
     if not (0.0 < damping <= 1.0):
         raise ValueError("damping must be in (0, 1]")
+    check_codes(rule, on_negative)
     for t in range(order.shape[0]):
         if order[t] < 0 or order[t] >= n:
             raise ValueError("order holds an index out of range")
@@ -124,14 +128,20 @@ def sequential_sweep(double[:, ::1] Sigma, double[::1] mu, double[::1] tau, doub
                 continue
             dtau = tau_new - tau[i]
             dnu = nu_new - nu[i]
-            tau[i] = tau_new
-            nu[i] = nu_new
             denom = 1.0 + dtau * sii
             if not (denom > 0.0):                  # the new posterior would not be positive definite
+                if on_negative == NEG_KEEP or on_negative == NEG_KEEP_SKIP:
+                    if site_status == SITE_UPDATED:
+                        n_fixed += 1               # (a policy's own update is counted already)
+                    continue                       # the fallback: the site keeps its old value
+                tau[i] = tau_new
+                nu[i] = nu_new
                 status = 3
                 bad_index = i
                 bad_value = denom
                 break
+            tau[i] = tau_new
+            nu[i] = nu_new
             # mu += s (dnu - dtau mu_i) / (1 + dtau Sigma_ii); the Sigma update joins the block
             g = (dnu - dtau * mui) / denom
             for k in range(n):

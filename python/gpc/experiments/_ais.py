@@ -21,14 +21,20 @@ from scipy.special import log_ndtr, logsumexp
 
 
 def log_likelihood_fn(likelihood, y):
-    """f (n, C) -> (C,) Σ_i ln p(y_i | f_ic) for 'probit' or 'logit' (vectorised over chains)."""
+    """f (n, C) -> (C,) Σ_i ln p(y_i | f_ic), vectorised over chains: 'probit' and 'logit' in closed
+    form, any other gpc Likelihood instance through its ``log_prob`` (e.g. the noisy threshold)."""
     name = getattr(likelihood, "name", likelihood)
     y = np.asarray(y, dtype=float)[:, None]
     if name == "probit":
         return lambda F: log_ndtr(y * F).sum(axis=0)
     if name == "logit":
         return lambda F: -np.logaddexp(0.0, -y * F).sum(axis=0)
-    raise ValueError(f"AIS reference implemented for probit and logit, not {name!r}")
+    if hasattr(likelihood, "log_prob"):
+        def loglik(F):
+            labels = np.broadcast_to(y, F.shape).ravel()
+            return likelihood.log_prob(labels, F.ravel()).reshape(F.shape).sum(axis=0)
+        return loglik
+    raise ValueError(f"AIS reference implemented for probit, logit and Likelihood instances, not {name!r}")
 
 
 def _ess(F, ll, L, loglik, beta, rng, center=None):

@@ -9,7 +9,8 @@ Protocol (PL §IV):
 * Gauss–Hermite order 10 where an integral has no closed form (logit); ``--gh-order`` also runs the
   project's default order;
 * EP: a negative site variance is set to a small positive number (PL §IV, after Vehtari et al.),
-  i.e. ``on_negative="clip"``;
+  i.e. ``on_negative="clip"``, passed explicitly: the library's default, ``"keep"``, keeps EP's own
+  negative sites instead (docs/guide/negative_variances.rst);
 * Laplace is absent with the noisy threshold (its gradient is zero almost everywhere).
 
 The folds are stratified and seeded (the paper does not give its folds).
@@ -103,7 +104,7 @@ def _fit_fold(task):
     X_tr, y_tr, X_te, y_te, label, lik, gh_order, eps, seed = task
     method, schedule = LABELS[label]
     X_tr, X_te = whiten(X_tr, X_te)
-    # the paper's protocol: EP clips negative sites; PL runs undamped (the library damps parallel PL
+    # the paper's protocol: EP clips every negative site ("clip", not the default); PL runs undamped (the library damps parallel PL
     # by default, so the paper's setting is passed explicitly; the parallel schedule still halves it
     # if its updates oscillate, as the papers' own code does: gpc.inference._damping)
     options = {"ep": {"on_negative": "clip"}, "pl": {"damping": 1.0}}.get(method)

@@ -24,6 +24,21 @@ afresh.  The fixed point does not depend on η, only the path to it; the converg
 the change of a sweep by η, so a small η does not pass for convergence.  When η would fall below
 the floor the schedule stops with a :class:`~gpc.exceptions.DivergenceError`.  Damping is never
 raised again within a run.
+
+**Rounding is not oscillation.**  Once the iterates reach the rounding floor of the update (the
+marginals come from a factorisation of B, whose rounding error is relative to the iterates' size and
+amplified by B's condition), the steps are rounding noise, and the floating-point map often settles
+into an exact two-cycle there: a step and its reverse, which the test above reads as an oscillation.
+Halving η does not move that floor (it is a floor of F, and the convergence test divides the change
+by η): a tolerance below it would end, after ten halvings, in a DivergenceError.  Before it
+halves for an oscillation (or after ``STALL`` sweeps without a new smallest residual), the schedule
+measures the rounding level of F at the current sites (``probe``): F evaluated afresh at the sites
+and at the sites moved by a few units in the last place, both from new factorisations; the
+difference of the two is rounding (plus a Jacobian term of the size of the move, which is negligible).
+A residual within ``ROUNDING_MARGIN`` times that level is rounding: the schedule stops there as
+converged, and the result's ``info["rounding_floor"]`` records the sweep, the residual and the
+rounding level (the requested ``tol`` was below what float64 resolves for this problem).  A real
+two-cycle is larger than the rounding level and still halves η.
 """
 
 import numpy as np
@@ -42,6 +57,12 @@ PATIENCE = 2
 GROWTH = 4.0
 #: ... and above this (relative units of the convergence test; below it rounding decides)
 RESIDUAL_FLOOR = 1e-6
+#: a residual within this multiple of the measured rounding level of the update is rounding
+ROUNDING_MARGIN = 8.0
+#: sweeps without a new smallest residual after which the rounding level is measured
+STALL = 25
+#: returned by :meth:`AdaptiveDamping.observe` when the iterates sit at the rounding floor
+AT_ROUNDING_FLOOR = "rounding floor"
 
 
 class AdaptiveDamping:
@@ -65,30 +86,45 @@ class AdaptiveDamping:
         self._last_step = None
         self._strikes = 0
         self._best = None           # (residual, τ, ν) of the smallest residual so far
+        self._stalled = 0           # sweeps since the smallest residual last fell
+        self.floor = None           # where the iterates were found at the rounding floor
 
     @property
     def adaptive(self):
         return self.min_damping is not None
 
-    def observe(self, sweep, tau, nu, new_tau, new_nu):
+    def observe(self, sweep, tau, nu, new_tau, new_nu, probe=None):
         """Record the step of an accepted sweep from the sites (τ, ν).
 
-        Returns None to go on, or, after a halving, the sites (τ, ν) to restart from.
+        ``probe(τ, ν)``, if given, returns the rounding level of the undamped update at the sites
+        (τ, ν) in the scale of the residual (module docstring).  Returns None to go on, the sites
+        (τ, ν) to restart from after a halving, or ``AT_ROUNDING_FLOOR`` when the step is rounding
+        (``self.floor`` then holds the sweep, the residual and the rounding level).
         """
         if not self.adaptive:
             return None
-        scale = np.concatenate([1.0 / (1.0 + np.abs(tau)), 1.0 / (1.0 + np.abs(nu))])
-        step = scale * np.concatenate([new_tau - tau, new_nu - nu])
+        scale = _scale(tau, nu)
+        raw = np.concatenate([new_tau - tau, new_nu - nu])
+        step = scale * raw
         residual = np.linalg.norm(step) / self.damping      # ‖F(x) − x‖: the same for every η
+        self._stalled += 1
         if self._best is None or residual < self._best[0]:
             self._best = (residual, tau.copy(), nu.copy())
-        last, self._last_step = self._last_step, step
+            self._stalled = 0
+        last, self._last_step = self._last_step, raw
         if residual > GROWTH * max(self._best[0], RESIDUAL_FLOOR):
             return self._restart(sweep, f"the parallel updates diverge (residual {residual:.3g}, "
                                         f"{residual / self._best[0]:.3g} times the smallest)")
+        if probe is not None and self._stalled >= STALL:
+            self._stalled = 0
+            if self._at_floor(sweep, residual, probe(tau, nu)):
+                return AT_ROUNDING_FLOOR
         if last is None:
             return None
-        # the previous step in the same scale: the direction matters, not the sites' drift
+        # both steps in the scale of the current sites: a two-cycle x_a → x_b → x_a has
+        # d_k = −d_{k−1} exactly, which the scale of each step's own starting point would distort
+        # (a site swinging between 0 and 10 is a step of 10 from one end and of 0.9 from the other)
+        last = scale * last
         na, nb = np.linalg.norm(step), np.linalg.norm(last)
         if na == 0.0 or nb == 0.0:
             self._strikes = 0
@@ -96,8 +132,17 @@ class AdaptiveDamping:
         oscillating = (step @ last) / (na * nb) < OSCILLATION_COSINE and na > SHRINK * nb
         self._strikes = self._strikes + 1 if oscillating else 0
         if self._strikes >= PATIENCE:
+            if probe is not None and self._at_floor(sweep, residual, probe(tau, nu)):
+                return AT_ROUNDING_FLOOR
             return self._restart(sweep, "the parallel updates oscillate")
         return None
+
+    def _at_floor(self, sweep, residual, rounding):
+        """Whether ``residual`` is within ROUNDING_MARGIN of the rounding level; records it."""
+        if not residual <= ROUNDING_MARGIN * rounding:
+            return False
+        self.floor = {"sweep": int(sweep), "residual": float(residual), "rounding_level": float(rounding)}
+        return True
 
     def _restart(self, sweep, reason):
         self.halve(sweep, reason)
@@ -125,8 +170,34 @@ class AdaptiveDamping:
         self._strikes = 0
 
     def info(self):
-        """What the result records: the final η and every halving as (sweep, new η)."""
-        return {"damping": self.damping, "damping_halved_at": list(self.halved_at)}
+        """What the result records: the final η, every halving as (sweep, new η) and, if the run
+        stopped at the rounding floor, ``rounding_floor`` (sweep, residual, rounding level)."""
+        out = {"damping": self.damping, "damping_halved_at": list(self.halved_at)}
+        if self.floor is not None:
+            out["rounding_floor"] = dict(self.floor)
+        return out
+
+
+def _scale(tau, nu):
+    """The weights 1/(1 + |site|) of the residual, as the convergence test measures a change."""
+    return np.concatenate([1.0 / (1.0 + np.abs(tau)), 1.0 / (1.0 + np.abs(nu))])
+
+
+def rounding_level(update, tau, nu, ulps=16.0, seed=0):
+    """The rounding level of an undamped update F at the sites (τ, ν), in the residual's scale.
+
+    ``update(τ, ν)`` returns F(τ, ν) = the matched sites, computed afresh (its own factorisation).
+    F is evaluated at (τ, ν) and at the sites moved by up to ``ulps`` units in the last place
+    (seeded, so a run is repeatable); ‖scale · (F(x') − F(x))‖ is the rounding noise of F (two
+    independent roundings) plus J (x' − x), of the size of the move.
+    """
+    rng = np.random.default_rng(seed)
+    u = np.finfo(np.float64).eps
+    tau1 = tau * (1.0 + ulps * u * rng.uniform(-1.0, 1.0, tau.shape))
+    nu1 = nu * (1.0 + ulps * u * rng.uniform(-1.0, 1.0, nu.shape))
+    f_tau0, f_nu0 = update(tau, nu)
+    f_tau1, f_nu1 = update(tau1, nu1)
+    return float(np.linalg.norm(_scale(tau, nu) * np.concatenate([f_tau1 - f_tau0, f_nu1 - f_nu0])))
 
 
 def check_min_damping(min_damping, damping):

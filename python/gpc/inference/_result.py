@@ -29,7 +29,12 @@ class InferenceResult:
         method has no gradient.
     info : dict
         Method-specific state, used to warm start the next call (e.g. Laplace's mode ``"f"`` and
-        ``"a"``, KL's ``"alpha"`` and ``"w"``, EP's ``"n_negative_handled"``).
+        ``"a"``, KL's ``"alpha"`` and ``"w"``), and what the run met.  EP: ``"ep_fixed_point"``
+        (True when the run converged and its final sweep needed no negative-variance fallback, so
+        the evidence is that of an EP fixed point), ``"n_fallback"`` (the final sweep's updates
+        handled by ``on_negative``), ``"n_negative_sites"``, ``"n_negative_handled"`` (over the
+        run).  EP and PL, parallel schedule: ``"damping"``, ``"damping_halved_at"`` and, when a
+        ``tol`` below the updates' rounding level ended the run, ``"rounding_floor"``.
     lower_gradient_matrix : callable or None
         The same M with only its lower triangle (and diagonal) set, where a method saves the
         mirroring by it; None: ``gradient_matrix`` serves.

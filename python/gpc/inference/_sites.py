@@ -15,21 +15,40 @@ call it:
   of those sweeps, and every later sweep, and so the fixed point and the result, is double
   precision.
 
-EP produces negative site and cavity variances by its nature for non-log-concave likelihoods (the
-noisy threshold, PL supplement); the policy ``on_negative`` decides:
+EP produces negative site variances by its nature for non-log-concave likelihoods (the noisy
+threshold, PL supplement): the tilted distribution can be wider than the cavity.  That is no fault:
+the posterior q(f) ∝ N(f|m0, K) Π t̃_i stays a distribution while Σ = (K⁻¹ + T)⁻¹ is positive
+definite, and every site has its cavity while each τ_c,i = 1/Σ_ii − τ̃_i > 0.  What EP cannot do is
+update a site without a cavity, and a sequential rank-one update must keep 1 + Δτ Σ_ii > 0.  The
+policy ``on_negative`` decides (codes of gpc._site_rule; the default is
+``gpc.inference.ep.DEFAULT_ON_NEGATIVE``):
 
-- "raise": EP without fixes.  Negative site precisions are kept (the posterior is then held by
-  SignedSitePosterior, an LU of I + T K, which checks that Σ stays positive definite) and the run
-  stops with NegativeVarianceError(index, cavity_variance) where a cavity variance turns negative.
-- "clip": a negative site precision becomes 1e-8 (``CLIP_PRECISION`` of gpc._site_rule; its site mean kept), as GPML and the
-  PL paper's experiments do; a site whose cavity is not positive keeps its old value (no cavity, no
-  moments to match).
-- "skip": the site keeps its old value for this sweep.
-- "pl": the site takes PL's statistical-linear-regression update against the same marginal instead
-  (PL eq. (15)-(16)), which is never negative (PL §III-D).  Unlike "clip" and "skip" the replaced
-  site is a fitted Gaussian approximation of its likelihood term, so EP reaches a fixed point where
-  plain EP fails (the PL supplement's two-variable example).
-With "clip", "skip" and "pl" every τ ≥ 0 and the posterior is the Cholesky of B = I + S K S.
+- "keep" (default): negative site precisions are kept, so the fixed point is EP's own.  A site
+  without a cavity falls back to PL's statistical-linear-regression update against its marginal
+  (PL eq. (15)-(16)): a fitted Gaussian site of its likelihood term, defined without a cavity, where
+  that keeps the site's marginal precision τ_c + τ̃ positive; otherwise, and where a sequential
+  rank-one update would make Σ indefinite, the site keeps its old value for that sweep.  The parallel
+  schedule's fallback for a posterior it cannot form is its adaptive damping (gpc.inference._damping).
+- "keep-skip": as "keep", but a site without a cavity always keeps its old value.  (A "clip" fallback
+  would be the same: without a cavity there is no matched site to clip.)  Where the old site is what
+  makes the cavity negative, the sweep can settle with that site stuck, which is no EP fixed point
+  (the PL supplement's example); "keep"'s PL site moves it.
+- "raise": EP without fixes: negative sites kept, and a site without a cavity stops the run with
+  NegativeVarianceError(index, cavity_variance).
+- "clip": every negative site precision becomes 1e-8 (``CLIP_PRECISION`` of gpc._site_rule; its site
+  mean kept), as GPML and the PL paper's experiments (§IV) do; a site without a cavity keeps its old
+  value.  This moves the fixed point (the paper's Table I runs use it: experiments/pl_table1.py).
+- "skip": every update that would be negative keeps the old site.
+- "pl": every update that would be negative (and every site without a cavity) takes PL's SLR update
+  instead, which is never negative (PL §III-D).
+Negative sites are held by SignedSitePosterior (the Cholesky of B for a non-negative split of the
+sites and a Woodbury correction of rank #negative sites, which checks that Σ is positive definite);
+with "clip", "skip" and "pl" every τ ≥ 0 and the posterior is the Cholesky of B = I + S K S.
+
+Each sweep counts the updates the policy handled; the count of the final sweep is the result's
+``info["n_fallback"]`` (EP).  With it zero and the run converged, every site equals its own EP
+update to ``tol``: the result is an EP fixed point (``info["ep_fixed_point"]``), whatever fallbacks
+earlier sweeps needed.
 """
 
 import warnings
@@ -41,11 +60,11 @@ from ..exceptions import (ConvergenceWarning, DivergenceError, NegativeVarianceE
                           NotPositiveDefiniteError)
 from .._parallel import over_rows
 from ..posterior import TINY_SITE_PRECISION, InverseFactorPosterior, site_posterior
-from ._damping import AdaptiveDamping
+from ._damping import AT_ROUNDING_FLOOR, AdaptiveDamping, rounding_level
 
 RULES = {"ep": 0, "pl": 1}
 #: codes of gpc._site_rule (src/gpc_core/gpc/_site_rule.pxd)
-ON_NEGATIVE = {"raise": 0, "clip": 1, "skip": 2, "pl": 3}
+ON_NEGATIVE = {"raise": 0, "clip": 1, "skip": 2, "pl": 3, "keep": 4, "keep-skip": 5}
 RECOMPUTE_EVERY = 5
 DEFAULT_BLOCK = 64
 #: parallel sweeps whose sites moved by more than this refactor in single precision
@@ -60,7 +79,8 @@ SINGLE_PRECISION_MIN_N = 256
 
 
 class NegativeSitesWarning(RuntimeWarning):
-    """EP met negative cavity or site variances and clipped or skipped those sites."""
+    """EP's final sweep needed the on_negative policy (a cavity that is not a distribution, or a
+    negative site that "clip", "skip" or "pl" replaced): the result is not an EP fixed point."""
 
 
 def check_options(damping, on_negative, schedule):
@@ -208,7 +228,8 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
     divided by the damping (the residual of the undamped update) is below ``tol``.  The parallel
     schedule halves its damping when the updates oscillate or fail, down to ``min_damping`` (None:
     the damping stays fixed; gpc.inference._damping).  Returns
-    (posterior, tau, nu, n_iter, converged, n_fixed, info) with info the damping record.
+    (posterior, tau, nu, n_iter, converged, n_fixed, n_fallback, info): the updates the on_negative
+    policy handled over the run and in its final sweep, and the damping record.
     """
     n = K.shape[0]
     tau, nu = initial_sites(n, init, rule)
@@ -218,7 +239,24 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
     marginals = ParallelMarginals(K, m0) if schedule == "parallel" else None
     adapt = AdaptiveDamping(damping, min_damping if schedule == "parallel" else None, rule)
     change = last_change = np.inf
-    n_fixed = 0
+    n_fixed = last_fixed = 0
+
+    def update(t, v):
+        """The undamped update F at the sites (t, v) from a fresh factorisation (for the probe)."""
+        _, m, w = _moments(K, t, v, m0)
+        t, v = t.copy(), v.copy()
+        status = _site_rule.parallel_update(*spec, code_rule, code_neg, 1.0, y, m, w, t, v)[0]
+        return (t, v) if status == 0 else (np.full(n, np.inf), np.full(n, np.inf))
+
+    def probe(t, v):
+        """The rounding level of the parallel update at (t, v) (gpc.inference._damping); 0 where the
+        update cannot be evaluated, so that nothing passes for rounding there."""
+        try:
+            level = rounding_level(update, t, v)
+        except (NotPositiveDefiniteError, np.linalg.LinAlgError, ArithmeticError):
+            return 0.0
+        return level if np.isfinite(level) else 0.0
+
     converged = False
     n_iter = 0
     if schedule == "sequential":
@@ -239,6 +277,7 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
                 block, work)
             _raise_for(status, index, value, likelihood, rule)
             n_fixed += fixed
+            last_fixed = fixed
             var = np.diag(Sigma).copy()
             if n_iter % RECOMPUTE_EVERY == 0:
                 Sigma = None            # freed before the refactorisation: peak K, L, V, Σ (issue 16)
@@ -248,6 +287,7 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
             new_tau, new_nu = tau.copy(), nu.copy()
             status, index, value, fixed = _site_rule.parallel_update(
                 *spec, code_rule, code_neg, float(adapt.damping), y, mu, var, new_tau, new_nu)
+            last_fixed = fixed
             if status == 1:
                 _raise_for(status, index, value, likelihood, rule)
             site_change = _site_change(new_tau, new_nu, tau, nu)
@@ -271,7 +311,12 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
                 continue
             post, mu, var = moments
             n_fixed += fixed
-            restart = adapt.observe(n_iter, tau, nu, new_tau, new_nu)
+            restart = adapt.observe(n_iter, tau, nu, new_tau, new_nu, probe=probe)
+            if restart is AT_ROUNDING_FLOOR:
+                # the steps are the rounding of the update: tol is below what float64 resolves here
+                tau, nu = new_tau, new_nu
+                converged = True
+                break
             tau, nu = (new_tau, new_nu) if restart is None else restart
             if restart is not None:     # back to the sites of the smallest residual, refactored
                 post, mu, var = _parallel_moments(K, m0, marginals, tau, nu, single=False)
@@ -294,11 +339,12 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
     if not converged:
         warnings.warn(f"{rule.upper()} ({schedule}) did not converge in {max_iter} sweeps (last change "
                       f"{change:.3g} > tol {tol:g})", ConvergenceWarning, stacklevel=4)
-    if n_fixed:
-        warnings.warn(f"{rule.upper()}: {n_fixed} site updates met a negative cavity or site variance "
-                      f"and were handled by on_negative={on_negative!r}", NegativeSitesWarning,
-                      stacklevel=4)
-    return post, tau, nu, n_iter, converged, n_fixed, adapt.info()
+    if last_fixed:
+        warnings.warn(f"{rule.upper()} ({schedule}): {last_fixed} site updates of the final sweep "
+                      f"({n_fixed} in all) met a cavity that is not a distribution or a negative site "
+                      f"and were handled by on_negative={on_negative!r}: the result is not an EP fixed "
+                      "point", NegativeSitesWarning, stacklevel=4)
+    return post, tau, nu, n_iter, converged, n_fixed, last_fixed, adapt.info()
 
 
 def single_precision(n, change, last_change, last_was_single):

@@ -65,7 +65,9 @@ def run(K, y, likelihood, prior_mean, *, schedule="sequential", max_iter=None, t
         Undamped parallel PL can oscillate (``DEFAULT_DAMPING``); the PL paper's parallel runs are
         undamped, pass ``damping=1`` for them.  The parallel schedule starts from this value and
         halves it whenever its updates oscillate or fail (gpc.inference._damping), recording the
-        final value in ``info["damping"]`` and each halving in ``info["damping_halved_at"]``.
+        final value in ``info["damping"]`` and each halving in ``info["damping_halved_at"]``.  A
+        ``tol`` below the rounding level of the updates ends there, converged, with
+        ``info["rounding_floor"]`` (sweep, residual, rounding level).
     order, random_state, block, init
         As for EP.
     correction_order : int, default 32
@@ -85,7 +87,7 @@ def run(K, y, likelihood, prior_mean, *, schedule="sequential", max_iter=None, t
     if block is not None and int(block) < 1:
         raise ValueError("block must be a positive integer")
     try:
-        post, tau, nu, n_iter, converged, _, damping_info = run_schedule(
+        post, tau, nu, n_iter, converged, _, _, damping_info = run_schedule(
             K, y, likelihood, m0, rule="pl", schedule=schedule, max_iter=max_iter, tol=tol,
             damping=damping, on_negative="clip", order=order, random_state=random_state,
             block=block, init=init, converged_by="moments", min_damping=min_damping)

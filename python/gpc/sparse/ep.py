@@ -34,19 +34,15 @@ sites in; new sites, their sums, and the block's log Z and gradient parts out (s
 order), so that a distributed engine can call them per shard and add the parts.
 """
 
-import inspect
 from dataclasses import dataclass
 
 import numpy as np
 
 from .. import _lapack, _sparse
 from ..exceptions import NegativeVarianceError, NotPositiveDefiniteError
-from ..inference import ep as _exact_ep
 from ..inference._sites import ON_NEGATIVE, RULES
+from ..inference.ep import DEFAULT_ON_NEGATIVE  # the exact EP's default, shared by the sparse EP
 from ..inference.pl import slr
-
-#: the exact EP's default ``on_negative`` (gpc.inference.ep.run), which the sparse EP shares
-DEFAULT_ON_NEGATIVE = inspect.signature(_exact_ep.run).parameters["on_negative"].default
 
 
 @dataclass(frozen=True)

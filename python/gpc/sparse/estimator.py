@@ -181,13 +181,16 @@ class SparseGaussianProcessClassifier(GPCEstimator):
         whitened q(u) = N(μ, L_q L_qᵀ), by L-BFGS-B in batch or Adadelta on minibatches.  See
         :mod:`gpc.sparse.baselines`.
     likelihood : "probit", "logit", "noisy_threshold" or a Likelihood, default "probit"
-    on_negative : "clip", "raise", "skip" or "pl", default: that of the exact EP (``gpc.infer``)
-        Methods "ep" and "gfitc": what a site update meets with a negative cavity or site
-        variance does, as in the exact EP (non-log-concave likelihoods such as the noisy
-        threshold): "raise" keeps negative sites and raises NegativeVarianceError at a cavity
-        that is not a distribution; "clip" sets a negative site precision to 1e-8; "skip" keeps
-        the old site; "pl" takes PL's update for that site.  ``n_fixed`` of each problem's state
-        counts the updates so handled.
+    on_negative : "keep", "keep-skip", "clip", "skip", "pl" or "raise", default "keep"
+        Methods "ep" and "gfitc": what a site update with a negative variance does, as in the exact
+        EP (``gpc.infer``; non-log-concave likelihoods such as the noisy threshold).  "keep" (the
+        exact EP's default) keeps negative site precisions, whose fixed point is EP's, and only a
+        site without a cavity falls back to PL's update (or keeps its old site, "keep-skip");
+        "clip" sets every negative site precision to 1e-8 (the PL paper's Table I protocol; it
+        moves the fixed point); "skip" keeps the old site and "pl" takes PL's update whenever the
+        update is negative; "raise" keeps negative sites and raises NegativeVarianceError at a
+        cavity that is not a distribution.  ``n_fixed`` of each problem's state counts the updates
+        a policy handled.
     batch_size : int, None or "auto", default "auto"
         None trains in batch (parallel site passes over all rows, one inner step per pass);
         an int trains on minibatches of that many rows (eq. (6), stochastic step scaled by

@@ -8,11 +8,15 @@ cdef enum:
     RULE_PL = 1             # statistical linear regression against the marginal (PL eq. (15)-(16))
 
 cdef enum:
-    # on_negative: what an EP update with a negative cavity or site variance does
+    # on_negative: what an EP update with a negative cavity or site variance does.  RAISE, KEEP and
+    # KEEP_SKIP keep negative site precisions (EP's own fixed point) and differ where EP cannot update
+    # (no positive cavity); CLIP, SKIP and PL replace every negative site update (all tau >= 0)
     NEG_RAISE = 0
     NEG_CLIP = 1
     NEG_SKIP = 2
     NEG_PL = 3
+    NEG_KEEP = 4
+    NEG_KEEP_SKIP = 5
 
 cdef enum:
     # what site_update returns
