@@ -53,7 +53,7 @@ class SitePosterior:
         self.L, _ = cholesky_lower(build(), name="B = I + S K S", overwrite=True, rebuild=build)
         b = self.site_location - tau * prior_mean
         # K v through gpc._lapack: the BLAS of the factorisations, not NumPy's (whose idle threads
-        # would spin against the next factorisation's, issue 16)
+        # would spin against the next factorisation's)
         self.alpha = b - s * cho_solve_lower(self.L, s * _matvec(K, b))
         self.mean = prior_mean + _matvec(K, self.alpha)
         self._diag_cov = None
@@ -131,8 +131,8 @@ class SitePosterior:
         """A new C-ordered n x n array whose lower triangle is Σ (the upper one holds K).
 
         Σ = K − Vᵀ V with V = L⁻¹ S K: one triangular solve in place (dtrsm) and one rank-n update
-        (dsyrk), so two n x n buffers besides K and L are alive at the peak (issue 16's memory
-        budget), against four for the product written out.  ``release_factor`` drops the factor
+        (dsyrk), so two n x n buffers besides K and L are alive at the peak, against four for the
+        product written out.  ``release_factor`` drops the factor
         once V is formed (the posterior cannot be used afterwards): then K, V and Σ only."""
         if self._cov is not None:
             return self._cov.copy()

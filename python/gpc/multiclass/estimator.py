@@ -2,11 +2,10 @@
 
 import numpy as np
 
-from .._estimator import GPCEstimator, check_n_jobs
+from .._estimator import GPCEstimator, check_n_jobs, median_length_scale
 from .._validation import check_positive_float, check_positive_int
 from ..kernels import RBF, as_kernel
 from ..optimize import maximise_evidence
-from ..sparse.estimator import median_length_scale
 from .ep import blas_threads, rmgpc_ep
 from .htpc import htpc_laplace, htpc_predict_proba
 from .predict import predict_proba
