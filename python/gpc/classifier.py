@@ -8,7 +8,7 @@ when scikit-learn is installed and a small local one otherwise.
 
 import itertools
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -361,7 +361,7 @@ class GaussianProcessClassifier(GPCEstimator):
     def fit(self, X: ArrayLike, y: ArrayLike) -> "GaussianProcessClassifier":
         """Fit the hyperparameters (unless ``optimizer=None``) and the posterior of each binary problem."""
         self._check_kernel()
-        X = self._check_X(X, fitting=True)
+        X = cast(np.ndarray, self._check_X(X, fitting=True))
         n = len(X)
         y = self._check_y(y, n)
         method, likelihood = self._resolve()
@@ -516,7 +516,7 @@ class GaussianProcessClassifier(GPCEstimator):
         above 0 only, and whose probability at 0 is a little below 1/2).
         """
         self._check_fitted()
-        X = self._check_X(X, fitting=False)
+        X = cast(np.ndarray, self._check_X(X, fitting=False))
         if self.n_classes_ == 2:
             p = self.base_estimators_[0].proba_positive(X)
             p = np.where(p == 0.5, _BELOW_HALF, p)

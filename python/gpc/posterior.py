@@ -230,7 +230,9 @@ class WoodburySitePosterior(SitePosterior):
         raise NotImplementedError("WoodburySitePosterior keeps no K: the full covariance is not "
                                   "available, its diagonal is (diag_cov)")
 
-    lower_cov = cov
+    def lower_cov(self, release_factor=False):
+        """Not available either (:meth:`cov`)."""
+        return self.cov()
 
     def R(self):
         """K⁻¹ − K⁻¹ Σ K⁻¹ = S B⁻¹ S − Qc Qcᵀ."""

@@ -41,6 +41,7 @@ import contextlib
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 from scipy.special import betaln, expit
@@ -99,7 +100,7 @@ class MultiClassEPResult:
     rejected_steps: list = field(default_factory=list)   # iterations whose accelerated step was dropped
     damping_history: list = field(default_factory=list)   # (iteration, new damping) at each halving
     robust: bool = True
-    rate: float = None        # a fixed outlier rate ρ; None: ρ ~ Beta(a, b)
+    rate: Optional[float] = None   # a fixed outlier rate ρ; None: ρ ~ Beta(a, b)
     sites: object = None      # the converged site parameters (_Sites), for checks and warm starts
 
     @property
