@@ -25,6 +25,15 @@ from ._linalg import (cho_inverse_lower, cholesky_lower, cho_solve_lower, log_de
 TINY_SITE_PRECISION = 1e-6
 
 
+def _gradient_matrix_in_place(M, sqrt_tau, alpha, lower):
+    """M (holding B⁻¹ in its lower triangle) := ½ (α αᵀ − S B⁻¹ S) (R&W Alg. 5.2), one fused pass
+    (gpc._dense); ``lower``: only the lower triangle is set."""
+    zero = np.zeros(M.shape[0])
+    over_rows(_dense.gaussian_site_gradient_matrix, len(zero), M, sqrt_tau, alpha, zero, zero,
+              not lower)
+    return M
+
+
 class SitePosterior:
     """Gaussian posterior from a GP prior and Gaussian sites with non-negative precisions.
 
@@ -103,10 +112,7 @@ class SitePosterior:
         info = _lapack.cholesky_inverse_in_place(M)               # lower triangle of B⁻¹
         if info != 0:  # pragma: no cover - L is a Cholesky factor
             raise RuntimeError(f"dpotri failed with info={info}")
-        zero = np.zeros(M.shape[0])
-        over_rows(_dense.gaussian_site_gradient_matrix, len(zero), M, self.sqrt_tau, self.alpha, zero,
-                  zero, not lower)
-        return M
+        return _gradient_matrix_in_place(M, self.sqrt_tau, self.alpha, lower)
 
     @property
     def log_det_B(self):
@@ -307,11 +313,7 @@ class InverseFactorPosterior(SitePosterior):
     def gradient_matrix(self, lower=False):
         """M = ½ (α αᵀ − R), R = S B⁻¹ S, as for SitePosterior (R&W Alg. 5.2), with B⁻¹ from one
         dlauum of L⁻¹ and one fused pass (gpc._dense)."""
-        M = self._lower_B_inverse()
-        zero = np.zeros(M.shape[0])
-        over_rows(_dense.gaussian_site_gradient_matrix, len(zero), M, self.sqrt_tau, self.alpha, zero,
-                  zero, not lower)
-        return M
+        return _gradient_matrix_in_place(self._lower_B_inverse(), self.sqrt_tau, self.alpha, lower)
 
     @property
     def log_det_B(self):
