@@ -178,11 +178,15 @@ class SEPBatch(StepTrainer):
         super().__init__(states, likelihood, rng)
         self.damping = damping
 
+    #: the step (gpc.sparse._train.iteration's interface: state, rows, damping); a model with
+    #: other sites (gpc.multiclass.sparse) names its own
+    iterate = staticmethod(iteration)
+
     def steps_per_epoch(self, rows):
         return len(self.states)
 
     def epoch(self, rows, k, state, tick):
-        value = iteration(state, rows.all_rows(k, state, self.likelihood), self.damping)
+        value = self.iterate(state, rows.all_rows(k, state, self.likelihood), self.damping)
         tick()
         return value
 
@@ -222,25 +226,28 @@ class SEPMinibatch(_Minibatches):
         super().__init__(states, likelihood, rng, batch_size)
         self.damping = damping
 
+    iterate = staticmethod(iteration)
+
     def start(self, rows, k, state):
         rows.start_minibatches(k, state)
 
     def step(self, rows, k, state, batch):
-        return iteration(state, rows.batch_rows(k, state, self.likelihood, batch), self.damping)
+        return self.iterate(state, rows.batch_rows(k, state, self.likelihood, batch), self.damping)
 
 
 class SEPTied(_Minibatches):
     """Stochastic EP: one shared average site, refreshed by every block of rows."""
 
     streams = True
+    iterate = staticmethod(tied_iteration)
 
     def __init__(self, states, likelihood, rng, batch_size, damping):
         super().__init__(states, likelihood, rng, batch_size)
         self.damping = damping
 
     def step(self, rows, k, state, batch):
-        return tied_iteration(state, rows.batch_rows(k, state, self.likelihood, batch, sites=False),
-                              self.damping)
+        return self.iterate(state, rows.batch_rows(k, state, self.likelihood, batch, sites=False),
+                            self.damping)
 
 
 class SVIMinibatch(_Minibatches):
