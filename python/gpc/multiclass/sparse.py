@@ -286,7 +286,7 @@ def site_pass(X, y, sites, factors, qs, model, ab, damping, block_rows, tasks=SE
     moment mismatch.  ``keep``: a dict that receives the :class:`RowBlock` of a one-block pass."""
     n, C = len(y), len(qs)
     new = sites.copy()
-    sums = [(np.zeros((q.P.shape[0],) * 2), np.zeros(q.P.shape[0])) for q in qs]
+    sums = [(np.zeros((f.m, f.m)), np.zeros(f.m)) for f in factors]
     mismatch = 0.0
     for start, stop in block_ranges(n, block_rows):
         block = RowBlock(as_block(X, start, stop), factors, tasks, keep_cross=keep is not None)
@@ -369,6 +369,7 @@ class SparseMultiClassState:
                                      self.sites.beta, self.sites.lam_i, model.a0, model.b0, 1.0)
         self.V = None
         self.n_sited = 0
+        self.remote_beta = None     # Q's Beta while the sites are on an engine's shards
         self.n_params = (sum(len(k.theta) for k in self.kernels)
                          + (sum(Z.size for Z in self.Zs) if self.optimize_inducing else 0)
                          + (1 if self.eps_bounds is not None else 0))
@@ -417,6 +418,8 @@ class SparseMultiClassState:
 
     def beta_posterior(self, sites=None):
         """Q's Beta(a, b) of ρ: the prior times the ψ̃ᵢ's exponents (RMGPC eq. (15))."""
+        if sites is None and self.remote_beta is not None:
+            return self.remote_beta
         sites = self.sites if sites is None else sites
         m = self.model
         return m.a0 + float(np.sum(sites.alpha)), m.b0 + float(np.sum(sites.beta))
@@ -547,7 +550,7 @@ class SparseMultiClassState:
         """Σ_k [½ h_kᵀP_k⁻¹h_k − ½ log|P_k|] (+ log B(a, b) − log B(a₀, b₀) under the Beta
         treatment): the terms of log Z that come from q (derivation §5)."""
         out = sum(q.log_normaliser_ratio() for q in self.qs)
-        if self.model.beta and self.sites is not None:
+        if self.model.beta:
             a, b = self.beta_posterior()
             out += betaln(a, b) - betaln(self.model.a0, self.model.b0)
         return out
@@ -566,8 +569,6 @@ class LocalClassRows:
             state, model, X, tasks, block_rows)
         self.y = np.ascontiguousarray(y, dtype=np.intp)
         self.size = len(self.y)
-        if rows is not None and not state.tied and rows.start == 0 and self.size == state.n:
-            rows = None         # a minibatch of all the rows is a batch step
         self.rows = rows
         self._pending = None
         self._block = None
@@ -584,7 +585,8 @@ class LocalClassRows:
         sites, pending until commit."""
         st = self.state
         keep = {} if self.size <= self.block_rows else None
-        new, sums, ab, mismatch = site_pass(self.X, self.y, st.sites, st.factors, st.qs,
+        X = self.X if self.rows is None else as_block(self.X, self.rows.start, self.rows.stop)
+        new, sums, ab, mismatch = site_pass(X, self.y, st.sites, st.factors, st.qs,
                                             self.model, st.beta_posterior(), damping,
                                             self.block_rows, self.tasks, keep)
         self._block = None if keep is None else keep.get("block")

@@ -178,9 +178,10 @@ class SEPBatch(StepTrainer):
         super().__init__(states, likelihood, rng)
         self.damping = damping
 
-    #: the step (gpc.sparse._train.iteration's interface: state, rows, damping); a model with
-    #: other sites (gpc.multiclass.sparse) names its own
-    iterate = staticmethod(iteration)
+    def iterate(self, state, rows, damping):
+        """The step, gpc.sparse._train.iteration; a model with other sites (gpc.multiclass.sparse)
+        names its own."""
+        return iteration(state, rows, damping)
 
     def steps_per_epoch(self, rows):
         return len(self.states)
@@ -226,7 +227,7 @@ class SEPMinibatch(_Minibatches):
         super().__init__(states, likelihood, rng, batch_size)
         self.damping = damping
 
-    iterate = staticmethod(iteration)
+    iterate = SEPBatch.iterate
 
     def start(self, rows, k, state):
         rows.start_minibatches(k, state)
@@ -239,7 +240,10 @@ class SEPTied(_Minibatches):
     """Stochastic EP: one shared average site, refreshed by every block of rows."""
 
     streams = True
-    iterate = staticmethod(tied_iteration)
+
+    def iterate(self, state, rows, damping):
+        """The step, gpc.sparse._train.tied_iteration (or a model's own)."""
+        return tied_iteration(state, rows, damping)
 
     def __init__(self, states, likelihood, rng, batch_size, damping):
         super().__init__(states, likelihood, rng, batch_size)
