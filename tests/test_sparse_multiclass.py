@@ -310,6 +310,36 @@ def test_client_engine_reproduces_the_in_process_batch_fit(label_noise):
         SparseMultiClassGPC(client=InProcessEngine(2), batch_size=30, **kw).fit(X, y)
 
 
+def test_client_on_a_dask_cluster_equals_in_process():
+    """The shard steps pickle and run on a LocalCluster (2 worker processes, loopback): a batch fit
+    with every parameter learnt equals the in-process one to rounding, the sites come home, and
+    the pickled model continues in process.  Every wait is bounded (300 s: a loaded machine)."""
+    import logging
+    import pickle
+
+    dask = pytest.importorskip("dask")
+    distributed = pytest.importorskip("distributed")
+    X, y, Xt, _ = _thyroid(90)
+    kw = dict(n_inducing=8, max_iter=4, label_noise=0.02, random_state=0, progress=False)
+    local = SparseMultiClassGPC(**kw).fit(X, y)
+    timeouts = {"distributed.comm.timeouts.connect": "120s", "distributed.comm.timeouts.tcp": "120s"}
+    with dask.config.set(timeouts), \
+            distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                     host="127.0.0.1", dashboard_address="127.0.0.1:0",
+                                     silence_logs=logging.ERROR) as cluster, \
+            distributed.Client(cluster, timeout=300.0) as client:
+        client.wait_for_workers(2, timeout=300.0)
+        remote = SparseMultiClassGPC(client=client, **kw).fit(X, y)
+    assert remote.log_marginal_likelihood_value_ == pytest.approx(
+        local.log_marginal_likelihood_value_, rel=1e-10)
+    np.testing.assert_allclose(remote.outlier_probability_, local.outlier_probability_, atol=1e-10)
+    remote = pickle.loads(pickle.dumps(remote))
+    assert remote.client is None
+    remote.partial_fit(X, y)
+    local.partial_fit(X, y)
+    np.testing.assert_allclose(remote.predict_proba(Xt), local.predict_proba(Xt), atol=1e-9)
+
+
 # -- the estimator -----------------------------------------------------------------------------------
 
 def test_fit_learns_and_flags_flipped_labels():

@@ -369,7 +369,7 @@ cdef double refine_pair_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t
     gpc/_multiclass.pxd for the sparse engine, which checks its own entry points)."""
     cdef Py_ssize_t l = tau_t.shape[1], i, j, k
     cdef double e = damping, m_y, v_y, sd_y, lz, mismatch = 0.0, s_pair = 0.0
-    cdef double tt0, et0, to0, eo0, lam0, m_k, v_k, sd_k, prec_t, prec_o, v_t, v_o, m_t, m_o
+    cdef double tt0, et0, to0, eo0, lam0, m_k, v_k, sd_k, v_t = 0.0, v_o = 0.0, m_t = 0.0, m_o = 0.0
     cdef double lz_cav, gap, tt, et, to, eo, lam_k, prec
     cdef PairMoments mom
     for i in range(start, stop):
@@ -389,14 +389,8 @@ cdef double refine_pair_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t
             m_k = means[i, k]
             v_k = varis[i, k]
             sd_k = prior_sd[i, k]
-            prec_t = 1.0 / v_y - tt0
-            prec_o = 1.0 / v_k - to0
-            if not (prec_t > 0 and prec_o > 0):
+            if not pair_cavity(m_y, v_y, tt0, et0, m_k, v_k, to0, eo0, &m_t, &v_t, &m_o, &v_o):
                 continue
-            v_t = 1.0 / prec_t
-            v_o = 1.0 / prec_o
-            m_t = v_t * (m_y / v_y - et0)
-            m_o = v_o * (m_k / v_k - eo0)
             lz_cav = lz - lam0 if robust else -INFINITY
             if has_fitc:
                 s_pair = fitc[i, y[i]] + fitc[i, k]

@@ -21,11 +21,11 @@ a class k ≠ yᵢ stores its site on t_iyᵢ in tau_t/eta_t[i, k], on t_ik in t
 log-odds of its Bernoulli factor in lam[i, k]; others[i, j] is the j-th class k ≠ yᵢ.
 """
 
-from libc.math cimport exp, log, log1p, sqrt, isfinite, INFINITY
+from libc.math cimport log, INFINITY
 from scipy.special.cython_special cimport betaln
 
-from gpc._multiclass cimport PairMoments, argmax_pair_moments_s, refine_pair_rows
-from gpc._special cimport log_sigmoid, logaddexp, sigmoid
+from gpc._multiclass cimport PairMoments, argmax_pair_moments_s, pair_cavity, refine_pair_rows
+from gpc._special cimport log_sigmoid, logaddexp
 
 
 cdef int _check(const Py_ssize_t[::1] y, const Py_ssize_t[:, ::1] others, Py_ssize_t l,
@@ -139,7 +139,7 @@ cdef int _point_evidence(Py_ssize_t i, const Py_ssize_t[::1] y, const Py_ssize_t
     finite tilted mass); their terms are 0."""
     cdef Py_ssize_t l = tau_t.shape[1], j, k, t = y[i]
     cdef double m_y = means[i, t], v_y = varis[i, t], lz = lam_i, total = 0.0
-    cdef double m_k, v_k, prec_t, prec_o, v_t, v_o, m_t, m_o, lz_cav, ls, gs, g, lam_k
+    cdef double m_k, v_k, v_t = 0.0, v_o = 0.0, m_t = 0.0, m_o = 0.0, lz_cav, ls, gs, g, lam_k
     cdef double sum1 = 0.0, sum0 = 0.0
     cdef int bad = 0
     cdef PairMoments mom
@@ -149,15 +149,10 @@ cdef int _point_evidence(Py_ssize_t i, const Py_ssize_t[::1] y, const Py_ssize_t
         k = others[i, j]
         m_k = means[i, k]
         v_k = varis[i, k]
-        prec_t = 1.0 / v_y - tau_t[i, k]
-        prec_o = 1.0 / v_k - tau_o[i, k]
-        if not (prec_t > 0 and prec_o > 0 and isfinite(prec_t) and isfinite(prec_o)):
+        if not pair_cavity(m_y, v_y, tau_t[i, k], eta_t[i, k], m_k, v_k, tau_o[i, k], eta_o[i, k],
+                           &m_t, &v_t, &m_o, &v_o):
             bad += 1
             continue
-        v_t = 1.0 / prec_t
-        v_o = 1.0 / prec_o
-        m_t = v_t * (m_y / v_y - eta_t[i, k])
-        m_o = v_o * (m_k / v_k - eta_o[i, k])
         lz_cav = lz - lam[i, k] if robust else -INFINITY
         if argmax_pair_moments_s(m_t, v_t, m_o, v_o, s[i, t] + s[i, k], lz_cav, log_c, &mom) != 0:
             bad += 1

@@ -47,10 +47,10 @@ from .. import _lapack, _sparse
 from .._estimator import BLOCK_ROWS
 from .._multiclass import refine_outlier_prior
 from .._sparse_multiclass import evidence_block, local_ep_block, refine_block
-from ..exceptions import NotPositiveDefiniteError, NumericalError
+from ..exceptions import NotPositiveDefiniteError
 from ..sparse._inducing import InducingFactor
 from ..sparse._passes import as_block, block_ranges, finish_evidence
-from ..sparse._train import Adadelta, site_directions
+from ..sparse._train import Adadelta, SEPState, site_directions
 from ..sparse._trainer import SEPBatch, SEPMinibatch, SEPTied, TrainingRows
 from ..sparse.ep import NaturalPosterior, rows_gradient, transform_natural, whitened_sums
 from .ep import _Sites
@@ -412,7 +412,8 @@ class SparseMultiClassState:
 
     @property
     def prior_log_odds(self):
-        """logit ρ of the fixed rate: zᵢ's exact prior factor (λᵢ, derivation §2)."""
+        """logit ρ: for a fixed rate zᵢ's exact prior factor (λᵢ, derivation §2); under the Beta
+        treatment that of Q's mean rate."""
         rho = self.rho
         return math.log(rho) - math.log1p(-rho)
 
@@ -485,22 +486,10 @@ class SparseMultiClassState:
         return np.concatenate(parts) if parts else np.empty(0)
 
     def gradient_step(self, grad):
-        """One Adadelta ascent step on :meth:`_params`; reverted with the rate halved if it fails
-        (as gpc.sparse._train.SEPState.gradient_step)."""
-        if not self.learns:
-            return True
-        if not np.all(np.isfinite(grad)):
-            self.optimizer.lr *= 0.5
-            self.reverted += 1
-            return False
-        old = self._params()
-        try:
-            self._set_params(old + self.optimizer.step(grad))
-        except (NotPositiveDefiniteError, NumericalError, FloatingPointError, ValueError):
-            self.optimizer.lr *= 0.5
-            self.reverted += 1
-            return False
-        return True
+        """One Adadelta ascent step on :meth:`_params`, reverted with the rate halved if it fails:
+        gpc.sparse._train.SEPState.gradient_step, handed the whole gradient (θ, Z and ε) as its
+        first part."""
+        return SEPState.gradient_step(self, grad, np.empty(0))
 
     # -- q -------------------------------------------------------------------------------------
     def set_qs(self, naturals):
@@ -748,7 +737,7 @@ def _inner_step(state, rows, n_held, held):
     return state.log_z
 
 
-# -- tied sites (stochastic EP, derivation §7) ------------------------------------------------------
+# -- tied sites (stochastic EP, derivation §7) ----------------------------------------------------
 def tied_cavities(state):
     """Each class's cavity of a point under tied sites: q less one of the n shares of its average
     site, (P, h) → (1 − 1/n)(P − I) + I, (1 − 1/n) h."""
@@ -800,12 +789,12 @@ def tied_block(block, y, cavities, qs, model, state, gradient, tasks=SERIAL):
 
         ℓᵢ = log Z_loc,i + Σ_k (G_k(cavity) − G_k(q)),   G(P, h) = ½ hᵀP⁻¹h − ½ log|P|,
 
-    and with ``gradient`` each class's parts: the rows' cavity-held terms (γ = d_m μ_c + 2 d_v Σ_c a,
-    the binary "cavity" form on the cavity's moments) and the average term
+    and with ``gradient`` each class's parts: the rows' cavity-held terms (γ = d_m μ_c +
+    2 d_v Σ_c a, the binary "cavity" form on the cavity's moments) and the average term
     ½ Σᵢ (E_i[wwᵀ] − E_q[wwᵀ]) of the points' local posteriors q_i = cavity × the point's sites,
     which is not zero for n > 1 (q is their natural-parameter average, not their moment average).
-    By Sherman–Morrison along u = Σ_c a, E_i[wwᵀ] = Σ_c + μ_cμ_cᵀ + δ(μ_c uᵀ + u μ_cᵀ) + (δ² − κ) u uᵀ
-    with κ = τ/(1 + τ v_c), δ = (η − τ m_c)/(1 + τ v_c)."""
+    By Sherman–Morrison along u = Σ_c a,
+    E_i[wwᵀ] = Σ_c + μ_cμ_cᵀ + δ(μ_c uᵀ + u μ_cᵀ) + (δ² − κ) u uᵀ with κ = τ/(1 + τ v_c), δ = (η − τ m_c)/(1 + τ v_c)."""
     loc = local_ep(block, y, cavities, model, state.prior_log_odds if model.robust else 0.0,
                    tasks, moments=gradient)
     C = len(cavities)
@@ -891,7 +880,7 @@ def run_ep(state, rows, damping=0.5, tol=1e-9, max_iter=1000):
     return max_iter, False
 
 
-# -- the trainers and the rows they train on ----------------------------------------------------------
+# -- the trainers and the rows they train on ------------------------------------------------------
 class MultiClassBatch(SEPBatch):
     """Batch training (gpc.sparse._trainer.SEPBatch) with :func:`iteration`."""
 
@@ -915,7 +904,8 @@ class MultiClassRows(TrainingRows):
     labels 0..C−1), for the trainers of gpc.sparse._trainer; ``tasks`` runs the class blocks."""
 
     def __init__(self, X, y, tasks=SERIAL):
-        self.X, self.y, self.n, self.tasks = X, np.ascontiguousarray(y, dtype=np.intp), X.shape[0], tasks
+        self.X, self.n, self.tasks = X, X.shape[0], tasks
+        self.y = np.ascontiguousarray(y, dtype=np.intp)
 
     def batches(self, size):
         return block_ranges(self.n, size)
@@ -955,7 +945,7 @@ def row_outlier_probability(state, X, y, tasks=SERIAL):
     if not state.model.robust:
         return np.zeros(len(y))
     cavities = tied_cavities(state) if state.tied else state.qs
-    lo = state.prior_log_odds if state.model.noise == "fixed" else math.log(state.rho) - math.log1p(-state.rho)
+    lo = state.prior_log_odds
     y = np.asarray(y, dtype=np.intp)
     out = []
     for start, stop in block_ranges(len(y), BLOCK_ROWS):

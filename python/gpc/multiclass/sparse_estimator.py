@@ -13,7 +13,7 @@ from ..sparse.estimator import (SparseGaussianProcessClassifier, _check_theta_in
                                 default_kernel, initial_inducing)
 from ._sparse_distributed import EngineClassRows, MultiClassShards
 from .ep import blas_threads
-from .estimator import LABEL_NOISE_BOUNDS
+from .estimator import LABEL_NOISE_BOUNDS, check_label_noise, check_label_noise_classes
 from .predict import argmax_probabilities
 from .sparse import (ArgmaxLikelihood, MultiClassBatch, MultiClassMinibatch, MultiClassRows,
                      MultiClassTied, SparseMultiClassState, Tasks, latent_moments,
@@ -221,27 +221,7 @@ class SparseMultiClassGPC(GPCEstimator):
             if d > 1:
                 raise ValueError(f"damping must be in (0, 1], got {self.damping!r}")
         check_n_jobs(self.n_jobs)
-        if isinstance(self.label_noise, str):
-            if self.label_noise != "beta":
-                raise ValueError(f"label_noise must be 'beta' or a float ε in (0, 1), got "
-                                 f"{self.label_noise!r}")
-        else:
-            eps = check_positive_float(self.label_noise, "label_noise")
-            if self.model != "robust":
-                raise ValueError("label_noise=ε (fixed label noise) is a noise treatment of "
-                                 f"model='robust', not of model={self.model!r}")
-            if eps >= 1.0:
-                raise ValueError(f"label_noise must lie in (0, 1), got {eps!r}")
-        bounds = self.label_noise_bounds
-        if not (isinstance(bounds, str) and bounds == "fixed"):
-            try:
-                lo, hi = (float(b) for b in bounds)
-            except (TypeError, ValueError):
-                raise ValueError(f"label_noise_bounds must be 'fixed' or (low, high), got "
-                                 f"{bounds!r}") from None
-            if not 0.0 < lo <= hi < 1.0:
-                raise ValueError(f"label_noise_bounds must satisfy 0 < low <= high < 1, got "
-                                 f"{bounds!r}")
+        check_label_noise(self.label_noise, self.label_noise_bounds, self.model)
         if self.tied_sites and self._noise() == "beta":
             raise ValueError("tied_sites=True needs label_noise=ε (fixed label noise) or "
                              "model='standard': tied sites for the Beta-distributed outlier rate "
@@ -255,21 +235,17 @@ class SparseMultiClassGPC(GPCEstimator):
         return self._noise()
 
     def _check_label_noise(self, C):
-        """ε and its bounds below (C − 1)/C, where the labels carry no information (ρ = 1)."""
+        """ε and its bounds below (C − 1)/C (gpc.multiclass.estimator's rule), and ε inside its
+        bounds when it is learnt."""
         if self._noise() != "fixed":
             return
-        top = (C - 1) / C
-        if not self.label_noise < top:
-            raise ValueError(f"label_noise must be below (C - 1)/C = {top:.6g} for {C} classes, "
-                             f"got {self.label_noise!r}")
-        if self._learns_noise() and not float(self.label_noise_bounds[1]) < top:
-            raise ValueError(f"label_noise_bounds' upper end must be below (C - 1)/C = {top:.6g} "
-                             f"for {C} classes, got {self.label_noise_bounds!r}")
-        lo, hi = ((self.label_noise,) * 2 if not self._learns_noise()
-                  else (float(b) for b in self.label_noise_bounds))
-        if not lo <= self.label_noise <= hi:
-            raise ValueError(f"label_noise={self.label_noise!r} starts outside label_noise_bounds "
-                             f"{self.label_noise_bounds!r}")
+        check_label_noise_classes(self.label_noise, self.label_noise_bounds,
+                                  self._learns_noise(), C)
+        if self._learns_noise():
+            lo, hi = (float(b) for b in self.label_noise_bounds)
+            if not lo <= self.label_noise <= hi:
+                raise ValueError(f"label_noise={self.label_noise!r} starts outside "
+                                 f"label_noise_bounds {self.label_noise_bounds!r}")
 
     def _learns_noise(self):
         return self._noise() == "fixed" and not isinstance(self.label_noise_bounds, str)

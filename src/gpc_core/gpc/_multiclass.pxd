@@ -68,3 +68,20 @@ cdef double refine_pair_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t
                              const double[:, ::1] fitc, bint has_fitc,
                              const double[:, ::1] prior_sd, double damping, bint robust,
                              double log_c, bint fixed_precisions) noexcept nogil
+
+# The cavity of the pair site (i, k) (docs/derivations-sparse-multiclass.md section 3): the marginal
+# N(m_y, v_y) of the label's latent value less the site's factor exp(-tau_t f^2/2 + eta_t f) on it,
+# and N(m_k, v_k) of the competitor's less exp(-tau_o f^2/2 + eta_o f); False (outputs unset) when a
+# cavity precision is not positive.  The exact engine's pair loop and the sparse engine's evidence
+# pass take their cavities here.
+cdef inline bint pair_cavity(double m_y, double v_y, double tau_t, double eta_t, double m_k,
+                             double v_k, double tau_o, double eta_o, double* m_t, double* v_t,
+                             double* m_o, double* v_o) noexcept nogil:
+    cdef double prec_t = 1.0 / v_y - tau_t, prec_o = 1.0 / v_k - tau_o
+    if not (prec_t > 0 and prec_o > 0):
+        return False
+    v_t[0] = 1.0 / prec_t
+    v_o[0] = 1.0 / prec_o
+    m_t[0] = v_t[0] * (m_y / v_y - eta_t)
+    m_o[0] = v_o[0] * (m_k / v_k - eta_o)
+    return True
