@@ -209,6 +209,26 @@ def test_tied_sites_with_one_row_are_untied_ep():
                                untied.outlier_probability(), atol=1e-9)
 
 
+def test_a_dropped_site_update_halves_the_damping():
+    """Undamped tied updates on a 60-row problem leave some q_k without a factor at the first step;
+    that update is dropped and δ halved (``damping_scale``), after which the tied sites settle
+    (before, every later step repeated the same dropped update)."""
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(60, 2))
+    y = (X[:, 0] > 0.4).astype(int) + (X[:, 1] > 0.3).astype(int)
+    model = S.ArgmaxLikelihood(3, "fixed")
+    state = S.SparseMultiClassState([RBF(2.0)], [rng.normal(size=(6, 2)) * 1.3], None, 60, model,
+                                    1e-8, False, 0.0, tied=True, label_noise=0.05)
+    rows = S.MultiClassRows(X, y)
+    changes = []
+    for _ in range(40):
+        before = state.qs[0].P.copy()
+        S.tied_iteration(state, rows.batch_rows(0, state, model, (0, 60), False), 1.0)
+        changes.append(np.max(np.abs(state.qs[0].P - before)) / np.max(np.abs(before)))
+    assert 1 <= state.skipped_passes <= 3 and state.damping_scale < 1.0
+    assert changes[-1] < 1e-4
+
+
 # -- the schedules -----------------------------------------------------------------------------------
 
 def test_minibatch_of_all_rows_takes_the_batch_steps():

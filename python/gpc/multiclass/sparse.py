@@ -844,9 +844,11 @@ def tied_iteration(state, rows, damping):
     """A minibatch step with one tied site per class (stochastic EP, derivation §7): each point's
     sites matched by its local EP against the tied cavity, the average site of every class moved
     to (1 − δ|M|/n) T_k + δ Σ_M contributions (gpc.sparse._train.tied_iteration's rule), then one
-    Adadelta step on the tied evidence's gradient at the new q (data terms scaled by n/|M|).
-    Returns the minibatch estimate of log Z."""
+    Adadelta step on the tied evidence's gradient at the new q (data terms scaled by n/|M|).  An
+    update after which some q_k has no factor is dropped and δ of the next ones halved, as in
+    :func:`iteration`.  Returns the minibatch estimate of log Z."""
     n = state.n
+    damping = damping * state.damping_scale
     shrink = 1.0 - damping * rows.size / n
     sums = rows.match_sites(tied_cavities(state))
     naturals = []
