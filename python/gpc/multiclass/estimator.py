@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from .._estimator import GPCEstimator, check_n_jobs
-from .._validation import check_positive_float, check_positive_int
+from .._estimator import GPCEstimator, check_n_jobs, random_generator
+from .._validation import check_optimizer, check_positive_float, check_positive_int
 from ..kernels import RBF, as_kernel
 from ..optimize import maximise_evidence
 from ..sparse.estimator import median_length_scale
@@ -160,6 +160,8 @@ class MultiClassGPC(GPCEstimator):
         check_positive_int(self.max_iter, "max_iter")
         check_positive_float(self.tol, "tol")
         check_positive_int(self.n_restarts_optimizer, "n_restarts_optimizer", minimum=0)
+        check_optimizer(self.optimizer)
+        random_generator(self.random_state)     # a ValueError naming random_state
         check_n_jobs(self.n_jobs)
         if isinstance(self.label_noise, str):
             if self.label_noise != "beta":
