@@ -254,17 +254,21 @@ def _check_model(model, X_test, classes):
     return proba
 
 
-def _run(estimator, allowed_warnings, fit_and_check):
-    """Run one valid example: a usable model or a NumericalError, and no stray warning."""
+def _run(estimator, allowed_warnings, fit_and_check, variant):
+    """Run one valid example: a usable model or a NumericalError, and no stray warning.  Counts
+    the example, and its outcome once it is known to be inside the policy (a NumericalError with
+    ``variant``, the method or model)."""
+    OUTCOMES[f"{estimator} examples"] += 1
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             fit_and_check()
         except NumericalError as exc:
-            OUTCOMES[f"{estimator} {type(exc).__name__}"] += 1
+            outcome = f"{type(exc).__name__} ({variant})"
         else:
-            OUTCOMES[f"{estimator} usable result"] += 1
+            outcome = "usable result"
     _warnings_allowed(caught, allowed_warnings, estimator)
+    OUTCOMES[f"{estimator} {outcome}"] += 1
 
 
 def _expect_bad(estimator, call, exc, match):
@@ -507,7 +511,7 @@ def _check_sparse(p):
         assert np.all(np.isfinite(mean)) and np.all(np.isfinite(var)) and np.all(var >= 0.0)
 
     allowed = (ConvergenceWarning, NegativeSitesWarning)
-    _run("sparse", allowed, fit_and_check)
+    _run("sparse", allowed, fit_and_check, p["method"])
 
 
 def _check_sparse_bad(p, kind):
@@ -669,7 +673,7 @@ def _check_multiclass(p):
         if model.label_noise_ is not None:
             assert 0.0 < model.label_noise_ < (n_classes - 1) / n_classes
 
-    _run("multiclass", (ConvergenceWarning,), fit_and_check)
+    _run("multiclass", (ConvergenceWarning,), fit_and_check, p["model"])
 
 
 MULTICLASS_BAD_PARAMS = [
