@@ -14,7 +14,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from ._estimator import GPCEstimator, check_n_jobs, independent_generators, int_seed
-from ._validation import check_finite_array, check_positive_int
+from ._validation import check_finite_array, check_optimizer, check_positive_int
 from .inference import METHODS, infer
 from .kernels import ConstantKernel, RBF, _reads_lower_triangle_only, as_kernel, user_kernel
 from .likelihoods import get_likelihood
@@ -339,8 +339,7 @@ class GaussianProcessClassifier(GPCEstimator):
         if self.multi_class not in ("one_vs_rest", "one_vs_one"):
             raise ValueError(f"multi_class must be 'one_vs_rest' or 'one_vs_one', got {self.multi_class!r}")
         check_positive_int(self.n_restarts_optimizer, "n_restarts_optimizer", minimum=0)
-        if not (self.optimizer is None or self.optimizer == "fmin_l_bfgs_b" or callable(self.optimizer)):
-            raise ValueError(f"optimizer must be 'fmin_l_bfgs_b', a callable or None, got {self.optimizer!r}")
+        check_optimizer(self.optimizer)
         check_positive_int(self.max_iter_predict, "max_iter_predict")
         for name in ("warm_start", "copy_X_train"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from .._estimator import GPCEstimator, check_n_jobs, median_length_scale
-from .._validation import check_positive_float, check_positive_int
+from .._estimator import GPCEstimator, check_n_jobs, median_length_scale, random_generator
+from .._validation import check_optimizer, check_positive_float, check_positive_int
 from ..kernels import RBF, as_kernel
 from ..optimize import maximise_evidence
 from .ep import blas_threads, rmgpc_ep
@@ -197,6 +197,8 @@ class MultiClassGPC(GPCEstimator):
         check_positive_int(self.max_iter, "max_iter")
         check_positive_float(self.tol, "tol")
         check_positive_int(self.n_restarts_optimizer, "n_restarts_optimizer", minimum=0)
+        check_optimizer(self.optimizer)
+        random_generator(self.random_state)     # a ValueError naming random_state
         check_n_jobs(self.n_jobs)
         check_label_noise(self.label_noise, self.label_noise_bounds, self.model)
 
