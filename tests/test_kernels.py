@@ -611,3 +611,26 @@ def test_cross_gradient_checks_its_inputs():
         kernel.cross_gradient(X, Y, np.zeros((7, 25)))
     with pytest.raises(ValueError, match="diag_weights"):
         kernel.cross_gradient(X, Y, np.zeros((25, 7)), np.zeros(3))
+
+
+@pytest.mark.parametrize("kernel, lower", [
+    (RBF(1.0), True),
+    (ConstantKernel(2.0) * Matern(1.0, nu=1.5), True),
+    (as_kernel(sk.ConstantKernel(2.0) * sk.RBF(1.0)), True),
+    (RBF(1.0) * RBF(2.0), False),
+    (RBF(1.0) + ConstantKernel(1.0), False),
+    (Linear(), False),
+])
+def test_a_kernel_says_whether_its_contraction_reads_only_the_lower_triangle(kernel, lower):
+    """The evidence gradient skips mirroring M for the kernels that say so; for them a symmetric M
+    with garbage above the diagonal contracts as the full symmetric M does (to rounding)."""
+    assert kernel._reads_lower_triangle() is lower
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(7, 2))
+    A = rng.normal(size=(7, 7))
+    M = A + A.T
+    junk = np.tril(M) + np.triu(rng.normal(size=(7, 7)), 1)
+    full = kernel.gradient_contract(X, M)
+    promised = kernel.gradient_contract(X, junk, symmetric=True)
+    if lower:
+        assert_allclose(promised, full, rtol=1e-12, atol=1e-12)

@@ -16,7 +16,7 @@ from numpy.typing import ArrayLike
 from ._estimator import GPCEstimator, check_n_jobs, independent_generators, int_seed
 from ._validation import check_finite_array, check_optimizer, check_positive_int
 from .inference import METHODS, infer
-from .kernels import ConstantKernel, RBF, _reads_lower_triangle_only, as_kernel, user_kernel
+from .kernels import ConstantKernel, RBF, as_kernel, user_kernel
 from .likelihoods import get_likelihood
 from .optimize import maximise_evidence
 
@@ -116,7 +116,7 @@ class _BinaryGPC:
         # is all the kernel reads, M's upper triangle is not even written
         grad = result.log_evidence_gradient(
             lambda M: kernel.gradient_contract(self.X_train_, M, K=K, symmetric=True),
-            lower=_reads_lower_triangle_only(kernel))
+            lower=kernel._reads_lower_triangle())
         return result.log_evidence, grad, result
 
     def log_marginal_likelihood(self, theta=None, eval_gradient=False, clone_kernel=True):

@@ -135,25 +135,12 @@ def finish_kernel(double[:, ::1] K, double scale, bint scale_lower=False, *, Py_
     """K's diagonal := ``scale`` (f(0) = 1) and its strict upper triangle := the strict lower one,
     which is first multiplied by ``scale`` if ``scale_lower`` (in the same tiled pass); rows
     start..stop-1 of the lower triangle and their columns of the upper one."""
-    cdef Py_ssize_t n = K.shape[0], tile = 64, i0, j0, i, j, i1, j1
-    cdef double v, factor = scale if scale_lower else 1.0    # x * 1.0 is x exactly
+    cdef Py_ssize_t n = K.shape[0], i
     if K.shape[1] != n:
         raise ValueError("finish_kernel: K must be square")
     stop = range_stop(start, stop, n)
-    i0 = start
     with nogil:
-        while i0 < stop:
-            i1 = min(i0 + tile, stop)
-            j0 = 0
-            while j0 < i1 - 1:
-                j1 = j0 + tile
-                for i in range(i0, i1):
-                    for j in range(j0, min(j1, i)):
-                        v = factor * K[i, j]
-                        K[i, j] = v
-                        K[j, i] = v
-                j0 += tile
-            i0 += tile
+        mirror_lower_rows(K, start, stop, scale if scale_lower else 1.0)
         for i in range(start, stop):
             K[i, i] = scale
 
@@ -219,18 +206,21 @@ cdef double row_terms(int kind, Py_ssize_t i, const double* r2, const double[:, 
     return value
 
 
-cdef double check_contract(Py_ssize_t n, const double[:, ::1] M, const double[:, ::1] K,
-                           double scale) except -1.0:
-    # shapes of a contraction's arguments; returns 1 / scale when K is given, else 0
+cdef tuple check_contract(int kind, Py_ssize_t n, const double[:, ::1] M,
+                          const double[:, ::1] K, double scale, Py_ssize_t start, Py_ssize_t stop):
+    """A contraction's checks and scratch: (1 / scale when K is given else 0, the row range's
+    checked stop, a 2 x n work array for r^2 and the row's ARD weights)."""
+    check_kind(kind)
     if M.shape[0] != n or M.shape[1] != n:
         raise ValueError(f"M must be {n} x {n}, got {M.shape[0]} x {M.shape[1]}")
-    if K is None:
-        return 0.0
-    if K.shape[0] != n or K.shape[1] != n:
-        raise ValueError(f"K must be {n} x {n} like M, got {K.shape[0]} x {K.shape[1]}")
-    if not (scale > 0.0 and scale < 1e308):
-        raise ValueError(f"the scale of K must be positive and finite, got {scale}")
-    return 1.0 / scale
+    cdef double inv_scale = 0.0
+    if K is not None:
+        if K.shape[0] != n or K.shape[1] != n:
+            raise ValueError(f"K must be {n} x {n} like M, got {K.shape[0]} x {K.shape[1]}")
+        if not (scale > 0.0 and scale < 1e308):
+            raise ValueError(f"the scale of K must be positive and finite, got {scale}")
+        inv_scale = 1.0 / scale
+    return inv_scale, range_stop(start, stop, n), np.empty((2, max(n, 1)))
 
 
 def contract(double[:, ::1] G, const double[::1] su, const double[:, ::1] M, int kind, bint ard,
@@ -251,12 +241,9 @@ def contract(double[:, ::1] G, const double[::1] su, const double[:, ::1] M, int
     cdef double[:, ::1] work
     cdef double* r2
     cdef double* q
-    check_kind(kind)
     if G.shape[1] != n or su.shape[0] != n:
         raise ValueError("contract: G must be n x n and su of length n")
-    inv_scale = check_contract(n, M, K, scale)
-    stop = range_stop(start, stop, n)
-    work = np.empty((2, max(n, 1)))
+    inv_scale, stop, work = check_contract(kind, n, M, K, scale, start, stop)
     r2 = &work[0, 0]
     q = &work[1, 0]
     with nogil:
@@ -320,10 +307,7 @@ def contract_direct(const double[:, ::1] Ut, const double[:, ::1] M, int kind, b
     cdef double[::1] g_ard = np.zeros(d)
     cdef double* r2
     cdef double* q
-    check_kind(kind)
-    inv_scale = check_contract(n, M, K, scale)
-    stop = range_stop(start, stop, n)
-    work = np.empty((2, max(n, 1)))
+    inv_scale, stop, work = check_contract(kind, n, M, K, scale, start, stop)
     r2 = &work[0, 0]
     q = &work[1, 0]
     with nogil:

@@ -84,42 +84,40 @@ def inverse_factor_gram_in_place(double[:, ::1] T):
 
 def multiply_triangular_rows(const real[:, ::1] T, real[:, ::1] B, bint transpose):
     """Each row b of B (k x n) := T b, or T^T b with ``transpose`` (T lower, n x n; ?trmm)."""
-    _check_square(T.shape[0], T.shape[1], "T")
+    _triangular_rows(T, B, transpose, False, "rows", "triangle")
+
+
+def solve_triangular_rows(const real[:, ::1] L, real[:, ::1] B, bint transpose):
+    """Each row b of B (k x n) := L^-1 b, or L^-T b with ``transpose`` (L lower, n x n; ?trsm)."""
+    _triangular_rows(L, B, transpose, True, "right-hand sides", "factor")
+
+
+cdef _triangular_rows(const real[:, ::1] T, real[:, ::1] B, bint transpose, bint solve,
+                      str rows, str what):
+    """The rows b of B (k x n) := T b / T^T b (?trmm), or T^-1 b / T^-T b with ``solve`` (?trsm),
+    for lower-triangular T; ``rows`` and ``what`` name B's rows and T in the shape error."""
+    _check_square(T.shape[0], T.shape[1], "T" if what == "triangle" else "L")
     if B.shape[1] != T.shape[0]:
-        raise ValueError(f"rows have length {B.shape[1]}, the triangle is {T.shape[0]} x "
+        raise ValueError(f"{rows} have length {B.shape[1]}, the {what} is {T.shape[0]} x "
                          f"{T.shape[0]}")
     if B.shape[0] == 0:
         return
     cdef int n = <int> T.shape[0], k = <int> B.shape[0]
-    # Fortran sees U = T^T: T b is U^T b ('T'), T^T b is U b ('N')
+    # Fortran sees U = T^T: T b is U^T b ('T'), T^T b is U b ('N'); the same for the solves
     cdef char side = b'L', uplo = b'U', diag = b'N'
     cdef char trans = b'N' if transpose else b'T'
     cdef real one = 1
     with nogil:
         if real is double:
-            dtrmm(&side, &uplo, &trans, &diag, &n, &k, &one, <double*> &T[0, 0], &n, &B[0, 0], &n)
+            if solve:
+                dtrsm(&side, &uplo, &trans, &diag, &n, &k, &one, <double*> &T[0, 0], &n, &B[0, 0], &n)
+            else:
+                dtrmm(&side, &uplo, &trans, &diag, &n, &k, &one, <double*> &T[0, 0], &n, &B[0, 0], &n)
         else:
-            strmm(&side, &uplo, &trans, &diag, &n, &k, &one, <float*> &T[0, 0], &n, &B[0, 0], &n)
-
-
-def solve_triangular_rows(const real[:, ::1] L, real[:, ::1] B, bint transpose):
-    """Each row b of B (k x n) := L^-1 b, or L^-T b with ``transpose`` (L lower, n x n)."""
-    _check_square(L.shape[0], L.shape[1], "L")
-    if B.shape[1] != L.shape[0]:
-        raise ValueError(f"right-hand sides have length {B.shape[1]}, the factor is {L.shape[0]} x "
-                         f"{L.shape[0]}")
-    if B.shape[0] == 0:
-        return
-    cdef int n = <int> L.shape[0], k = <int> B.shape[0]
-    # Fortran sees U = L^T: L x = b is U^T x = b ('T'), L^T x = b is U x = b ('N')
-    cdef char side = b'L', uplo = b'U', diag = b'N'
-    cdef char trans = b'N' if transpose else b'T'
-    cdef real one = 1
-    with nogil:
-        if real is double:
-            dtrsm(&side, &uplo, &trans, &diag, &n, &k, &one, <double*> &L[0, 0], &n, &B[0, 0], &n)
-        else:
-            strsm(&side, &uplo, &trans, &diag, &n, &k, &one, <float*> &L[0, 0], &n, &B[0, 0], &n)
+            if solve:
+                strsm(&side, &uplo, &trans, &diag, &n, &k, &one, <float*> &T[0, 0], &n, &B[0, 0], &n)
+            else:
+                strmm(&side, &uplo, &trans, &diag, &n, &k, &one, <float*> &T[0, 0], &n, &B[0, 0], &n)
 
 
 cdef int _row_gram(const double[:, ::1] B, double[:, ::1] C, double alpha, double beta) except -1:

@@ -30,7 +30,7 @@ so a single n x n weight matrix W serves every length scale (isotropic: d k / d 
 from .base import Kernel
 from .operators import Product, Sum, _Power  # noqa: F401  (_Power: private, for tests)
 from .simple import ConstantKernel, Linear, Polynomial, WhiteKernel
-from .sklearn import (_ForeignKernel, _RationalQuadratic, _reads_lower_triangle_only,  # noqa: F401
+from .sklearn import (_ForeignKernel, _RationalQuadratic,  # noqa: F401
                       _translate, as_kernel, user_kernel)
 from .stationary import Matern, RBF
 

@@ -147,6 +147,12 @@ class Kernel:
         K *= c
         return K
 
+    def _reads_lower_triangle(self):
+        """Whether ``gradient_contract(X, M, K, symmetric=True)`` reads no more of M than its lower
+        triangle (the evidence gradient then skips mirroring M); conservative: False unless a
+        kernel says so."""
+        return False
+
     def _diagonal(self):
         """Whether K(X, X) is diagonal (white noise): in a sum, the other term's K(X, X) then equals
         the sum's off the diagonal, which is all a contraction reads of a K handed to it."""

@@ -134,6 +134,13 @@ class Product(_Binary):
         The two factors (``k1 * k2`` builds the same).
     """
 
+    def _reads_lower_triangle(self):
+        # c k contracts as k does (the constant scales); a product of two kernels reads M o K_2
+        ca, cb = self._a._constant(), self._b._constant()
+        if (ca is None) == (cb is None):
+            return False
+        return (self._b if ca is not None else self._a)._reads_lower_triangle()
+
     def _call(self, X, Y, eval_gradient):
         a, b = self._a, self._b
         if not eval_gradient:

@@ -102,6 +102,9 @@ class _ForeignKernel(Kernel):
     def _diagonal(self):
         return self._fast is not None and self._fast._diagonal()
 
+    def _reads_lower_triangle(self):
+        return self._fast is not None and self._fast._reads_lower_triangle()
+
     def _cross(self, X, Z, scale=1.0):
         if self._fast is not None:
             return self._fast._cross(X, Z, scale)
@@ -245,23 +248,6 @@ def user_kernel(kernel):
         A kernel, possibly the adapter :func:`as_kernel` made.
     """
     return kernel.kernel if isinstance(kernel, _ForeignKernel) else kernel
-
-
-def _reads_lower_triangle_only(kernel):
-    """Whether ``kernel.gradient_contract(X, M, K, symmetric=True)`` reads no more of M than its
-    lower triangle: a stationary kernel, alone or times a constant (a translated scikit-learn one
-    too).  The evidence gradient then skips mirroring M (conservative: False for anything else)."""
-    from .operators import Product
-
-    def inner(k):
-        return k._fast if isinstance(k, _ForeignKernel) and k._fast is not None else k
-
-    k = inner(kernel)
-    if isinstance(k, Product):
-        ca, cb = k._a._constant(), k._b._constant()
-        if (ca is None) != (cb is None):
-            k = inner(k._b if ca is not None else k._a)
-    return isinstance(k, _Stationary)
 
 
 def as_kernel(kernel):

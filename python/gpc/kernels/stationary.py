@@ -23,6 +23,9 @@ class _Stationary(Kernel):
     def _kind(self):
         raise NotImplementedError
 
+    def _reads_lower_triangle(self):
+        return True      # gpc._kernels.contract(symmetric=True) reads M's lower triangle
+
     def _length_scales(self, n_features):
         ls = _check_positive_values(self.length_scale, "length_scale")
         if ls.size != 1 and ls.size != n_features:
