@@ -211,14 +211,16 @@ def test_fitted_model_keeps_no_nl_squared_matrix():
         assert clf.predict_proba(X).shape == (n, l)
 
 
-def test_fit_and_prediction_follow_the_thread_policy(monkeypatch):
+@pytest.mark.parametrize("threads_from", [0, 10_000])
+def test_fit_and_prediction_follow_the_thread_policy(monkeypatch, threads_from):
     """HTPC's BLAS runs on n_jobs threads during the fit and the prediction (None: as many as BLAS
-    may use when the fit starts, joblib's convention as on every gpc estimator), never on a count
-    the caller did not choose."""
+    may use when the fit starts, joblib's convention as on every gpc estimator) when n l reaches
+    BLAS_THREADS_FROM, and on one thread below it; never on a count the caller did not choose."""
     threadpoolctl = pytest.importorskip("threadpoolctl")
     from gpc.multiclass import htpc
 
     seen, laplace, moments = [], htpc._laplace, htpc.htpc_latent_moments
+    monkeypatch.setattr(htpc, "BLAS_THREADS_FROM", threads_from)
 
     def blas_threads():
         return {info["num_threads"] for info in threadpoolctl.threadpool_info()
@@ -234,10 +236,12 @@ def test_fit_and_prediction_follow_the_thread_policy(monkeypatch):
 
     monkeypatch.setattr(htpc, "_laplace", spy_laplace)
     monkeypatch.setattr(htpc, "htpc_latent_moments", spy_moments)
-    X, y = _blob_data(30, 3)
+    X, y = _blob_data(30, 3)                # n l = 90
     from gpc._estimator import resolve_n_jobs
     for n_jobs, limit, want in ((None, None, {resolve_n_jobs(None)}), (None, 1, {1}),
                                 (1, None, {1}), (2, 1, {2})):
+        if threads_from > 90:
+            want = {1}
         seen.clear()
         with threadpoolctl.threadpool_limits(limit):
             clf = MultiClassGPC(model="heavy-tailed", optimizer=None, n_jobs=n_jobs).fit(X, y)

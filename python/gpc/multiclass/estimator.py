@@ -7,7 +7,7 @@ from .._validation import check_optimizer, check_positive_float, check_positive_
 from ..kernels import RBF, as_kernel
 from ..optimize import maximise_evidence
 from .ep import blas_threads, rmgpc_ep
-from .htpc import htpc_laplace, htpc_predict_proba
+from .htpc import fit_threads, htpc_laplace, htpc_predict_proba
 from .predict import predict_proba
 
 MODELS = ("robust", "standard", "heavy-tailed")
@@ -120,8 +120,9 @@ class MultiClassGPC(GPCEstimator):
     n_jobs : int or None
         Threads over EP's l class blocks, or HTPC's BLAS threads, with joblib's convention: None
         as many as BLAS may use, -1 every core, -2 all but one, k > 0 exactly k.  BLAS runs on one
-        thread during EP, and on n_jobs threads during HTPC's fit and prediction, so more threads
-        are never a second pool competing for the cores.  The fit does not depend on it (HTPC:
+        thread during EP, and during HTPC's fit and prediction on n_jobs threads from n l = 1536
+        (``gpc.multiclass.htpc.BLAS_THREADS_FROM``) and on one below, so more threads are never a
+        second pool competing for the cores, nor BLAS threads sharing calls too small for them.  The fit does not depend on it (HTPC:
         beyond rounding).
     label_noise : "beta" or float
         model="robust" only.  "beta": RMGPC's outlier rate ρ with a Beta(a0, b0) prior and
@@ -401,7 +402,8 @@ class MultiClassGPC(GPCEstimator):
         X = self._check_X(X, fitting=False)
         if self.model == "heavy-tailed":
             kern = self.kernels_[0]
-            with blas_threads(self._n_jobs()):
+            size = len(self.classes_) * self.X_train_.shape[0]
+            with blas_threads(fit_threads(self._n_jobs(), size)):
                 return htpc_predict_proba(self.ep_result_, self.scales_, kern(X, self.X_train_),
                                           kern.diag(X))
         crosses, diags, cache = [], [], {}

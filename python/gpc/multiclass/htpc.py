@@ -19,9 +19,11 @@ approximation's evidence.  What the paper leaves out is written down in docs/der
   P(y* = k) = E[softmax(g(u(x*)))] by Monte Carlo with a fixed seed.
 
 Threads: the fit's O((n l)³) work (the whitened Hessian's products and its Cholesky factor) runs
-on scipy's BLAS with the number of threads the caller gives (``n_threads``, the estimator's n_jobs,
-default 1), pinned for the whole fit as RMGPC's EP pins its BLAS (threadpoolctl): on a machine at load
-5-8, BLAS at its default thread count made a fit on wine 25 times slower than one thread.
+on scipy's BLAS, pinned for the whole fit (threadpoolctl) to the number of threads the caller gives
+(``n_threads``, the estimator's n_jobs) when n l ≥ ``BLAS_THREADS_FROM``, and to one thread below
+(:func:`fit_threads`).  Below that size a Newton step is a few milliseconds of calls too small to
+share among threads, and idle OpenBLAS threads spin: on a shared 2-core machine at load 8-10, two
+BLAS threads made a fit on wine (n l = 372) 7 times slower than one (bench/bench_htpc_threads.py).
 
 Memory: the fit holds the l² n curvature blocks, the whitened Hessian and its Cholesky factor,
 2 (n l)² doubles at the peak (576 MB at n = 1000, l = 6).  The result keeps only what prediction
@@ -200,6 +202,17 @@ def _whitened_hessian(W, L, n, l):
     return B
 
 
+#: n l from which HTPC's BLAS calls run on the caller's threads (an (n l)³/3 Cholesky of 1.2e9
+#: multiply-adds and up: tens of milliseconds per call, where threads pay for their start)
+BLAS_THREADS_FROM = 1536
+
+
+def fit_threads(n_threads, size):
+    """BLAS threads for HTPC's matrices of n l = ``size`` rows: ``n_threads`` from
+    ``BLAS_THREADS_FROM`` on, else 1 (module docstring)."""
+    return int(n_threads) if size >= BLAS_THREADS_FROM else 1
+
+
 def htpc_laplace(K, y, n_classes, b, max_iter=100, tol=1e-8, init=None, max_escapes=5,
                  n_threads=1):
     """Laplace approximation of HTPC at fixed K (shared by the classes) and scales b.
@@ -232,14 +245,14 @@ def htpc_laplace(K, y, n_classes, b, max_iter=100, tol=1e-8, init=None, max_esca
         Restarts from a saddle point along the negative-curvature direction.
 
     n_threads : int, default 1
-        BLAS threads for the fit (module docstring); the result does not depend on it beyond
-        rounding.
+        BLAS threads for the fit when n l ≥ ``BLAS_THREADS_FROM`` (:func:`fit_threads`); the
+        result does not depend on it beyond rounding.
 
     Returns
     -------
     HTPCLaplaceResult
     """
-    with blas_threads(n_threads):
+    with blas_threads(fit_threads(n_threads, len(y) * int(n_classes))):
         return _laplace(K, y, n_classes, b, max_iter, tol, init, max_escapes)
 
 
