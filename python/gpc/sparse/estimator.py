@@ -12,6 +12,7 @@ import warnings
 import numpy as np
 from scipy.cluster.vq import kmeans2
 
+from .. import _parallel
 from .._estimator import GPCEstimator, check_n_jobs
 from .._validation import check_positive_float, check_positive_int
 from ..kernels import RBF, ConstantKernel, as_kernel, user_kernel
@@ -411,7 +412,7 @@ class SparseGaussianProcessClassifier(GPCEstimator):
                              "gpc kernel)")
         n = X.shape[0]
         self._batch = self._minibatch_rows(n)
-        self._threads = self._n_jobs()   # stored for the engines; training does not use it yet
+        self._threads = self._n_jobs()
         states = [self._new_state(kernel, Z, n) for _ in range(1 if len(classes) == 2 else len(classes))]
         self._trainer = self._new_trainer(states, likelihood, rng)
         self._problems = [(_BinarySparse(state, likelihood), None) for state in states]
@@ -431,17 +432,18 @@ class SparseGaussianProcessClassifier(GPCEstimator):
 
     def _new_trainer(self, states, likelihood, rng):
         """The trainer of ``method`` (:mod:`gpc.sparse._trainer`)."""
-        batch = self._batch
+        batch, n_jobs = self._batch, self._threads
         if self.tied_sites:
-            return SEPTied(states, likelihood, rng, batch or BLOCK_ROWS, self._damping(False))
+            return SEPTied(states, likelihood, rng, batch or BLOCK_ROWS, self._damping(False),
+                           n_jobs=n_jobs)
         sep = self.method in ("ep", "pl")     # EP's or PL's rank-one sites, SEP's training
         if sep and batch is None:
-            return SEPBatch(states, likelihood, rng, self._damping(False))
+            return SEPBatch(states, likelihood, rng, self._damping(False), n_jobs=n_jobs)
         if sep:
-            return SEPMinibatch(states, likelihood, rng, batch, self._damping(True))
+            return SEPMinibatch(states, likelihood, rng, batch, self._damping(True), n_jobs=n_jobs)
         if self.method == "svi" and batch is not None:
-            return SVIMinibatch(states, likelihood, rng, batch, self.learning_rate)
-        return LBFGSTrainer(states, likelihood, rng)
+            return SVIMinibatch(states, likelihood, rng, batch, self.learning_rate, n_jobs=n_jobs)
+        return LBFGSTrainer(states, likelihood, rng, n_jobs=n_jobs)
 
     def partial_fit(self, X, y, classes=None):
         """One more epoch over (X, y), continuing from the current state.
@@ -493,12 +495,14 @@ class SparseGaussianProcessClassifier(GPCEstimator):
         return [np.where(y == c, 1.0, -1.0) for c in self.classes_]
 
     def _train(self, X, y, epochs):
+        self._threads = self._trainer.n_jobs = self._n_jobs()
         targets = self._targets(y)
         self._problems = [(model, t) for (model, _), t in zip(self._problems, targets)]
         states = self._trainer.states
         rows = None
         interrupted = False
         bar = None
+        self._training = True
         try:
             if self.client is None:
                 rows = InProcessRows(X, targets)
@@ -510,6 +514,7 @@ class SparseGaussianProcessClassifier(GPCEstimator):
         except KeyboardInterrupt:
             interrupted = True
         finally:
+            self._training = False
             if bar is not None:
                 bar.close()
             if rows is not None:
@@ -578,8 +583,13 @@ class SparseGaussianProcessClassifier(GPCEstimator):
 
     # -- prediction ------------------------------------------------------------------------------
     def _latent_blocks(self, X, fn):
+        """``fn`` of each block of BLOCK_ROWS rows of X, each on ``n_jobs`` threads (during
+        training, the training's; :mod:`gpc._parallel`'s fixed blocks: the same bits whatever
+        ``n_jobs``)."""
         X = self._check_X(X, fitting=False)
-        return [fn(as_block(X, a, b)) for a, b in block_ranges(X.shape[0], BLOCK_ROWS)]
+        threads = self._threads if getattr(self, "_training", False) else self._n_jobs()
+        with _parallel.block_threads(threads):
+            return [fn(as_block(X, a, b)) for a, b in block_ranges(X.shape[0], BLOCK_ROWS)]
 
     def predict_latent(self, X):
         """Latent predictive mean and variance (SEP eq. (5) before the likelihood integral).
