@@ -17,8 +17,10 @@ Parts, each optional and bounded:
   same batch on all cores (``--peer-device cuda --peer-dtype float32`` on a GPU; GPyTorch is a
   bench-only peer, never a dependency of gpc): time ratio and NLL of both (target: ≤ 0.5× GPyTorch's
   CPU time at equal or better NLL);
-* ``--device``: the preset for a 16-core GPU machine: ``--peer`` with one thread and all cores,
-  GPyTorch on CUDA in float32 when ``torch.cuda.is_available()`` (else on the CPU), one round.
+* ``--device``: the preset for a 16-core GPU machine, one round of each, about five minutes: the
+  scaling at n = 200,000 with 1, 2, 4, 8 threads and every core, then ``--peer`` with one thread
+  and every core against GPyTorch on CUDA in float32 when ``torch.cuda.is_available()`` and on the
+  CPU (every core, while less than seven minutes have gone).
 
 ``--max-seconds`` ends the alternating rounds once that much time has gone (a round is never cut
 short); every part prints a compact table.
@@ -120,8 +122,8 @@ def main(argv=None):
     ap.add_argument("--peer-device", default="cpu", help="cpu or cuda")
     ap.add_argument("--peer-dtype", default="float64", help="float64 or float32")
     ap.add_argument("--device", action="store_true",
-                    help="preset for a 16-core GPU machine (the --peer part, GPyTorch on CUDA "
-                         "float32 when available, one round)")
+                    help="preset for a 16-core GPU machine: the scaling at --n, then the --peer "
+                         "part with GPyTorch on CUDA float32 when available and on the CPU")
     ap.add_argument("--max-seconds", type=float, default=1800.0,
                     help="no new round after this many seconds of a part")
     args = ap.parse_args(argv)
@@ -131,7 +133,7 @@ def main(argv=None):
     if args.device:
         return device(args)
     if args.peer:
-        return peer(args, [1, cores()], args.peer_device, args.peer_dtype, args.repeats)
+        return peer(args, [1, cores()], [(args.peer_device, args.peer_dtype)], args.repeats)
     Xtr, ytr, Xte, yte, Z0, ell = peer_problem(args.n, args.test)
 
     def targets(b, t):
@@ -140,7 +142,8 @@ def main(argv=None):
     if not args.no_plain:
         out = epochs_alternating(Xtr, ytr, Xte, yte, Z0, ell, args.batches, threads, args.repeats,
                                  args.max_seconds)
-        table(out, threads, targets, f"n = {args.n}, m = 200, one epoch each, {len(out[(args.batches[0], threads[0])])} rounds")
+        rounds = len(out[(args.batches[0], threads[0])])
+        table(out, threads, targets, f"n = {args.n}, m = 200, one epoch each, {rounds} rounds")
     if args.burner:
         with Burner():
             out = epochs_alternating(Xtr, ytr, Xte, yte, Z0, ell, args.batches, threads,
@@ -150,8 +153,10 @@ def main(argv=None):
     print(f"\nload average after: {os.getloadavg()[0]:.1f}")
 
 
-def peer(args, threads, device_name, dtype, repeats):
-    """gpc at ``threads`` and GPyTorch (all cores, or the GPU) at batch 2000, n = ``--peer-n``."""
+def peer(args, threads, devices, repeats, deadline=None):
+    """gpc with ``threads`` and GPyTorch on each of ``devices`` [(device, dtype)] (all cores on
+    the CPU) at batch 2000, n = ``--peer-n``, one epoch; GPyTorch runs only while the wall-clock
+    ``deadline`` (time.perf_counter) is not past."""
     Xtr, ytr, Xte, yte, Z0, ell = peer_problem(args.peer_n, args.test)
     b = 2000
     out = epochs_alternating(Xtr, ytr, Xte, yte, Z0, ell, [b], threads, repeats, args.max_seconds)
@@ -162,37 +167,55 @@ def peer(args, threads, device_name, dtype, repeats):
     except ImportError:
         print("GPyTorch is not installed: no peer (pip install torch gpytorch)")
         return
-    peer_runs = []
-    for _ in range(repeats):
-        p, wall, _ = gpytorch_fit(Xtr, ytr, Xte, Z0, ell, b, threads=cores(), device=device_name,
-                                  dtype=dtype)
-        peer_runs.append((wall, _nll(p, yte)))
-        print(f"gpytorch ({device_name}, {dtype}): {wall:.2f} s, NLL {peer_runs[-1][1]:.4f}",
-              flush=True)
-    g_wall = float(np.median([r[0] for r in peer_runs]))
-    print(f"\n| what | epoch (median) | test NLL | gpc ÷ GPyTorch |")
-    print("| --- | --- | --- | --- |")
+    peers = {}
+    for device_name, dtype in devices:
+        runs = []
+        for _ in range(repeats):
+            if deadline is not None and time.perf_counter() > deadline:
+                print(f"no time left for GPyTorch on {device_name}")
+                break
+            p, wall, _ = gpytorch_fit(Xtr, ytr, Xte, Z0, ell, b, threads=cores(),
+                                      device=device_name, dtype=dtype)
+            runs.append((wall, _nll(p, yte)))
+            print(f"gpytorch ({device_name}, {dtype}): {wall:.2f} s, NLL {runs[-1][1]:.4f}",
+                  flush=True)
+        if runs:
+            peers[(device_name, dtype)] = runs
+    print("\n| what | epoch (median) | test NLL | " +
+          " | ".join(f"gpc ÷ GPyTorch {d} {t}" for d, t in peers) + " |")
+    print("| --- | --- | --- |" + " --- |" * len(peers))
+    walls = {key: float(np.median([r[0] for r in runs])) for key, runs in peers.items()}
     for t in threads:
         runs = out[(b, t)]
         secs = float(np.median([r[0] for r in runs]))
-        print(f"| gpc, {t} thread{'s' if t > 1 else ''} | {secs:.2f} s | {runs[0][1]:.4f} | "
-              f"{secs / g_wall:.2f} |")
-    print(f"| GPyTorch SVGP, {device_name} {dtype}"
-          f"{f', {cores()} threads' if device_name == 'cpu' else ''} | {g_wall:.2f} s | "
-          f"{peer_runs[0][1]:.4f} | 1 |")
+        print(f"| gpc, {t} thread{'s' if t > 1 else ''} | {secs:.2f} s | {runs[0][1]:.4f} | " +
+              " | ".join(f"{secs / w:.2f}" for w in walls.values()) + " |")
+    for (d, t), runs in peers.items():
+        where = f", {cores()} threads" if d == "cpu" else ""
+        print(f"| GPyTorch SVGP, {d} {t}{where} | {walls[(d, t)]:.2f} s | {runs[0][1]:.4f} | " +
+              " | ".join("" for _ in peers) + " |")
 
 
 def device(args):
-    """The 16-core GPU machine's run: n = 10^6, batch 2000, gpc with one thread and every core,
-    GPyTorch on CUDA float32 (or the CPU without one), one round."""
+    """The 16-core GPU machine's run, one round of each part, about five minutes: the thread
+    scaling at n = 200,000 (batches 200, 2000, 20000; 1, 2, 4, 8 and every core), then n = 10^6 at
+    batch 2000 with one thread and every core against GPyTorch on CUDA in float32 (when
+    ``torch.cuda.is_available()``) and on the CPU (all cores), the CPU peer only while less than
+    seven minutes have gone."""
+    start = time.perf_counter()
     try:
         import torch
         cuda = torch.cuda.is_available()
     except ImportError:
         cuda = False
-    args.max_seconds = min(args.max_seconds, 420.0)
-    return peer(args, [1, cores()], "cuda" if cuda else "cpu", "float32" if cuda else "float64",
-                1 if args.repeats == 3 else args.repeats)
+    n_cores = cores()
+    threads = sorted({t for t in (1, 2, 4, 8, n_cores) if t <= n_cores})
+    Xtr, ytr, Xte, yte, Z0, ell = peer_problem(args.n, args.test)
+    out = epochs_alternating(Xtr, ytr, Xte, yte, Z0, ell, args.batches, threads, 1, 0.0)
+    table(out, threads, None, f"n = {args.n}, m = 200, one epoch each, {n_cores} cores")
+    devices = ([("cuda", "float32")] if cuda else []) + [("cpu", "float64")]
+    peer(args, [1, n_cores], devices, 1, deadline=start + 420.0)
+    print(f"\ndevice run: {time.perf_counter() - start:.0f} s")
 
 
 if __name__ == "__main__":

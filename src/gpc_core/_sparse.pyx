@@ -869,15 +869,15 @@ def evidence_block(int kind, double eps, const double[::1] gh_nodes, const doubl
             if cavity:
                 _cavity_rows_gradient(&G[0, 0], &Y[0, 0], &A[0, 0], &rows[2, 0], &mu[0],
                                       &rows[3, 0], &g_s[0], k, m)
-                dgemm(&notrans, &trans, &mm, &mm, &kk, &minus_one, &A[0, 0], &mm, &Y[0, 0],
-                      &mm, &zero, &AtG[0, 0], &mm)                          # -Y^T A
+                dgemm(&notrans, &trans, &mm, &mm, &kk, &minus_one, <double*> &A[0, 0], &mm,
+                      &Y[0, 0], &mm, &zero, &AtG[0, 0], &mm)                # -Y^T A
             else:
                 for i in range(k):                                           # β = ν - T μ
                     rows[2, i] = nu[i] - tau[i] * rows[0, i]
                 _site_rows_gradient(&G[0, 0], &A[0, 0], &rows[2, 0], &mu[0], &tau[0], &g_s[0],
                                     k, m)
-                dgemm(&notrans, &trans, &mm, &mm, &kk, &one, &G[0, 0], &mm, &A[0, 0], &mm,
-                      &zero, &AtG[0, 0], &mm)                               # A^T G
+                dgemm(&notrans, &trans, &mm, &mm, &kk, &one, &G[0, 0], &mm,
+                      <double*> &A[0, 0], &mm, &zero, &AtG[0, 0], &mm)     # A^T G
             if to_kernel:
                 _times_lower(&Li[0, 0], &G[0, 0], kk, mm, True)             # G L^-1
     return total, bad
