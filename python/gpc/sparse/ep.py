@@ -254,12 +254,14 @@ def transform_natural(P, h, Li_old, L_new):
     """(P', h') for the same sites seen from a new factor L' of K_uu (after a θ or Z step).
 
     The sites are fixed in u-space (S2 = L⁻ᵀ(P - I)L⁻¹, S1 = L⁻ᵀh), so with M = L⁻¹L'
-    (lower triangular) P' = I + Mᵀ(P - I)M and h' = Mᵀh: three triangular multiplies (dtrmm)
-    with the explicit L⁻¹ (``Li_old``), O(m³), no solve.
+    (lower triangular) P' = I + Mᵀ(P - I)M and h' = Mᵀh: a product of two triangles (m³/6
+    multiply-adds) and two triangular multiplies (dtrmm) with the explicit L⁻¹ (``Li_old``), no
+    solve.  ``L_new`` is lower triangular with a zero strict upper triangle (a factor of
+    :class:`InducingFactor`).
     """
     m = P.shape[0]
     M = np.array(L_new, dtype=np.float64, order="C")
-    _sparse.lower_times(Li_old, M)                             # M = L⁻¹ L'
+    _sparse.lower_lower_times(Li_old, M)                       # M = L⁻¹ L'
     S = np.array(P, dtype=np.float64, order="C")
     S.flat[:: m + 1] -= 1.0
     _sparse.congruence(M, S)

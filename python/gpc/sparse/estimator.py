@@ -251,10 +251,15 @@ class SparseGaussianProcessClassifier(GPCEstimator):
         ``distributed`` extra (``pip install "gpc[distributed]"``).  Clones share the client; a
         pickled model drops it (``client=None`` after unpickling).
     n_jobs : int or None, default None
-        Workers of the fit, with joblib's convention: None as many as BLAS may use (threadpoolctl's
-        limit, else OMP_NUM_THREADS / OPENBLAS_NUM_THREADS, else every core), -1 every core, -2 all
-        but one, k > 0 exactly k.  Stored and checked; the sparse engine's BLAS calls use BLAS's
-        own threads.
+        Threads of the fit and of prediction, with joblib's convention: None as many as BLAS may
+        use (threadpoolctl's limit, else OMP_NUM_THREADS / OPENBLAS_NUM_THREADS, else every core),
+        -1 every core, -2 all but one, k > 0 exactly k.  Each minibatch, and each block of a
+        batch pass or of prediction, is cut into fixed blocks of rows (their sizes depend on the
+        rows and m only) that run on these threads, while every BLAS library runs on one thread
+        per call for the duration (threadpoolctl when installed, else OpenBLAS's own
+        ``openblas_set_num_threads``; with another BLAS and neither, the blocks run in one
+        thread); the m x m work of a step runs once.  The blocks' sums are added in block order,
+        so the fitted model and its predictions are the same bits for every ``n_jobs``.
 
     Attributes
     ----------
