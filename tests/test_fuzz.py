@@ -1,10 +1,24 @@
-"""Property-based checks of gpc.exceptions' policy over infer() (hypothesis).
+"""Property-based checks of gpc.exceptions' policy (hypothesis) over infer() and the three
+estimators.
 
-CI runs a few dozen derandomised examples; ``-m slow`` runs many more (``-s`` prints the outcome
-counts).  The estimator suite fits GaussianProcessClassifier (2-3 classes, OvR and OvO, fixed
-kernels) and checks probabilities in [0, 1] whose rows sum to 1.  Every run either returns a
-finite result (log evidence ≤ 0, finite mean, non-negative variances) or raises an exception of the
-policy: ValueError / TypeError for bad input, gpc.exceptions.NumericalError for a numerical failure.
+Every run either returns a usable result or raises an exception of the policy: ValueError /
+TypeError naming the problem for bad input, gpc.exceptions.NumericalError for a numerical failure
+on valid input.  On valid input no warning reaches the caller but ConvergenceWarning and EP's
+NegativeSitesWarning (NumPy's RuntimeWarning least of all).
+
+- ``infer()``: every method/likelihood/schedule pair on RBF kernels from nearly diagonal to nearly
+  singular; a usable result is finite, with log evidence ≤ 0 and non-negative variances.
+- GaussianProcessClassifier: 2-3 classes, one-vs-rest and one-vs-one, fixed kernels; probabilities
+  in [0, 1] whose rows sum to 1.
+- SparseGaussianProcessClassifier and MultiClassGPC: random data sets (n up to 40, d 1-5, scales
+  1e-9 to 1e8, duplicate rows, constant columns, int / float32 / Fortran / list input, labels as
+  ints, strings, floats and bools) under every parameter, and every kind of bad input, each of
+  which must raise its ValueError / TypeError.  A usable model predicts finite probabilities in
+  [0, 1], rows summing to 1, and predict is their argmax.
+
+CI runs a few hundred derandomised examples in all (about 20 s); ``-m slow`` runs thousands
+(``-s`` prints the outcome counts; docs/reliability.md has the last run's).  The slow runs of the
+two estimators go on past an example outside the policy and list every one at the end.
 """
 
 import collections
@@ -15,7 +29,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from gpc import infer
-from gpc.exceptions import NumericalError
+from gpc.exceptions import ConvergenceWarning, NumericalError
+from gpc.inference._sites import NegativeSitesWarning
 
 from helpers import rbf
 
@@ -53,14 +68,17 @@ def _check_one(p):
     y = rng.choice([-1.0, 1.0], p["n"])
     K = rbf(X, np.exp(p["log_ell"]), np.exp(p["log_sf2"]))
     method, likelihood, schedule = p["pair"]
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
             r = infer(K, y, likelihood=likelihood, method=method, schedule=schedule,
                       max_iter=p["max_iter"])
-    except (ValueError, TypeError, NumericalError) as exc:
-        OUTCOMES[type(exc).__name__] += 1
-        return          # inside the policy (a K that is numerically singular is bad input)
+        except (ValueError, TypeError, NumericalError) as exc:
+            r = exc     # inside the policy (a K that is numerically singular is bad input)
+    _warnings_allowed(caught, (ConvergenceWarning, NegativeSitesWarning), "infer")
+    if isinstance(r, Exception):
+        OUTCOMES[type(r).__name__] += 1
+        return
     assert np.isfinite(r.log_evidence) and r.log_evidence <= 0.0
     assert np.all(np.isfinite(r.mean))
     var = r.posterior.diag_cov()
@@ -111,13 +129,16 @@ def _check_estimator(p):
     kernel = ConstantKernel(np.exp(p["log_sf2"]), "fixed") * RBF(np.exp(p["log_ell"]), "fixed")
     model = GaussianProcessClassifier(kernel, likelihood=likelihood, method=method, schedule=schedule,
                                       optimizer=None, multi_class=p["multi_class"])
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
             model.fit(X, y)
             proba = model.predict_proba(rng.standard_normal((5, 2)) * p["scale"])
-    except (ValueError, TypeError, NumericalError) as exc:
-        OUTCOMES["estimator " + type(exc).__name__] += 1
+        except (ValueError, TypeError, NumericalError) as exc:
+            proba = exc
+    _warnings_allowed(caught, (ConvergenceWarning, NegativeSitesWarning), "estimator")
+    if isinstance(proba, Exception):
+        OUTCOMES["estimator " + type(proba).__name__] += 1
         return
     assert np.all(np.isfinite(proba)) and np.all((proba >= 0.0) & (proba <= 1.0))
     # rows sum to one up to the rounding of a normalisation over ≤ 3 classes
@@ -138,3 +159,607 @@ def test_estimator_obeys_the_exception_policy(p):
 @given(estimator_problems)
 def test_estimator_obeys_the_exception_policy_many(p):
     _check_estimator(p)
+
+
+# -- the sparse and the multi-class estimators ------------------------------------------------------
+#
+# Each example draws a data set (shape, scale, duplicate rows, constant columns, the container and
+# dtype of X, the type of the labels) and a full set of the estimator's parameters, or one piece of
+# bad input.  Valid input ends in a usable model (``_check_model``) or a NumericalError; bad input in
+# the ValueError / TypeError that names it.  On valid input the only warnings that may reach the
+# caller are the documented ones: ConvergenceWarning (an iteration or optimiser budget ran out)
+# and, from EP's negative-site policies, NegativeSitesWarning.  Any other category, NumPy's
+# RuntimeWarning ("overflow in exp", "invalid value in divide") first of all, fails the example.
+
+#: the data's parts that an example varies
+data_problems = {
+    "seed": st.integers(0, 2**16),
+    "d": st.integers(1, 5),
+    "log10_scale": st.floats(-9.0, 8.0),
+    "columns": st.sampled_from(["same scale", "scales 1e±3 apart", "offset 1e4 scales"]),
+    "duplicates": st.sampled_from(["none", "some", "all rows equal"]),
+    "constant_columns": st.integers(0, 2),
+    "container": st.sampled_from(["float64", "float32", "int", "fortran", "list"]),
+    "labels": st.sampled_from(["int", "str", "bool", "float", "sparse ints"]),
+}
+
+
+def _make_data(p, n, n_classes, n_test=6):
+    """(X, y, X_test, the y's distinct labels) for example p: n training rows with every one of
+    n_classes classes present, and n_test test rows from the same distribution (the first a
+    training row, the second a million times as far from the origin as the data)."""
+    rng = np.random.default_rng(p["seed"])
+    d = p["d"]
+    Z = rng.standard_normal((n + n_test, d))
+    scale = 10.0 ** p["log10_scale"]
+    if p["columns"] == "same scale":
+        Z *= scale
+    elif p["columns"] == "scales 1e±3 apart":
+        Z *= scale * 10.0 ** rng.uniform(-3.0, 3.0, d)
+    else:     # far from the origin: distances are small differences of large numbers
+        Z = scale * (1e4 + Z)
+    if p["duplicates"] == "some" and n > 1:
+        src = rng.integers(0, n, size=max(1, n // 3))
+        Z[rng.integers(0, n, size=len(src))] = Z[src]
+    elif p["duplicates"] == "all rows equal":
+        Z[:] = Z[0]
+    for j in rng.choice(d, size=min(d, p["constant_columns"]), replace=False):
+        Z[:, j] = scale * rng.standard_normal()
+    Z[n] = Z[0]                     # a test row equal to a training row,
+    Z[n + 1] *= 1e6                 # and one far from every training row
+    index = np.arange(n) % n_classes
+    rng.shuffle(index)
+    kind = p["labels"] if p["labels"] != "bool" or n_classes == 2 else "int"
+    values = {"int": np.arange(n_classes), "str": np.array([f"class {k}" for k in range(n_classes)]),
+              "bool": np.array([False, True]), "float": np.arange(n_classes) + 1.0,
+              "sparse ints": np.array([-7, 0, 3, 11, 100, 10**6])[:n_classes]}[kind]
+    y = values[index]
+    X, X_test = _container(Z[:n], p["container"]), _container(Z[n:], p["container"])
+    return X, y, X_test, np.unique(y)
+
+
+def _container(Z, how):
+    if how == "float32":
+        return Z.astype(np.float32)
+    if how == "int":
+        return np.round(Z).astype(np.int64)
+    if how == "fortran":
+        return np.asfortranarray(Z)
+    if how == "list":
+        return Z.tolist()
+    return Z
+
+
+def _warnings_allowed(caught, allowed, estimator):
+    """Count the warnings of an example; fail on any category outside ``allowed``."""
+    for w in caught:
+        OUTCOMES[f"{estimator} warning {w.category.__name__}"] += 1
+    stray = [w for w in caught if not issubclass(w.category, allowed)]
+    assert not stray, "warnings outside the policy: " + "; ".join(
+        f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})" for w in stray)
+
+
+def _check_model(model, X_test, classes):
+    """A fitted classifier's predictions: probabilities finite, in [0, 1], rows summing to 1, and
+    predict the argmax of predict_proba."""
+    assert np.array_equal(model.classes_, classes)
+    proba = model.predict_proba(X_test)
+    assert proba.shape == (len(X_test), len(classes))
+    assert np.all(np.isfinite(proba)) and np.all((proba >= 0.0) & (proba <= 1.0))
+    # a normalised row of ≤ 6 non-negative terms sums to 1 within a few ulp (each addition and
+    # the division round by at most 2⁻⁵³ relative): 1e-12 is ample and still catches any lost mass
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=0.0, atol=1e-12)
+    predicted = model.predict(X_test)
+    assert np.array_equal(predicted, classes[np.argmax(proba, axis=1)])
+    return proba
+
+
+def _run(estimator, allowed_warnings, fit_and_check, variant):
+    """Run one valid example: a usable model or a NumericalError, and no stray warning.  Counts
+    the example, and its outcome once it is known to be inside the policy (a NumericalError with
+    ``variant``, the method or model)."""
+    OUTCOMES[f"{estimator} examples"] += 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            fit_and_check()
+        except NumericalError as exc:
+            outcome = f"{type(exc).__name__} ({variant})"
+        else:
+            outcome = "usable result"
+    _warnings_allowed(caught, allowed_warnings, estimator)
+    OUTCOMES[f"{estimator} {outcome}"] += 1
+
+
+def _expect_bad(estimator, call, exc, match):
+    """Run one piece of bad input: it raises ``exc`` with a message matching ``match``, and warns
+    nothing on the way."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(exc, match=match) as info:
+            call()
+    _warnings_allowed(caught, (), estimator)
+    OUTCOMES[f"{estimator} bad input {type(info.value).__name__}"] += 1
+
+
+#: kinds of bad data, shared by both estimators (:func:`_bad_data` makes each)
+BAD_DATA = ["NaN in X", "inf in X", "X 1-D", "X 3-D", "y too short", "y 2-D", "one class", "no rows",
+            "complex X", "X of strings", "y continuous", "NaN in y", "sparse X", "one row",
+            "predict: other features", "predict: NaN", "predict: 1-D X", "predict: no rows",
+            "predict before fit"]
+
+
+def _bad_data(kind, make, X, y, X_test):
+    """(call, exception, pattern) for one kind of bad data; ``make()`` is a fresh estimator."""
+    X = np.asarray(X, dtype=np.float64)
+    Xt = np.asarray(X_test, dtype=np.float64)
+    if kind == "NaN in X":
+        X = X.copy()
+        X[len(X) // 2, -1] = np.nan
+        return (lambda: make().fit(X, y)), ValueError, "NaN"
+    if kind == "inf in X":
+        X = X.copy()
+        X[0, 0] = -np.inf
+        return (lambda: make().fit(X, y)), ValueError, "inf"
+    if kind == "X 1-D":
+        return (lambda: make().fit(X[:, 0], y)), ValueError, "2D"
+    if kind == "X 3-D":
+        return (lambda: make().fit(X[:, :, None], y)), ValueError, "2D"
+    if kind == "y too short":
+        return (lambda: make().fit(X, y[:-1])), ValueError, "samples"
+    if kind == "y 2-D":
+        return (lambda: make().fit(X, np.column_stack([y, y]))), ValueError, "1d"
+    if kind == "one class":
+        return (lambda: make().fit(X, np.full(len(y), y[0]))), ValueError, "one class"
+    if kind == "no rows":
+        return (lambda: make().fit(X[:0], y[:0])), ValueError, "0 sample"
+    if kind == "complex X":
+        return (lambda: make().fit(X + 1j, y)), ValueError, "[Cc]omplex"
+    if kind == "X of strings":
+        return (lambda: make().fit(np.full(X.shape, "a"), y)), ValueError, "numeric"
+    if kind == "y continuous":
+        return (lambda: make().fit(X, np.linspace(0.1, 0.9, len(y)))), ValueError, "continuous"
+    if kind == "NaN in y":
+        yn = np.arange(len(y), dtype=float) % 2
+        yn[-1] = np.nan
+        return (lambda: make().fit(X, yn)), ValueError, "NaN"
+    if kind == "sparse X":
+        from scipy import sparse
+        return (lambda: make().fit(sparse.csr_matrix(X), y)), TypeError, "sparse"
+    if kind == "one row":
+        return (lambda: make().fit(X[:1], y[:1])), ValueError, "one class"
+    if kind == "predict before fit":
+        from gpc._estimator import NotFittedError
+        return (lambda: make().predict_proba(Xt)), NotFittedError, "not fitted"
+
+    def fitted():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            return make().fit(X, y)
+    if kind == "predict: other features":
+        wider = np.column_stack([Xt, Xt[:, :1]])
+        return (lambda: fitted().predict(wider)), ValueError, "features"
+    if kind == "predict: NaN":
+        Xn = Xt.copy()
+        Xn[-1, 0] = np.nan
+        return (lambda: fitted().predict_proba(Xn)), ValueError, "NaN"
+    if kind == "predict: 1-D X":
+        return (lambda: fitted().predict(Xt[0])), ValueError, "2D"
+    if kind == "predict: no rows":
+        return (lambda: fitted().predict_proba(Xt[:0])), ValueError, "0 sample"
+    raise AssertionError(kind)
+
+
+def _survey(estimator, problems, check, n):
+    """n derandomised examples of ``check`` that go on past an example outside the policy (it is
+    counted and kept) and fail at the end, listing them: the slow runs report every failure and
+    complete counts, where a plain @given stops at the first and shrinks it."""
+    failures = []
+
+    @_examples(n)
+    @given(problems)
+    def run(p):
+        try:
+            check(p)
+        except (Exception, pytest.fail.Exception) as exc:
+            OUTCOMES[f"{estimator} OUTSIDE THE POLICY"] += 1
+            failures.append(f"{type(exc).__name__}: {str(exc)[:300]}\n    example: {p}")
+
+    run()
+    assert not failures, f"{len(failures)} examples outside the policy:\n" + "\n".join(failures)
+
+
+def _log_uniform(lo, hi):
+    return st.floats(np.log(lo), np.log(hi)).map(np.exp)
+
+
+# -- SparseGaussianProcessClassifier ---------------------------------------------------------------
+
+sparse_problems = st.fixed_dictionaries({
+    **data_problems,
+    "n": st.integers(2, 40),
+    "n_classes": st.integers(2, 3),
+    "method": st.sampled_from(["ep", "pl", "gfitc", "svi"]),
+    "likelihood": st.sampled_from(["probit", "logit", "noisy_threshold"]),
+    "on_negative": st.sampled_from(["keep", "keep-skip", "clip", "skip", "pl", "raise"]),
+    "batch_size": st.one_of(st.none(), st.just("auto"), st.integers(1, 45)),
+    "max_iter": st.integers(1, 4),
+    "tied_sites": st.booleans(),
+    "optimize_inducing": st.booleans(),
+    "inducing_points": st.sampled_from(["kmeans", "random", "array"]),
+    "n_inducing": st.integers(1, 8),
+    "learning_rate": _log_uniform(1e-3, 10.0),
+    "damping": st.one_of(st.none(), st.floats(0.05, 1.0)),
+    "jitter": st.sampled_from([0.0, 1e-8, 1e-4]),
+    "validation": st.booleans(),
+    "n_jobs": st.sampled_from([None, 1, 2, -1]),
+    "random_state": st.one_of(st.none(), st.integers(0, 2**16)),
+    "fit": st.sampled_from(["fit", "fit, partial_fit", "partial_fit"]),
+    "kernel": st.sampled_from(["default", "C * RBF(1)", "fixed RBF at the data's scale"]),
+})
+
+#: bad parameters of the sparse estimator: (parameter, value, pattern of the message)
+SPARSE_BAD_PARAMS = [
+    ("method", "sep", "method"), ("likelihood", "bogus", "likelihood"),
+    ("on_negative", "ignore", "on_negative"), ("batch_size", 0, "batch_size"),
+    ("batch_size", 2.5, "batch_size"), ("batch_size", "all", "batch_size"),
+    ("batch_size", True, "batch_size"), ("max_iter", 0, "max_iter"), ("max_iter", 1.5, "max_iter"),
+    ("max_iter", "forever", "max_iter"), ("max_iter", True, "max_iter"),
+    ("learning_rate", 0.0, "learning_rate"), ("learning_rate", np.nan, "learning_rate"),
+    ("damping", 0.0, "damping"), ("damping", 1.5, "damping"), ("damping", np.nan, "damping"),
+    ("jitter", -1e-8, "jitter"), ("jitter", np.inf, "jitter"), ("n_inducing", 0, "n_inducing"),
+    ("n_inducing", 2.5, "n_inducing"), ("inducing_points", "grid", "inducing_points"),
+    ("inducing_points", "wrong shape", "inducing_points"),
+    ("inducing_points", "NaN", "inducing_points"), ("tied_sites", "with method='pl'", "tied_sites"),
+    ("batch_size", "5 with method='gfitc'", "batch"),
+    ("n_jobs", 0, "n_jobs"), ("n_jobs", 1.5, "n_jobs"), ("random_state", "seed", "random_state"),
+    ("validation_data", "one array", "validation_data"),
+    ("validation_data", "other features", "validation_data"),
+    ("validation_data", "NaN", "validation_data"),
+    ("validation_data", "labels outside the classes", "validation_data"),
+    ("kernel", "start outside its bounds", "bounds"),
+]
+
+SPARSE_BAD_FIT = ["partial_fit: unseen label", "partial_fit: other classes",
+                  "partial_fit: other rows", "partial_fit: one class first"]
+
+sparse_bad_problems = st.fixed_dictionaries({
+    **data_problems,
+    "n": st.integers(4, 20),
+    "n_classes": st.integers(2, 3),
+    "method": st.sampled_from(["ep", "pl", "gfitc", "svi"]),
+})
+
+#: every kind of bad input of the sparse estimator (each test runs all of them)
+SPARSE_BAD = BAD_DATA + SPARSE_BAD_FIT + [f"{name}={value!r}" for name, value, _ in SPARSE_BAD_PARAMS]
+
+#: kinds of bad input that are not rejected yet, each the record of an open failure (strict: the
+#: test fails once it is fixed, and the entry goes); the fix is outside this suite's files
+OPEN_FAILURES = {
+    "validation_data='labels outside the classes'": (
+        "sparse/estimator.py does not check validation_data's labels against classes_ (see "
+        "tests/test_sparse_estimator.py::test_validation_labels_outside_the_classes_raise)"),
+}
+
+
+def _kinds(kinds):
+    """The kinds as pytest parameters, the open failures marked xfail(strict=True)."""
+    return [pytest.param(k, marks=pytest.mark.xfail(strict=True, reason=OPEN_FAILURES[k]))
+            if k in OPEN_FAILURES else k for k in kinds]
+
+
+def _sparse_kernel(which, X):
+    from gpc.kernels import RBF, ConstantKernel
+    if which == "default":
+        return None
+    if which == "C * RBF(1)":
+        return ConstantKernel(1.0) * RBF(1.0)
+    spread = float(np.std(np.asarray(X, dtype=np.float64)))
+    return ConstantKernel(1.0, "fixed") * RBF(spread if spread > 0 else 1.0, "fixed")
+
+
+def _sparse_params(p, X):
+    """The estimator's parameters for example p (valid ones: tied sites only with EP, GFITC in
+    batch)."""
+    method = p["method"]
+    batch = p["batch_size"] if method != "gfitc" or not isinstance(p["batch_size"], int) else None
+    params = dict(method=method, likelihood=p["likelihood"], on_negative=p["on_negative"],
+                  batch_size=batch, max_iter=p["max_iter"],
+                  tied_sites=p["tied_sites"] and method == "ep",
+                  optimize_inducing=p["optimize_inducing"], n_inducing=p["n_inducing"],
+                  learning_rate=p["learning_rate"], damping=p["damping"], jitter=p["jitter"],
+                  n_jobs=p["n_jobs"], random_state=p["random_state"], progress=False,
+                  kernel=_sparse_kernel(p["kernel"], X))
+    if p["inducing_points"] == "array":
+        rng = np.random.default_rng(p["seed"] + 1)
+        Xf = np.asarray(X, dtype=np.float64)
+        # training rows (duplicates possible) moved by a tenth of the columns' spread
+        rows = Xf[rng.integers(0, len(Xf), size=p["n_inducing"])]
+        params["inducing_points"] = rows + 0.1 * rng.standard_normal(rows.shape) * Xf.std(axis=0)
+    else:
+        params["inducing_points"] = p["inducing_points"]
+    return params
+
+
+def _check_sparse(p):
+    from gpc import SparseGaussianProcessClassifier
+    X, y, X_test, classes = _make_data(p, p["n"], p["n_classes"])
+    params = _sparse_params(p, X)
+    if p["validation"]:
+        params["validation_data"] = (X_test, y[:len(X_test)] if len(y) >= len(X_test)
+                                     else np.resize(y, len(X_test)))
+    model = SparseGaussianProcessClassifier(**params)
+
+    def fit_and_check():
+        if p["fit"] == "partial_fit":
+            model.partial_fit(X, y, classes=classes)
+        else:
+            model.fit(X, y)
+        if p["fit"] == "fit, partial_fit" and params["tied_sites"]:
+            model.partial_fit(X[::2], y[::2])      # tied sites take any rows: a stream
+        elif p["fit"] == "fit, partial_fit":
+            model.partial_fit(X, y)
+        _check_model(model, X_test, classes)
+        assert len(model.history_) == model.n_iter_ >= 1
+        assert np.isfinite(model.log_marginal_likelihood_value_)
+        for entry in model.history_:
+            assert np.isfinite(entry["objective"])
+            if p["validation"]:
+                assert 0.0 <= entry["val_error"] <= 1.0 and np.isfinite(entry["val_nll"])
+                assert entry["val_nll"] >= 0.0
+        mean, var = model.predict_latent(X_test)
+        assert np.all(np.isfinite(mean)) and np.all(np.isfinite(var)) and np.all(var >= 0.0)
+
+    allowed = (ConvergenceWarning, NegativeSitesWarning)
+    _run("sparse", allowed, fit_and_check, p["method"])
+
+
+def _check_sparse_bad(p, kind):
+    from gpc import SparseGaussianProcessClassifier
+    X, y, X_test, classes = _make_data(p, p["n"], p["n_classes"])
+    base = dict(method=p["method"], max_iter=1, n_inducing=3, progress=False, random_state=0)
+    make = lambda **kw: SparseGaussianProcessClassifier(**{**base, **kw})   # noqa: E731
+    if kind in BAD_DATA:
+        call, exc, match = _bad_data(kind, make, X, y, X_test)
+    elif kind in SPARSE_BAD_FIT:
+        call, exc, match = _sparse_bad_fit(kind, make, X, y, classes)
+    else:
+        name, value, match = SPARSE_BAD_PARAMS[SPARSE_BAD.index(kind) - len(BAD_DATA)
+                                               - len(SPARSE_BAD_FIT)]
+        value, extra = _sparse_bad_value(name, value, X, y, p["method"])
+        call, exc = (lambda: make(**{name: value, **extra}).fit(X, y)), ValueError
+    _expect_bad("sparse", call, exc, match)
+
+
+def _sparse_bad_value(name, value, X, y, method):
+    """The bad value itself, and other parameters that it needs, for SPARSE_BAD_PARAMS."""
+    from gpc.kernels import RBF
+    d = np.asarray(X).shape[1]
+    if name == "inducing_points" and value == "wrong shape":
+        return np.zeros((3, d + 1)), {}
+    if name == "inducing_points" and value == "NaN":
+        return np.full((3, d), np.nan), {}
+    if name == "tied_sites":
+        return True, {"method": "pl"}
+    if name == "batch_size" and isinstance(value, str) and "gfitc" in value:
+        return 5, {"method": "gfitc"}
+    if name == "validation_data":
+        Xv = np.asarray(X, dtype=np.float64)
+        if value == "one array":
+            return (Xv,), {}
+        if value == "other features":
+            return (np.column_stack([Xv, Xv]), y), {}
+        if value == "labels outside the classes":
+            return (Xv, np.full(len(y), "unseen label")), {}
+        Xv = Xv.copy()
+        Xv[0, 0] = np.nan
+        return (Xv, y), {}
+    if name == "kernel":
+        return RBF(1.0, length_scale_bounds=(10.0, 100.0)), {}
+    if name == "batch_size" and method == "gfitc":
+        return value, {"method": "ep"}            # the size itself is the problem here
+    return value, {}
+
+
+def _sparse_bad_fit(kind, make, X, y, classes):
+    """partial_fit misuse: (call, exception, pattern)."""
+    def fitted():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            return make().fit(X, y)
+    if kind == "partial_fit: unseen label":
+        other = np.array(["never seen"] * len(y)) if classes.dtype.kind == "U" else np.full(len(y), 99)
+        return (lambda: fitted().partial_fit(X, other)), ValueError, "not in classes_"
+    if kind == "partial_fit: other classes":
+        wrong = np.append(classes, "extra" if classes.dtype.kind == "U" else 12345)
+        return (lambda: fitted().partial_fit(X, y, classes=wrong)), ValueError, "classes"
+    if kind == "partial_fit: other rows":
+        Xa = np.asarray(X, dtype=np.float64)
+        return (lambda: fitted().partial_fit(Xa[:-1], y[:-1])), ValueError, "rows"
+    return (lambda: make().partial_fit(X, np.full(len(y), y[0]))), ValueError, "two classes"
+
+
+@_examples(60)    # derandomised: about a second in CI
+@given(sparse_problems)
+def test_sparse_estimator_obeys_the_exception_policy(p):
+    _check_sparse(p)
+
+
+@pytest.mark.parametrize("kind", _kinds(SPARSE_BAD))
+@_examples(2)
+@given(sparse_bad_problems)
+def test_sparse_estimator_rejects_bad_input(kind, p):
+    _check_sparse_bad(p, kind)
+
+
+@pytest.mark.slow
+def test_sparse_estimator_obeys_the_exception_policy_many():
+    _survey("sparse", sparse_problems, _check_sparse, 3000)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", _kinds(SPARSE_BAD))
+@_examples(25)
+@given(sparse_bad_problems)
+def test_sparse_estimator_rejects_bad_input_many(kind, p):
+    _check_sparse_bad(p, kind)
+
+
+# -- MultiClassGPC ---------------------------------------------------------------------------------
+
+def _small_lbfgsb(obj_func, initial_theta, bounds):
+    """gpc's L-BFGS-B (the default optimizer) held to 2 iterations and 4 evaluations."""
+    from gpc.optimize import lbfgsb
+    return lbfgsb(obj_func, initial_theta, bounds, maxiter=2, maxfun=4)
+
+
+multiclass_problems = st.fixed_dictionaries({
+    **data_problems,
+    "n": st.integers(2, 40),
+    "n_classes": st.integers(2, 6),
+    "model": st.sampled_from(["robust", "standard", "heavy-tailed"]),
+    "label_noise": st.one_of(st.just("beta"), st.floats(0.01, 0.95)),   # ε as a share of (l − 1)/l
+    "learn_label_noise": st.booleans(),
+    "shared_kernel": st.booleans(),
+    "optimizer": st.sampled_from([None, "L-BFGS-B, 4 evaluations"]),
+    "n_restarts_optimizer": st.sampled_from([0, 0, 1]),
+    "max_iter": st.integers(1, 30),
+    "tol": _log_uniform(1e-8, 0.5),
+    "a0": _log_uniform(1e-2, 1e3),
+    "b0": _log_uniform(1e-2, 1e3),
+    "n_jobs": st.sampled_from([None, 1, 2, -1]),
+    "random_state": st.one_of(st.none(), st.integers(0, 2**16)),
+    "kernel": st.sampled_from(["default", "RBF(1)", "C * RBF(1)", "fixed RBF at the data's scale"]),
+})
+
+
+def _multiclass_params(p, X, n_classes):
+    """The estimator's parameters for example p (valid ones: HTPC with a shared kernel, ε only for
+    the robust model, below (l − 1)/l and inside its bounds when learnt)."""
+    from gpc.kernels import RBF, ConstantKernel
+    model = p["model"]
+    params = dict(model=model, shared_kernel=p["shared_kernel"] or model == "heavy-tailed",
+                  optimizer=None if p["optimizer"] is None else _small_lbfgsb,
+                  n_restarts_optimizer=p["n_restarts_optimizer"], max_iter=p["max_iter"],
+                  tol=p["tol"], a0=p["a0"], b0=p["b0"], n_jobs=p["n_jobs"],
+                  random_state=p["random_state"])
+    if model == "robust" and p["label_noise"] != "beta":
+        top = (n_classes - 1) / n_classes
+        if p["learn_label_noise"]:      # a start inside the default bounds (1e-6, 0.4)
+            params["label_noise"] = min(p["label_noise"] * top, 0.4)
+        else:
+            params["label_noise"], params["label_noise_bounds"] = p["label_noise"] * top, "fixed"
+    spread = float(np.std(np.asarray(X, dtype=np.float64)))
+    params["kernel"] = {"default": None, "RBF(1)": RBF(1.0),
+                        "C * RBF(1)": ConstantKernel(1.0) * RBF(1.0),
+                        "fixed RBF at the data's scale": RBF(spread if spread > 0 else 1.0, "fixed"),
+                        }[p["kernel"]]
+    return params
+
+
+def _check_multiclass(p):
+    from gpc import MultiClassGPC
+    n_classes = min(p["n_classes"], p["n"])
+    X, y, X_test, classes = _make_data(p, p["n"], n_classes)
+    model = MultiClassGPC(**_multiclass_params(p, X, n_classes))
+
+    def fit_and_check():
+        model.fit(X, y)
+        _check_model(model, X_test, classes)
+        assert model.n_classes_ == n_classes and model.n_iter_ >= 0
+        assert np.isfinite(model.log_marginal_likelihood_value_)
+        rho = model.outlier_probability_
+        assert rho.shape == (len(y),) and np.all((rho >= 0.0) & (rho <= 1.0))
+        if model.label_noise_ is not None:
+            assert 0.0 < model.label_noise_ < (n_classes - 1) / n_classes
+
+    _run("multiclass", (ConvergenceWarning,), fit_and_check, p["model"])
+
+
+MULTICLASS_BAD_PARAMS = [
+    ("model", "bogus", "model"), ("shared_kernel", "False with model='heavy-tailed'", "shared_kernel"),
+    ("a0", 0.0, "a0"), ("a0", -1.0, "a0"), ("b0", np.nan, "b0"), ("b0", np.inf, "b0"),
+    ("max_iter", 0, "max_iter"), ("max_iter", 2.5, "max_iter"), ("max_iter", True, "max_iter"),
+    ("tol", 0.0, "tol"),
+    ("tol", np.nan, "tol"), ("n_restarts_optimizer", -1, "n_restarts_optimizer"),
+    ("n_jobs", 0, "n_jobs"), ("n_jobs", "all", "n_jobs"), ("label_noise", "gamma", "label_noise"),
+    ("label_noise", -0.1, "label_noise"), ("label_noise", 1.0, "label_noise"),
+    ("label_noise", "(l - 1)/l", "label_noise"),
+    ("label_noise", "0.1 with model='standard'", "label_noise"),
+    ("label_noise_bounds", (0.3, 0.1), "label_noise_bounds"),
+    ("label_noise_bounds", "free", "label_noise_bounds"),
+    ("label_noise_bounds", (0.0, 0.3), "label_noise_bounds"),
+    ("optimizer", "bogus", "optimizer"), ("optimizer", "bogus with a fixed kernel", "optimizer"),
+    ("random_state", "seed", "random_state"),
+]
+
+multiclass_bad_problems = st.fixed_dictionaries({
+    **data_problems,
+    "n": st.integers(4, 20),
+    "n_classes": st.integers(2, 4),
+    "model": st.sampled_from(["robust", "standard", "heavy-tailed"]),
+})
+
+#: every kind of bad input of the multi-class estimator
+MULTICLASS_BAD = BAD_DATA + [f"{name}={value!r}" for name, value, _ in MULTICLASS_BAD_PARAMS]
+
+
+def _multiclass_bad_value(name, value, n_classes):
+    """The bad value itself, and other parameters that it needs, for MULTICLASS_BAD_PARAMS."""
+    if name == "shared_kernel":
+        return False, {"model": "heavy-tailed"}
+    if name == "optimizer" and value != "bogus":    # nothing to optimise: still a bad value
+        from gpc.kernels import RBF
+        return "bogus", {"kernel": RBF(1.0, "fixed")}
+    if name == "label_noise" and value == "(l - 1)/l":
+        return (n_classes - 1) / n_classes, {"model": "robust", "label_noise_bounds": "fixed"}
+    if name == "label_noise" and isinstance(value, str) and "standard" in value:
+        return 0.1, {"model": "standard"}
+    if name == "label_noise":
+        return value, {"model": "robust"}
+    if name == "label_noise_bounds":
+        return value, {"model": "robust", "label_noise": 0.1}
+    return value, {}
+
+
+def _check_multiclass_bad(p, kind):
+    from gpc import MultiClassGPC
+    from gpc.kernels import RBF
+    X, y, X_test, classes = _make_data(p, p["n"], p["n_classes"])
+    # a given kernel and no optimizer: nothing draws on random_state or runs the optimizer, so
+    # only the parameter check can find a bad one
+    base = dict(model=p["model"], kernel=RBF(1.0), optimizer=None, max_iter=3)
+    make = lambda **kw: MultiClassGPC(**{**base, **kw})   # noqa: E731
+    if kind in BAD_DATA:
+        call, exc, match = _bad_data(kind, make, X, y, X_test)
+    else:
+        name, value, match = MULTICLASS_BAD_PARAMS[MULTICLASS_BAD.index(kind) - len(BAD_DATA)]
+        value, extra = _multiclass_bad_value(name, value, p["n_classes"])
+        call, exc = (lambda: make(**{**extra, name: value}).fit(X, y)), ValueError
+    _expect_bad("multiclass", call, exc, match)
+
+
+@_examples(30)    # derandomised: about 10 s in CI
+@given(multiclass_problems)
+def test_multiclass_estimator_obeys_the_exception_policy(p):
+    _check_multiclass(p)
+
+
+@pytest.mark.parametrize("kind", _kinds(MULTICLASS_BAD))
+@_examples(2)
+@given(multiclass_bad_problems)
+def test_multiclass_estimator_rejects_bad_input(kind, p):
+    _check_multiclass_bad(p, kind)
+
+
+@pytest.mark.slow
+def test_multiclass_estimator_obeys_the_exception_policy_many():
+    _survey("multiclass", multiclass_problems, _check_multiclass, 1000)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", _kinds(MULTICLASS_BAD))
+@_examples(25)
+@given(multiclass_bad_problems)
+def test_multiclass_estimator_rejects_bad_input_many(kind, p):
+    _check_multiclass_bad(p, kind)

@@ -91,6 +91,18 @@ def test_bad_parameters_raise():
         MultiClassGPC(n_jobs=0).fit(X, y)
 
 
+@pytest.mark.parametrize("params, match", [
+    (dict(optimizer="bogus", kernel=RBF(1.0, "fixed")), "optimizer"),
+    (dict(random_state="seed", kernel=RBF(1.0), optimizer=None), "random_state"),
+])
+def test_unused_bad_parameters_raise(params, match):
+    # a fixed kernel leaves nothing to optimise, and a given kernel with no optimizer never draws
+    # on random_state: the values are still bad, and fit says so (found by tests/test_fuzz.py)
+    X, y = _blobs(n_per=3)
+    with pytest.raises(ValueError, match=match):
+        MultiClassGPC(**params).fit(X, y)
+
+
 def test_type2_ml_raises_the_evidence():
     X, y = _blobs(n_per=10, seed=3)
     fixed = MultiClassGPC(optimizer=None, kernel=RBF(0.2)).fit(X, y)

@@ -164,6 +164,22 @@ def test_bad_input():
         clf.partial_fit(X[:10], y[:10])
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "validation_data's labels are not checked against classes_ (sparse/estimator.py "
+    "_check_validation_data): labels the training data never had are scored as the class "
+    "np.searchsorted clips them to, so history_ shows a val_error and val_nll of nothing; it "
+    "should raise a ValueError naming validation_data, as partial_fit does for its y"))
+@pytest.mark.parametrize("unseen", [np.full(10, 7), np.array(["a"] * 10)])
+def test_validation_labels_outside_the_classes_raise(unseen):
+    # found by tests/test_fuzz.py
+    rng = np.random.default_rng(0)
+    X, y = rng.standard_normal((10, 2)), np.arange(10) % 2
+    clf = SparseGaussianProcessClassifier(n_inducing=3, max_iter=1, progress=False,
+                                          validation_data=(X, unseen))
+    with pytest.raises(ValueError, match="validation_data"):
+        clf.fit(X, y)
+
+
 def test_sklearn_conventions():
     sklearn = pytest.importorskip("sklearn")
     from sklearn.base import clone

@@ -10,13 +10,14 @@ from .classifier import GaussianProcessClassifier
 from .exceptions import (ConvergenceWarning, DivergenceError, NegativeVarianceError, NotPositiveDefiniteError,
                          NumericalError)
 from .inference import InferenceResult, available_methods, infer
-from .multiclass import MultiClassGPC
+from .multiclass import MultiClassGPC, SparseMultiClassGPC
 from .sparse import SparseGaussianProcessClassifier
 
 __version__ = "0.1.0.dev0"
 
 __all__ = [
-    "GaussianProcessClassifier", "MultiClassGPC", "SparseGaussianProcessClassifier", "infer",
+    "GaussianProcessClassifier", "MultiClassGPC", "SparseGaussianProcessClassifier",
+    "SparseMultiClassGPC", "infer",
     "available_methods", "InferenceResult",
     "ConvergenceWarning", "NumericalError", "NegativeVarianceError", "DivergenceError",
     "NotPositiveDefiniteError",

@@ -74,6 +74,36 @@ __all__: list[str] = []
 #: outside minibatches, prediction, a shard task's blocks)
 BLOCK_ROWS = 4096
 
+#: rows of the median heuristic's subsample
+_MEDIAN_ROWS = 1_000
+
+
+def as_rows(X, idx):
+    """Rows ``idx`` (sorted) of any row-indexable array, as float64."""
+    rows = X[idx]
+    if hasattr(rows, "compute"):
+        rows = rows.compute()
+    return np.ascontiguousarray(rows, dtype=np.float64)
+
+
+def _scale_of(S):
+    """A power of two near the largest |entry| of S (1 for zeros): dividing by it is exact, and
+    brings inputs of any magnitude to where their squares do not overflow."""
+    top = float(np.max(np.abs(S))) if S.size else 0.0
+    return float(2.0 ** np.round(np.log2(top))) if top > 0 else 1.0
+
+
+def median_length_scale(X, rng):
+    """The median distance between rows of a subsample (the median heuristic), 1.0 if it is 0."""
+    idx = rng.choice(X.shape[0], size=min(X.shape[0], _MEDIAN_ROWS), replace=False)
+    S = as_rows(X, np.sort(idx))
+    scale = _scale_of(S)
+    S = (S - S.mean(axis=0)) / scale
+    sq = np.sum(S * S, axis=1)
+    D2 = np.maximum(sq[:, None] + sq[None, :] - 2.0 * S @ S.T, 0.0)
+    med = float(np.sqrt(np.median(D2[np.triu_indices(len(S), 1)]))) * scale if len(S) > 1 else 0.0
+    return med if med > 0 else 1.0
+
 
 # -- n_jobs ---------------------------------------------------------------------------------------
 def available_cores():

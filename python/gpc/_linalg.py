@@ -58,8 +58,8 @@ def cho_solve_lower(L, b):
 def cho_solve_upper_f(U, b):
     """Solve (Uᵀ U) x = b for an upper factor U in Fortran order (float32 or float64).
 
-    Two triangular solves (?trtrs), not ?potrs: scipy's ?potrs wrapper took 3.3 ms at n = 2000
-    against 1.0 ms for the two ?trtrs calls it consists of (it handles the factor differently).
+    Two triangular solves (?trtrs), not ?potrs: scipy's ?potrs wrapper costs several times the two
+    ?trtrs calls it consists of (it handles the factor differently; bench/RESULTS.md).
     """
     trtrs = lapack.strtrs if U.dtype == np.float32 else lapack.dtrtrs
     z, info = trtrs(U, b, lower=False, trans=1)

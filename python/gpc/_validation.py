@@ -77,3 +77,12 @@ def check_positive_float(value, name, allow_zero=False):
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
     return float(value)
+
+
+def check_optimizer(optimizer):
+    """An estimator's ``optimizer``: None, "fmin_l_bfgs_b" or a callable (scikit-learn's choices),
+    checked at ``fit`` even when there is nothing to optimise."""
+    if not (optimizer is None or callable(optimizer)
+            or (isinstance(optimizer, str) and optimizer == "fmin_l_bfgs_b")):
+        raise ValueError(f"optimizer must be 'fmin_l_bfgs_b', a callable or None, got {optimizer!r}")
+    return optimizer

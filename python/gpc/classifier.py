@@ -8,13 +8,13 @@ when scikit-learn is installed and a small local one otherwise.
 
 import itertools
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from ._estimator import GPCEstimator, check_n_jobs, independent_generators, int_seed
-from ._validation import check_finite_array, check_positive_int
+from ._validation import check_finite_array, check_optimizer, check_positive_int
 from .inference import METHODS, infer
 from .kernels import ConstantKernel, RBF, _reads_lower_triangle_only, as_kernel, user_kernel
 from .likelihoods import get_likelihood
@@ -339,8 +339,7 @@ class GaussianProcessClassifier(GPCEstimator):
         if self.multi_class not in ("one_vs_rest", "one_vs_one"):
             raise ValueError(f"multi_class must be 'one_vs_rest' or 'one_vs_one', got {self.multi_class!r}")
         check_positive_int(self.n_restarts_optimizer, "n_restarts_optimizer", minimum=0)
-        if not (self.optimizer is None or self.optimizer == "fmin_l_bfgs_b" or callable(self.optimizer)):
-            raise ValueError(f"optimizer must be 'fmin_l_bfgs_b', a callable or None, got {self.optimizer!r}")
+        check_optimizer(self.optimizer)
         check_positive_int(self.max_iter_predict, "max_iter_predict")
         for name in ("warm_start", "copy_X_train"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
@@ -361,7 +360,7 @@ class GaussianProcessClassifier(GPCEstimator):
     def fit(self, X: ArrayLike, y: ArrayLike) -> "GaussianProcessClassifier":
         """Fit the hyperparameters (unless ``optimizer=None``) and the posterior of each binary problem."""
         self._check_kernel()
-        X = self._check_X(X, fitting=True)
+        X = cast(np.ndarray, self._check_X(X, fitting=True))
         n = len(X)
         y = self._check_y(y, n)
         method, likelihood = self._resolve()
@@ -516,7 +515,7 @@ class GaussianProcessClassifier(GPCEstimator):
         above 0 only, and whose probability at 0 is a little below 1/2).
         """
         self._check_fitted()
-        X = self._check_X(X, fitting=False)
+        X = cast(np.ndarray, self._check_X(X, fitting=False))
         if self.n_classes_ == 2:
             p = self.base_estimators_[0].proba_positive(X)
             p = np.where(p == 0.5, _BELOW_HALF, p)

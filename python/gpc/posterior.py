@@ -25,6 +25,15 @@ from ._linalg import (cho_inverse_lower, cholesky_lower, cho_solve_lower, log_de
 TINY_SITE_PRECISION = 1e-6
 
 
+def _gradient_matrix_in_place(M, sqrt_tau, alpha, lower):
+    """M (holding B⁻¹ in its lower triangle) := ½ (α αᵀ − S B⁻¹ S) (R&W Alg. 5.2), one fused pass
+    (gpc._dense); ``lower``: only the lower triangle is set."""
+    zero = np.zeros(M.shape[0])
+    over_rows(_dense.gaussian_site_gradient_matrix, len(zero), M, sqrt_tau, alpha, zero, zero,
+              not lower)
+    return M
+
+
 class SitePosterior:
     """Gaussian posterior from a GP prior and Gaussian sites with non-negative precisions.
 
@@ -53,7 +62,7 @@ class SitePosterior:
         self.L, _ = cholesky_lower(build(), name="B = I + S K S", overwrite=True, rebuild=build)
         b = self.site_location - tau * prior_mean
         # K v through gpc._lapack: the BLAS of the factorisations, not NumPy's (whose idle threads
-        # would spin against the next factorisation's, issue 16)
+        # would spin against the next factorisation's)
         self.alpha = b - s * cho_solve_lower(self.L, s * _matvec(K, b))
         self.mean = prior_mean + _matvec(K, self.alpha)
         self._diag_cov = None
@@ -103,10 +112,7 @@ class SitePosterior:
         info = _lapack.cholesky_inverse_in_place(M)               # lower triangle of B⁻¹
         if info != 0:  # pragma: no cover - L is a Cholesky factor
             raise RuntimeError(f"dpotri failed with info={info}")
-        zero = np.zeros(M.shape[0])
-        over_rows(_dense.gaussian_site_gradient_matrix, len(zero), M, self.sqrt_tau, self.alpha, zero,
-                  zero, not lower)
-        return M
+        return _gradient_matrix_in_place(M, self.sqrt_tau, self.alpha, lower)
 
     @property
     def log_det_B(self):
@@ -131,8 +137,8 @@ class SitePosterior:
         """A new C-ordered n x n array whose lower triangle is Σ (the upper one holds K).
 
         Σ = K − Vᵀ V with V = L⁻¹ S K: one triangular solve in place (dtrsm) and one rank-n update
-        (dsyrk), so two n x n buffers besides K and L are alive at the peak (issue 16's memory
-        budget), against four for the product written out.  ``release_factor`` drops the factor
+        (dsyrk), so two n x n buffers besides K and L are alive at the peak, against four for the
+        product written out.  ``release_factor`` drops the factor
         once V is formed (the posterior cannot be used afterwards): then K, V and Σ only."""
         if self._cov is not None:
             return self._cov.copy()
@@ -230,7 +236,9 @@ class WoodburySitePosterior(SitePosterior):
         raise NotImplementedError("WoodburySitePosterior keeps no K: the full covariance is not "
                                   "available, its diagonal is (diag_cov)")
 
-    lower_cov = cov
+    def lower_cov(self, release_factor=False):
+        """Not available either (:meth:`cov`)."""
+        return self.cov()
 
     def R(self):
         """K⁻¹ − K⁻¹ Σ K⁻¹ = S B⁻¹ S − Qc Qcᵀ."""
@@ -305,11 +313,7 @@ class InverseFactorPosterior(SitePosterior):
     def gradient_matrix(self, lower=False):
         """M = ½ (α αᵀ − R), R = S B⁻¹ S, as for SitePosterior (R&W Alg. 5.2), with B⁻¹ from one
         dlauum of L⁻¹ and one fused pass (gpc._dense)."""
-        M = self._lower_B_inverse()
-        zero = np.zeros(M.shape[0])
-        over_rows(_dense.gaussian_site_gradient_matrix, len(zero), M, self.sqrt_tau, self.alpha, zero,
-                  zero, not lower)
-        return M
+        return _gradient_matrix_in_place(self._lower_B_inverse(), self.sqrt_tau, self.alpha, lower)
 
     @property
     def log_det_B(self):

@@ -2,7 +2,7 @@
 # length scales: the kernel matrix and the gradient contraction, each one pass over the lower
 # triangle (half the exponentials; the upper triangle is a blocked mirror).  The Gram matrix
 # G = U U^T comes from BLAS (dsyrk/dgemm in Python), so wide inputs cost a matrix product, not a
-# scalar loop.  With W(r) = -f'(r)/r (kernels.py):
+# scalar loop.  With W(r) = -f'(r)/r (gpc.kernels):
 #
 #   d k / d log l = W r^2 (isotropic),   d k / d log l_d = W (u_d - u'_d)^2 (ARD).
 #
@@ -43,7 +43,7 @@ cdef inline double kernel_value(int kind, double r2) noexcept nogil:
 
 cdef inline double matern_product(double poly, double e) noexcept nogil:
     # poly(r) e^{-r} -> 0 as r -> inf; at r = inf (inputs of size ~1e155 and more) it is inf * 0,
-    # which IEEE makes NaN: the limit instead (issue 17)
+    # which IEEE makes NaN: the limit instead
     return 0.0 if e == 0.0 else poly * e
 
 
@@ -160,7 +160,7 @@ def finish_kernel(double[:, ::1] K, double scale, bint scale_lower=False, *, Py_
 
 def cross_to_kernel(double[:, ::1] G, const double[::1] su, const double[::1] sv, int kind,
                     double scale, *, Py_ssize_t start=0, Py_ssize_t stop=-1):
-    """G (U V^T, n x m) := scale * f(r^2) elementwise (the scalar pass; kernels.py takes the
+    """G (U V^T, n x m) := scale * f(r^2) elementwise (the scalar pass; gpc.kernels takes the
     squared exponential's values from cross_sqdist and a vectorised exp instead)."""
     cdef Py_ssize_t n = G.shape[0], m = G.shape[1], i, j
     check_kind(kind)

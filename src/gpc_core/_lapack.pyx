@@ -1,4 +1,4 @@
-# LAPACK/BLAS on gpc's C-ordered lower-triangular matrices, with the GIL released (issue 16).
+# LAPACK/BLAS on gpc's C-ordered lower-triangular matrices, with the GIL released.
 #
 # scipy's Python-level wrappers hold the GIL for the whole call, so threads (one-vs-rest problems
 # under n_jobs, several estimators in one process) could not overlap their O(n^3) work.  These
@@ -159,7 +159,7 @@ def matvec(const double[:, ::1] A, const double[::1] x, double[::1] out):
     """out := A x for a C-ordered (m, n) A (dgemv).
 
     The same BLAS as the factorisations (scipy's), not NumPy's: two BLAS libraries that take turns in
-    one loop each keep their worker threads spinning on the cores the other one needs (issue 16)."""
+    one loop each keep their worker threads spinning on the cores the other one needs."""
     if x.shape[0] != A.shape[1] or out.shape[0] != A.shape[0]:
         raise ValueError(f"matvec: A is {A.shape[0]} x {A.shape[1]}, x has length {x.shape[0]} and "
                          f"out {out.shape[0]}")

@@ -157,11 +157,19 @@ def prime_mean(const double[:, ::1] K, const real[:, ::1] L, const double[::1] s
 cdef int argmax_pair_moments(double m_t, double v_t, double m_o, double v_o, double lz_cav,
                              double log_c, PairMoments* out) noexcept nogil:
     """Tilted moments of the pair factor (formulas in gpc/_multiclass.pxd; RMGPC eq. (10), (14))."""
+    return argmax_pair_moments_s(m_t, v_t, m_o, v_o, 0.0, lz_cav, log_c, out)
+
+
+cdef int argmax_pair_moments_s(double m_t, double v_t, double m_o, double v_o, double s_extra,
+                               double lz_cav, double log_c, PairMoments* out) noexcept nogil:
+    """Tilted moments of the pair factor whose step is widened by the extra variance ``s_extra``
+    (the FITC variances s_y + s_k of a sparse model; formulas in gpc/_multiclass.pxd).  With
+    s_extra = 0 this is argmax_pair_moments, bit for bit."""
     cdef double s, alpha, log_cdf, log_p, log_1mp, w, r
-    if not (v_t > 0 and v_o > 0 and isfinite(v_t) and isfinite(v_o) and isfinite(m_t)
-            and isfinite(m_o)) or isnan(lz_cav):
+    if not (v_t > 0 and v_o > 0 and s_extra >= 0 and isfinite(v_t) and isfinite(v_o)
+            and isfinite(s_extra) and isfinite(m_t) and isfinite(m_o)) or isnan(lz_cav):
         return 1
-    s = sqrt(v_t + v_o)
+    s = sqrt(v_t + v_o + s_extra)
     alpha = (m_t - m_o) / s
     log_cdf = log_norm_cdf(alpha)
     log_p = -log1pexp(-lz_cav)            # log P(z = 1) of the cavity: -inf without outliers
@@ -189,7 +197,15 @@ cdef int argmax_pair_site(double m_t, double v_t, double m_o, double v_o, double
                           double log_c, PairMoments* mom, double* tau_t, double* eta_t,
                           double* tau_o, double* eta_o) noexcept nogil:
     """The undamped site tilted / cavity of the pair factor, in natural parameters."""
-    cdef int status = argmax_pair_moments(m_t, v_t, m_o, v_o, lz_cav, log_c, mom)
+    return argmax_pair_site_s(m_t, v_t, m_o, v_o, 0.0, lz_cav, log_c, mom, tau_t, eta_t, tau_o,
+                              eta_o)
+
+
+cdef int argmax_pair_site_s(double m_t, double v_t, double m_o, double v_o, double s_extra,
+                            double lz_cav, double log_c, PairMoments* mom, double* tau_t,
+                            double* eta_t, double* tau_o, double* eta_o) noexcept nogil:
+    """argmax_pair_site with the step widened by ``s_extra`` (argmax_pair_moments_s)."""
+    cdef int status = argmax_pair_moments_s(m_t, v_t, m_o, v_o, s_extra, lz_cav, log_c, mom)
     if status != 0:
         return status
     if not (mom.var_t > 0 and mom.var_o > 0):
@@ -296,7 +312,8 @@ def refine_pairs(const Py_ssize_t[::1] y, const Py_ssize_t[:, ::1] others,
                  double[:, ::1] eta_o, double[:, ::1] lam, const double[::1] lam_i,
                  const double[:, ::1] means, const double[:, ::1] varis,
                  const double[:, ::1] prior_sd, double damping, bint robust, double log_c,
-                 bint fixed_precisions):
+                 bint fixed_precisions, const double[:, ::1] s=None, Py_ssize_t start=0,
+                 stop=None):
     """One refinement of every ψ̃ᵢₖ (RMGPC eq. (14)) in place; returns the largest moment mismatch.
 
     The loop of ``gpc.multiclass.ep._refine`` (whose docstring gives the rule), point by point: the
@@ -304,85 +321,110 @@ def refine_pairs(const Py_ssize_t[::1] y, const Py_ssize_t[:, ::1] others,
     log-odds by its own change.  Arrays (n, l) are indexed [i, k]; ``others[i, j]`` is the j-th
     class k ≠ yᵢ.  With ``fixed_precisions`` only the locations move (and the variances' mismatch is
     left out).  A pair whose cavity or tilted variance would not be positive keeps its site.
+
+    ``s`` (n, l), optional: an extra variance of each latent value that widens the argmax step
+    (the FITC variances of a sparse model, docs/derivations-sparse-multiclass.md §4: S² = v_t + v_o
+    + s_iy + s_ik); None is zeros, the exact model.  ``start``, ``stop``: refine the points
+    start:stop only (the rows of a thread's range; the others are not read or written).
     """
-    cdef Py_ssize_t n = y.shape[0], l = tau_t.shape[1], i, j, k
-    cdef double e = damping, m_y, v_y, sd_y, lz, mismatch = 0.0
-    cdef double tt0, et0, to0, eo0, lam0, m_k, v_k, sd_k, prec_t, prec_o, v_t, v_o, m_t, m_o
-    cdef double lz_cav, gap, tt, et, to, eo, lam_k, prec
-    cdef PairMoments mom
+    cdef Py_ssize_t n = y.shape[0], l = tau_t.shape[1], i, j, last
     rows = (tau_t.shape[0], eta_t.shape[0], tau_o.shape[0], eta_o.shape[0], lam.shape[0],
             means.shape[0], varis.shape[0], prior_sd.shape[0])
     cols = (tau_t.shape[1], eta_t.shape[1], tau_o.shape[1], eta_o.shape[1], lam.shape[1],
             means.shape[1], varis.shape[1], prior_sd.shape[1])
+    if s is not None:
+        rows += (s.shape[0],)
+        cols += (s.shape[1],)
     for shape in zip(rows, cols):
         if shape != (n, l):
             raise ValueError("refine_pairs: the (n, l) arrays must match y and each other")
     if lam_i.shape[0] != n or others.shape[0] != n or others.shape[1] != l - 1 or l < 2:
         raise ValueError("refine_pairs: lam_i must have length n and others shape (n, l - 1)")
-    for i in range(n):
+    last = n if stop is None else <Py_ssize_t> stop
+    if not 0 <= start <= last <= n:
+        raise ValueError(f"refine_pairs: rows {start}:{last} are not within 0:{n}")
+    for i in range(start, last):
         if not 0 <= y[i] < l:
             raise ValueError("refine_pairs: a label is not a class index")
         for j in range(l - 1):
             if not 0 <= others[i, j] < l or others[i, j] == y[i]:
                 raise ValueError("refine_pairs: others[i] must list the classes other than y[i]")
+    cdef double mismatch
     with nogil:
-        for i in range(n):
-            m_y = means[i, y[i]]
-            v_y = varis[i, y[i]]
-            sd_y = prior_sd[i, y[i]]
-            lz = lam_i[i]
-            for k in range(l):
-                lz += lam[i, k]
-            for j in range(l - 1):
-                k = others[i, j]
-                tt0 = tau_t[i, k]
-                et0 = eta_t[i, k]
-                to0 = tau_o[i, k]
-                eo0 = eta_o[i, k]
-                lam0 = lam[i, k]
-                m_k = means[i, k]
-                v_k = varis[i, k]
-                sd_k = prior_sd[i, k]
-                prec_t = 1.0 / v_y - tt0
-                prec_o = 1.0 / v_k - to0
-                if not (prec_t > 0 and prec_o > 0):
-                    continue
-                v_t = 1.0 / prec_t
-                v_o = 1.0 / prec_o
-                m_t = v_t * (m_y / v_y - et0)
-                m_o = v_o * (m_k / v_k - eo0)
-                lz_cav = lz - lam0 if robust else -INFINITY
-                # the undamped site; none when the tilted variance is not positive
-                if argmax_pair_site(m_t, v_t, m_o, v_o, lz_cav, log_c, &mom, &tt, &et, &to,
-                                    &eo) != 0:
-                    continue
-                gap = max(fabs(mom.mean_t - m_y) / sd_y, fabs(mom.mean_o - m_k) / sd_k)
-                if not fixed_precisions:
-                    gap = max(gap, max(fabs(mom.var_t - v_y) / (sd_y * sd_y),
-                                       fabs(mom.var_o - v_k) / (sd_k * sd_k)))
-                if robust:
-                    gap = max(gap, fabs(sigmoid(lz_cav + mom.site_log_odds) - sigmoid(lz)))
-                if gap > mismatch:
-                    mismatch = gap
-                if fixed_precisions:    # Δη = Δm / v moves the marginal mean to the tilted mean
-                    tt = tt0
-                    to = to0
-                    et = et0 + e * (mom.mean_t - m_y) / v_y
-                    eo = eo0 + e * (mom.mean_o - m_k) / v_k
-                else:                   # site = tilted / cavity, damped
-                    tt = e * tt + (1 - e) * tt0
-                    et = e * et + (1 - e) * et0
-                    to = e * to + (1 - e) * to0
-                    eo = e * eo + (1 - e) * eo0
-                prec = 1.0 / v_y + tt - tt0         # the target marginal moves with its site
-                m_y = (m_y / v_y + et - et0) / prec
-                v_y = 1.0 / prec
-                tau_t[i, k] = tt
-                eta_t[i, k] = et
-                tau_o[i, k] = to
-                eta_o[i, k] = eo
-                if robust:
-                    lam_k = e * mom.site_log_odds + (1 - e) * lam0
-                    lz += lam_k - lam0
-                    lam[i, k] = lam_k
+        mismatch = refine_pair_rows(start, last, y, others, tau_t, eta_t, tau_o, eta_o, lam, lam_i,
+                                    means, varis, means if s is None else s, s is not None,
+                                    prior_sd, damping, robust, log_c, fixed_precisions)
+    return mismatch
+
+
+cdef double refine_pair_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t[::1] y,
+                             const Py_ssize_t[:, ::1] others, double[:, ::1] tau_t,
+                             double[:, ::1] eta_t, double[:, ::1] tau_o, double[:, ::1] eta_o,
+                             double[:, ::1] lam, const double[::1] lam_i,
+                             const double[:, ::1] means, const double[:, ::1] varis,
+                             const double[:, ::1] fitc, bint has_fitc,
+                             const double[:, ::1] prior_sd, double damping, bint robust,
+                             double log_c, bint fixed_precisions) noexcept nogil:
+    """The loop of :func:`refine_pairs` over the points start:stop, unchecked (declared in
+    gpc/_multiclass.pxd for the sparse engine, which checks its own entry points)."""
+    cdef Py_ssize_t l = tau_t.shape[1], i, j, k
+    cdef double e = damping, m_y, v_y, sd_y, lz, mismatch = 0.0, s_pair = 0.0
+    cdef double tt0, et0, to0, eo0, lam0, m_k, v_k, sd_k, v_t = 0.0, v_o = 0.0, m_t = 0.0, m_o = 0.0
+    cdef double lz_cav, gap, tt, et, to, eo, lam_k, prec
+    cdef PairMoments mom
+    for i in range(start, stop):
+        m_y = means[i, y[i]]
+        v_y = varis[i, y[i]]
+        sd_y = prior_sd[i, y[i]]
+        lz = lam_i[i]
+        for k in range(l):
+            lz += lam[i, k]
+        for j in range(l - 1):
+            k = others[i, j]
+            tt0 = tau_t[i, k]
+            et0 = eta_t[i, k]
+            to0 = tau_o[i, k]
+            eo0 = eta_o[i, k]
+            lam0 = lam[i, k]
+            m_k = means[i, k]
+            v_k = varis[i, k]
+            sd_k = prior_sd[i, k]
+            if not pair_cavity(m_y, v_y, tt0, et0, m_k, v_k, to0, eo0, &m_t, &v_t, &m_o, &v_o):
+                continue
+            lz_cav = lz - lam0 if robust else -INFINITY
+            if has_fitc:
+                s_pair = fitc[i, y[i]] + fitc[i, k]
+            # the undamped site; none when the tilted variance is not positive
+            if argmax_pair_site_s(m_t, v_t, m_o, v_o, s_pair, lz_cav, log_c, &mom, &tt, &et, &to,
+                                  &eo) != 0:
+                continue
+            gap = max(fabs(mom.mean_t - m_y) / sd_y, fabs(mom.mean_o - m_k) / sd_k)
+            if not fixed_precisions:
+                gap = max(gap, max(fabs(mom.var_t - v_y) / (sd_y * sd_y),
+                                   fabs(mom.var_o - v_k) / (sd_k * sd_k)))
+            if robust:
+                gap = max(gap, fabs(sigmoid(lz_cav + mom.site_log_odds) - sigmoid(lz)))
+            if gap > mismatch:
+                mismatch = gap
+            if fixed_precisions:    # Δη = Δm / v moves the marginal mean to the tilted mean
+                tt = tt0
+                to = to0
+                et = et0 + e * (mom.mean_t - m_y) / v_y
+                eo = eo0 + e * (mom.mean_o - m_k) / v_k
+            else:                   # site = tilted / cavity, damped
+                tt = e * tt + (1 - e) * tt0
+                et = e * et + (1 - e) * et0
+                to = e * to + (1 - e) * to0
+                eo = e * eo + (1 - e) * eo0
+            prec = 1.0 / v_y + tt - tt0         # the target marginal moves with its site
+            m_y = (m_y / v_y + et - et0) / prec
+            v_y = 1.0 / prec
+            tau_t[i, k] = tt
+            eta_t[i, k] = et
+            tau_o[i, k] = to
+            eta_o[i, k] = eo
+            if robust:
+                lam_k = e * mom.site_log_odds + (1 - e) * lam0
+                lz += lam_k - lam0
+                lam[i, k] = lam_k
     return mismatch

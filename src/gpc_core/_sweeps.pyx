@@ -27,8 +27,8 @@ cdef void column(const double* S, Py_ssize_t n, Py_ssize_t i, const double* P, c
     """s = (Sigma_0 - sum_k c_k p_k p_k^T) e_i from the lower triangle of Sigma_0 and the block.
 
     A plain loop, not dgemv: this product (nb x n, at most 64 x n) is made once per site, and a
-    multi-threaded BLAS pays its threads' hand-off on every call (issue 16: the sweep at n = 1000
-    took 1.5x as long with two threads as with one)."""
+    multi-threaded BLAS pays its threads' hand-off on every call, which a per-site call cannot
+    amortise."""
     cdef Py_ssize_t j, k
     cdef double wk
     cdef const double* p

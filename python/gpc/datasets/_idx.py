@@ -16,7 +16,7 @@ FILES = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
          "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")}
 
 
-def read_idx(path):
+def read_idx(path: "str | os.PathLike[str]") -> np.ndarray:
     """An IDX array (magic 0x0000 08 NDIM, big-endian sizes, uint8 data), gzipped or not."""
     opener = gzip.open if str(path).endswith(".gz") else open
     with opener(path, "rb") as fh:
@@ -31,7 +31,8 @@ def read_idx(path):
     return data.reshape(shape)
 
 
-def load_fashion_mnist(data_dir, part, option="data_dir"):
+def load_fashion_mnist(data_dir: "str | os.PathLike[str] | None", part: str,
+                       option: str = "data_dir") -> "tuple[np.ndarray, np.ndarray]":
     """(X in [0, 1], ±1 labels: odd class codes +1) of the "train" or "test" part.
 
     ``option`` names the argument or command-line option that gave ``data_dir``, for the messages.

@@ -2,7 +2,7 @@
 
 The experiment itself (Pima.tr/Pima.te, step likelihood, RBF with per-input weights plus a diagonal
 term, free energy minimised by L-BFGS-B, both mean-field methods run at the minimum) lives in
-``mf_pima.py`` (issue 4); this module only points it at the CSVs shipped in the package, prints, plots
+``mf_pima.py``; this module only points it at the CSVs shipped in the package, prints, plots
 and returns JSON records.
 """
 

@@ -122,13 +122,13 @@ def infer(K, y, likelihood="probit", method="laplace", schedule=None, prior_mean
     jitter = 0.0
     if check_kernel:
         K = check_kernel_matrix(K)
-        # [1]: the factor itself is dropped at once (held as ``_`` it stayed alive through the whole
-        # method, one n x n buffer more at the peak; issue 16)
+        # [1]: the factor itself is dropped at once (held as ``_`` it would stay alive through the
+        # whole method, one n x n buffer more at the peak)
         jitter = cholesky_lower(K, name="the kernel matrix K")[1]
         if jitter:
             # K is positive definite only to rounding: the check accepted K + jitter·I, and that is
-            # the K the method runs on (issue 17: methods on the unjittered K met variances that are
-            # zero or negative to rounding)
+            # the K the method runs on (on the unjittered K, methods meet variances that are zero or
+            # negative to rounding)
             K = K.copy()
             K.flat[:: K.shape[0] + 1] += jitter
     else:  # the caller vouches for K (e.g. the optimiser, with K from a checked kernel): shape only

@@ -1,4 +1,4 @@
-"""Adaptive damping of the parallel site schedule (issue 17, item 7).
+"""Adaptive damping of the parallel site schedule.
 
 A parallel sweep refits every site against one posterior and moves the natural parameters by
 η × (matched − old) (RMGPC §3).  Near a fixed point this is the linear iteration x ← x + η (F(x) − x):

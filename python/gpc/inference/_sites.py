@@ -127,7 +127,7 @@ def _sweep_state(K, tau, nu, m0):
     if not np.any(tau) and not np.any(nu):
         return m0.copy(), K.copy()
     post = site_posterior(K, tau, nu, m0)
-    return post.mean.copy(), post.lower_cov(release_factor=True)   # peak K, V, Σ (issue 16)
+    return post.mean.copy(), post.lower_cov(release_factor=True)   # peak K, V, Σ
 
 
 class ParallelMarginals:
@@ -175,8 +175,8 @@ class ParallelMarginals:
     def _marginals(self, tau, nu, dtype):
         # Every BLAS/LAPACK call here goes through gpc._lapack (scipy's BLAS) and the element passes
         # of gpc._dense through gpc._parallel's sleeping threads: with NumPy's BLAS (K @ v) or OpenMP
-        # loops in between, the other library's idle threads kept spinning on the core that the
-        # Cholesky's second thread needed, and two threads were slower than one (issue 16).
+        # loops in between, the other library's idle threads keep spinning on the core that the
+        # Cholesky's second thread needs, and two threads are slower than one.
         K, m0, n = self.K, self.m0, self.n
         s = np.sqrt(tau)
         L = self._buffer(dtype)
@@ -280,7 +280,7 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
             last_fixed = fixed
             var = np.diag(Sigma).copy()
             if n_iter % RECOMPUTE_EVERY == 0:
-                Sigma = None            # freed before the refactorisation: peak K, L, V, Σ (issue 16)
+                Sigma = None            # freed before the refactorisation: peak K, L, V, Σ
                 mu, Sigma = _sweep_state(K, tau, nu, m0)
                 var = np.diag(Sigma).copy()
         else:

@@ -117,8 +117,7 @@ class _NystromMatrix:
     def step(self, r, Kr):
         """The chord step (I + W K̃)⁻¹ r (``Kr`` is not needed).  Both products by scipy's dgemv on
         the Fortran-ordered view of K_Sn: numpy's ``@`` would wake numpy's own OpenBLAS threads,
-        which then spin against scipy's (n = 2000, two threads: the drop-in call took 0.215 of
-        scikit-learn's time with ``@``, 0.105 with dgemv)."""
+        which then spin against scipy's (bench/RESULTS.md measures the difference)."""
         t = cho_solve_lower(self.L, blas.dgemv(1.0, self.K_Sn.T, r, trans=1))
         return r - self.W * blas.dgemv(1.0, self.K_Sn.T, t)
 

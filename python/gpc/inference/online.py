@@ -15,15 +15,15 @@ Our α is the paper's y ∘ α (the paper folds the labels out, eq. (3)), so the
 No matrix is inverted.  The evidence is Σ_t ln⟨P(y_{t+1})⟩_t over the first sweep, every datum
 included (the paper's sum from t = 1 drops the first datum: an index slip, derivations §4).
 
-Numerics (issue 17, item 3).  The recursion is run on Σ(t) = K + K C(t) K and the mean, which is
+Numerics.  The recursion is run on Σ(t) = K + K C(t) K and the mean, which is
 eq. (12) multiplied through by K: with s' = K s = Σ(t) e_{t+1},
 
     ⟨a⟩_{t+1} = ⟨a⟩_t + κ1 s',      Σ(t+1) = Σ(t) + κ2 s' s'ᵀ.
 
 The paper's (α, C) form computes σ² = K_{t+1,t+1} + kᵀ C k, a difference of prior-sized terms with
 C ≈ −K⁻¹ on the data seen; on a K that is numerically singular (long length scales, large
-amplitudes: K passes the kernel check only with jitter) that difference lost every digit and came out
-negative (11 negative variances returned, or a bare ArithmeticError).  In Σ form σ² is read off the
+amplitudes: K passes the kernel check only with jitter) that difference loses every digit and can come
+out negative.  In Σ form σ² is read off the
 diagonal, the visited point's variance is set to the tilted variance itself, and the returned
 posterior is rebuilt from ADF's Gaussian sites through B = I + S K S as EP's is.  A datum whose σ²
 is zero to rounding (n ulp of K_tt) is already determined by the data seen: it contributes its
@@ -37,7 +37,7 @@ Gradient: the evidence depends on θ through the whole recursion; no analytic gr
 (``gradient_matrix`` is None).  It is a smooth function of K for probit/logit, so an optimiser may use
 finite differences of it (its registry entry says ``has_gradient=False``).
 
-Order of presentation (issue 17, item 4).  ADF's evidence is the prequential sum Σ_t ln p(y_{t+1} |
+Order of presentation.  ADF's evidence is the prequential sum Σ_t ln p(y_{t+1} |
 y_1..t) under its Gaussian approximations, and both it and the posterior depend on the order.  On data
 sorted by class (the bundled data sets are) it rewards a near-constant latent function, which predicts
 "the same label as before" well: type-II ML on crabs in file order went to σ² = 1e4, ℓ = 21.5, with

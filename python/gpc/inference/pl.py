@@ -40,7 +40,7 @@ DEFAULT_CORRECTION_ORDER = 32
 DEFAULT_DAMPING = {"sequential": 1.0, "parallel": 0.5}
 
 
-#: why PL can diverge (issue 17): for a step-like likelihood (Heaviside, noisy threshold with small
+#: why PL can diverge: for a step-like likelihood (Heaviside, noisy threshold with small
 #: ε) the SLR against a marginal N(ū_i, W_i) centred on the step has A_i ≈ 2(1 − 2ε) φ(0)/√W_i, so
 #: τ_i = A_i²/Ω_i ≈ 1.6/W_i (PL eq. (15)-(16)): the new site alone is more precise than the marginal
 #: it came from, the next marginal is narrower still, and τ_i grows geometrically.  Labels that a

@@ -1,7 +1,9 @@
 """Multi-class GP classification with l latent functions (RMGPC paper): EP for the robust model,
-its SMGPC special case, prediction, and the scikit-learn-style estimator ``MultiClassGPC``."""
+its SMGPC special case, prediction, the scikit-learn-style estimator ``MultiClassGPC``, and its
+inducing-point form for large n, ``SparseMultiClassGPC`` (scalable EP)."""
 
 from .ep import MultiClassEPResult, rmgpc_ep
 from .estimator import MultiClassGPC
+from .sparse_estimator import SparseMultiClassGPC
 
-__all__ = ["MultiClassGPC", "rmgpc_ep", "MultiClassEPResult"]
+__all__ = ["MultiClassGPC", "SparseMultiClassGPC", "rmgpc_ep", "MultiClassEPResult"]

@@ -41,6 +41,7 @@ import contextlib
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 from scipy.special import betaln, expit
@@ -99,7 +100,7 @@ class MultiClassEPResult:
     rejected_steps: list = field(default_factory=list)   # iterations whose accelerated step was dropped
     damping_history: list = field(default_factory=list)   # (iteration, new damping) at each halving
     robust: bool = True
-    rate: float = None        # a fixed outlier rate ρ; None: ρ ~ Beta(a, b)
+    rate: Optional[float] = None   # a fixed outlier rate ρ; None: ρ ~ Beta(a, b)
     sites: object = None      # the converged site parameters (_Sites), for checks and warm starts
 
     @property
@@ -260,7 +261,7 @@ def rmgpc_ep(Ks, y, n_classes, a0=1.0, b0=9.0, robust=True, max_iter=500, tol=1e
     accelerate : bool, default True
         Anderson acceleration of the outer iteration (``OUTER_MEMORY`` past damped steps).  False
         gives the plain damped iteration; both stop at the same fixed point, the accelerated one
-        after fewer refactorisations on most problems (bench/RESULTS.md, issue 15).
+        after fewer refactorisations on most problems (bench/RESULTS.md).
     rate : float in (0, 1), optional
         A fixed outlier rate ρ: zᵢ ~ Bern(ρ) with no Beta posterior (``a0``, ``b0`` unused), i.e. the
         label noise ε = ρ (l − 1)/l of the likelihood (1 − ε) Π Θ + ε/(l − 1)(1 − Π Θ).  Needs
@@ -364,7 +365,7 @@ def _one_blas_thread():
 
     EP makes many small calls that alternate between NumPy's OpenBLAS, SciPy's OpenBLAS (gpc._lapack)
     and OpenMP loops (gpc._dense); with more than one thread each, their idle workers spin against
-    each other: on a busy 2-core machine an RMGPC fit on new-thyroid took 23.5 s instead of 0.22 s.
+    each other, and on a busy machine a fit can take a hundred times as long.
     The class blocks are parallelised by ``n_threads`` instead."""
     return blas_threads(1)
 

@@ -2,11 +2,10 @@
 
 import numpy as np
 
-from .._estimator import GPCEstimator, check_n_jobs
-from .._validation import check_positive_float, check_positive_int
+from .._estimator import GPCEstimator, check_n_jobs, median_length_scale, random_generator
+from .._validation import check_optimizer, check_positive_float, check_positive_int
 from ..kernels import RBF, as_kernel
 from ..optimize import maximise_evidence
-from ..sparse.estimator import median_length_scale
 from .ep import blas_threads, rmgpc_ep
 from .htpc import htpc_laplace, htpc_predict_proba
 from .predict import predict_proba
@@ -24,6 +23,44 @@ LABEL_NOISE_BOUNDS = (1e-6, 0.4)
 #: a kernel hyperparameter is a pure amplitude if K(θ + e_j) equals e · K(θ) to this relative
 #: tolerance (log-space θ: an amplitude scales K by e^Δ), checked on at most AMPLITUDE_ROWS rows
 AMPLITUDE_RTOL, AMPLITUDE_ROWS = 1e-10, 50
+
+
+def check_label_noise(label_noise, bounds, model):
+    """``label_noise`` ("beta" or a float ε in (0, 1), the latter for model "robust" only) and
+    ``label_noise_bounds`` ("fixed" or 0 < low <= high < 1), checked with messages naming them (the
+    rules of every multi-class estimator)."""
+    if isinstance(label_noise, str):
+        if label_noise != "beta":
+            raise ValueError(f"label_noise must be 'beta' or a float ε in (0, 1), got "
+                             f"{label_noise!r}")
+    else:
+        eps = check_positive_float(label_noise, "label_noise")
+        if model != "robust":
+            raise ValueError("label_noise=ε (fixed label noise) is a noise treatment of "
+                             f"model='robust', not of model={model!r}")
+        if eps >= 1.0:
+            raise ValueError(f"label_noise must lie in (0, 1), got {eps!r}")
+    if not (isinstance(bounds, str) and bounds == "fixed"):
+        try:
+            lo, hi = (float(b) for b in bounds)
+        except (TypeError, ValueError):
+            raise ValueError(f"label_noise_bounds must be 'fixed' or (low, high), got "
+                             f"{bounds!r}") from None
+        if not 0.0 < lo <= hi < 1.0:
+            raise ValueError(f"label_noise_bounds must satisfy 0 < low <= high < 1, got "
+                             f"{bounds!r}")
+
+
+def check_label_noise_classes(label_noise, bounds, learns, n_classes):
+    """A fixed ε (and, when it is learnt, its bounds' upper end) below (l − 1)/l for l classes,
+    where the labels carry no information (ρ = 1)."""
+    top = (n_classes - 1) / n_classes
+    if not label_noise < top:
+        raise ValueError(f"label_noise must be below (l - 1)/l = {top:.6g} for {n_classes} "
+                         f"classes, got {label_noise!r}")
+    if learns and not float(bounds[1]) < top:
+        raise ValueError(f"label_noise_bounds' upper end must be below (l - 1)/l = {top:.6g} "
+                         f"for {n_classes} classes, got {bounds!r}")
 
 
 class MultiClassGPC(GPCEstimator):
@@ -160,28 +197,10 @@ class MultiClassGPC(GPCEstimator):
         check_positive_int(self.max_iter, "max_iter")
         check_positive_float(self.tol, "tol")
         check_positive_int(self.n_restarts_optimizer, "n_restarts_optimizer", minimum=0)
+        check_optimizer(self.optimizer)
+        random_generator(self.random_state)     # a ValueError naming random_state
         check_n_jobs(self.n_jobs)
-        if isinstance(self.label_noise, str):
-            if self.label_noise != "beta":
-                raise ValueError(f"label_noise must be 'beta' or a float ε in (0, 1), got "
-                                 f"{self.label_noise!r}")
-        else:
-            eps = check_positive_float(self.label_noise, "label_noise")
-            if self.model != "robust":
-                raise ValueError("label_noise=ε (fixed label noise) is a noise treatment of "
-                                 f"model='robust', not of model={self.model!r}")
-            if eps >= 1.0:
-                raise ValueError(f"label_noise must lie in (0, 1), got {eps!r}")
-        bounds = self.label_noise_bounds
-        if not (isinstance(bounds, str) and bounds == "fixed"):
-            try:
-                lo, hi = (float(b) for b in bounds)
-            except (TypeError, ValueError):
-                raise ValueError(f"label_noise_bounds must be 'fixed' or (low, high), got "
-                                 f"{bounds!r}") from None
-            if not 0.0 < lo <= hi < 1.0:
-                raise ValueError(f"label_noise_bounds must satisfy 0 < low <= high < 1, got "
-                                 f"{bounds!r}")
+        check_label_noise(self.label_noise, self.label_noise_bounds, self.model)
 
     def _fixed_noise(self):
         """Whether ε is a hyperparameter: label_noise=ε on the robust model."""
@@ -192,16 +211,10 @@ class MultiClassGPC(GPCEstimator):
         return self._fixed_noise() and not (isinstance(self.label_noise_bounds, str))
 
     def _check_label_noise(self):
-        """ε and its bounds below (l − 1)/l, where the labels carry no information (ρ = 1)."""
-        top = (self.n_classes_ - 1) / self.n_classes_
-        if not self._fixed_noise():
-            return
-        if not self.label_noise < top:
-            raise ValueError(f"label_noise must be below (l - 1)/l = {top:.6g} for {self.n_classes_} "
-                             f"classes, got {self.label_noise!r}")
-        if self._learns_noise() and not float(self.label_noise_bounds[1]) < top:
-            raise ValueError(f"label_noise_bounds' upper end must be below (l - 1)/l = {top:.6g} "
-                             f"for {self.n_classes_} classes, got {self.label_noise_bounds!r}")
+        """ε and its bounds below (l − 1)/l (:func:`check_label_noise_classes`)."""
+        if self._fixed_noise():
+            check_label_noise_classes(self.label_noise, self.label_noise_bounds,
+                                      self._learns_noise(), self.n_classes_)
 
     # -- the evidence as a function of θ ------------------------------------------------------------
     def _unpack(self, theta):

@@ -192,11 +192,16 @@ class SEPBatch(StepTrainer):
         super().__init__(states, likelihood, rng, n_jobs)
         self.damping = damping
 
+    def iterate(self, state, rows, damping):
+        """The step, gpc.sparse._train.iteration; a model with other sites (gpc.multiclass.sparse)
+        names its own."""
+        return iteration(state, rows, damping)
+
     def steps_per_epoch(self, rows):
         return len(self.states)
 
     def epoch(self, rows, k, state, tick):
-        value = iteration(state, rows.all_rows(k, state, self.likelihood), self.damping)
+        value = self.iterate(state, rows.all_rows(k, state, self.likelihood), self.damping)
         tick()
         return value
 
@@ -236,11 +241,13 @@ class SEPMinibatch(_Minibatches):
         super().__init__(states, likelihood, rng, batch_size, n_jobs)
         self.damping = damping
 
+    iterate = SEPBatch.iterate
+
     def start(self, rows, k, state):
         rows.start_minibatches(k, state)
 
     def step(self, rows, k, state, batch):
-        return iteration(state, rows.batch_rows(k, state, self.likelihood, batch), self.damping)
+        return self.iterate(state, rows.batch_rows(k, state, self.likelihood, batch), self.damping)
 
 
 class SEPTied(_Minibatches):
@@ -252,9 +259,13 @@ class SEPTied(_Minibatches):
         super().__init__(states, likelihood, rng, batch_size, n_jobs)
         self.damping = damping
 
+    def iterate(self, state, rows, damping):
+        """The step, gpc.sparse._train.tied_iteration (or a model's own)."""
+        return tied_iteration(state, rows, damping)
+
     def step(self, rows, k, state, batch):
-        return tied_iteration(state, rows.batch_rows(k, state, self.likelihood, batch, sites=False),
-                              self.damping)
+        return self.iterate(state, rows.batch_rows(k, state, self.likelihood, batch, sites=False),
+                            self.damping)
 
 
 class SVIMinibatch(_Minibatches):

@@ -56,7 +56,7 @@ class _LBFGSState:
     #: what the method is called in messages
     name = ""
     #: the attributes that make the model at one point
-    _model = ()
+    _model: tuple[str, ...] = ()
     failure = None
 
     def snapshot(self):

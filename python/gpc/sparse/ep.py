@@ -498,6 +498,28 @@ def block_evidence(likelihood, y, A, s, q, tau, nu, gradient=True, held="sites",
     return BlockEvidence(total, G, g_s, add_blocks(AtGs, np.zeros((m, m))), n_bad)
 
 
+def rows_gradient(A, q, G_A, mean, tau, nu, g_s, d1, e, held):
+    """The rows' parts of the evidence gradient (:func:`block_evidence`, either ``held`` form)
+    from their coefficients: G_A (holding A Σ_w on entry) := ∂F/∂A for
+    :meth:`InducingFactor.block_gradient`, and the returned AtG (m x m), the rows' K_uu part.
+
+    "sites": G_A = β μ_wᵀ - diag(τ) A Σ_w - 2 diag(g_s) A with β = ν - τ ⊙ mean (the rows' site
+    totals τ, ν and marginal means), AtG = Aᵀ G_A.  "cavity": G_A = d1 μ_wᵀ + diag(e) A Σ_w -
+    2 diag(g_s) A, AtG = -Σ_b (γ_i - g_s a_i) a_iᵀ.  A multi-class row (several sites on one row,
+    gpc.multiclass.sparse) passes its sites' sums (docs/derivations-sparse-multiclass.md §6).
+    """
+    AtG = np.empty((A.shape[1], A.shape[1]))
+    if held == "sites":
+        _sparse.site_rows_gradient(G_A, A, nu - tau * mean, q.mean, tau, g_s)
+        _sparse.transpose_times(A, G_A, AtG)
+    else:
+        Y = np.empty_like(G_A)
+        _sparse.cavity_rows_gradient(G_A, Y, A, d1, q.mean, e, g_s)
+        _sparse.transpose_times(Y, A, AtG)                   # Σ_b (γ_i - g_s a_i) a_iᵀ
+        AtG *= -1.0
+    return AtG
+
+
 def prior_term(q):
     """The prior term of SEP eq. (4), (η - η_prior)ᵀ ∂θ_prior/∂ξ, as a w-space K_uu derivative:
     ∂/∂K_uu = L⁻ᵀ G L⁻¹ with G = ½(Σ_w + μ_w μ_wᵀ - I), the u-space ½ K⁻¹(E_q[uuᵀ] - K)K⁻¹."""

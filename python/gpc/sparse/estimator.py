@@ -13,7 +13,7 @@ import numpy as np
 from scipy.cluster.vq import kmeans2
 
 from .. import _parallel
-from .._estimator import GPCEstimator, check_n_jobs
+from .._estimator import GPCEstimator, _scale_of, as_rows, check_n_jobs, median_length_scale
 from .._validation import check_positive_float, check_positive_int
 from ..kernels import RBF, ConstantKernel, as_kernel, user_kernel
 from ..likelihoods import get_likelihood
@@ -32,28 +32,8 @@ AUTO_BATCH_SIZE, AUTO_MINIBATCH_FROM = 2000, 10_000
 #: epochs to see about AUTO_ROWS rows, at least AUTO_MIN_EPOCHS and at most AUTO_BATCH_EPOCHS
 AUTO_BATCH_EPOCHS, AUTO_ROWS, AUTO_MIN_EPOCHS = 100, 400_000, 2
 
-#: rows used for the k-means initialisation of Z and for the median heuristic
+#: rows used for the k-means initialisation of Z
 _INIT_ROWS = 10_000
-_MEDIAN_ROWS = 1_000
-
-
-def _scale_of(S):
-    """A power of two near the largest |entry| of S (1 for zeros): dividing by it is exact, and
-    brings inputs of any magnitude to where their squares do not overflow."""
-    top = float(np.max(np.abs(S))) if S.size else 0.0
-    return float(2.0 ** np.round(np.log2(top))) if top > 0 else 1.0
-
-
-def median_length_scale(X, rng):
-    """The median distance between rows of a subsample (the median heuristic), 1.0 if it is 0."""
-    idx = rng.choice(X.shape[0], size=min(X.shape[0], _MEDIAN_ROWS), replace=False)
-    S = as_rows(X, np.sort(idx))
-    scale = _scale_of(S)
-    S = (S - S.mean(axis=0)) / scale
-    sq = np.sum(S * S, axis=1)
-    D2 = np.maximum(sq[:, None] + sq[None, :] - 2.0 * S @ S.T, 0.0)
-    med = float(np.sqrt(np.median(D2[np.triu_indices(len(S), 1)]))) * scale if len(S) > 1 else 0.0
-    return med if med > 0 else 1.0
 
 
 def default_kernel(X, rng):
@@ -72,14 +52,6 @@ def _check_theta_in_bounds(kernel):
         names = [n for n, o in zip(kernel.hyperparameter_names, outside) if o]
         raise ValueError(f"the kernel's {', '.join(names)} start outside their bounds "
                          f"({user_kernel(kernel)!r}); widen the bounds or rescale X")
-
-
-def as_rows(X, idx):
-    """Rows ``idx`` (sorted) of any row-indexable array, as float64."""
-    rows = X[idx]
-    if hasattr(rows, "compute"):
-        rows = rows.compute()
-    return np.ascontiguousarray(rows, dtype=np.float64)
 
 
 def _distinct(rows):

@@ -42,3 +42,46 @@ cdef int argmax_pair_moments(double m_t, double v_t, double m_o, double v_o, dou
 cdef int argmax_pair_site(double m_t, double v_t, double m_o, double v_o, double lz_cav,
                           double log_c, PairMoments* mom, double* tau_t, double* eta_t,
                           double* tau_o, double* eta_o) noexcept nogil
+
+# The same with the argmax step widened by an extra variance s_extra >= 0 (a sparse model's FITC
+# variances s_y + s_k, docs/derivations-sparse-multiclass.md section 4): S^2 = v_t + v_o + s_extra in
+# place of v_t + v_o above; g and h are then derivatives at that S, and the tilted moments of f_t and
+# f_o are still m_t + v_t g, v_t + v_t^2 h and m_o - v_o g, v_o + v_o^2 h (the site's latent values
+# have variances v_t, v_o; s_extra belongs to the factor).  s_extra = 0 gives the functions above,
+# bit for bit (they call these).
+cdef int argmax_pair_moments_s(double m_t, double v_t, double m_o, double v_o, double s_extra,
+                               double lz_cav, double log_c, PairMoments* out) noexcept nogil
+cdef int argmax_pair_site_s(double m_t, double v_t, double m_o, double v_o, double s_extra,
+                            double lz_cav, double log_c, PairMoments* mom, double* tau_t,
+                            double* eta_t, double* tau_o, double* eta_o) noexcept nogil
+
+# One damped refinement of the pair sites of the points start:stop (refine_pairs' loop, RMGPC
+# eq. (14)), unchecked: arrays (n, l) indexed [i, k], others[i, j] the j-th class k != y[i]; means and
+# varis the marginals of every latent value (the target's moved by each pair of its point in turn);
+# fitc (read only if has_fitc) the extra variances s of argmax_pair_moments_s; prior_sd the scales
+# of the returned mismatch.  A caller checks shapes, labels and the row range first.
+cdef double refine_pair_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t[::1] y,
+                             const Py_ssize_t[:, ::1] others, double[:, ::1] tau_t,
+                             double[:, ::1] eta_t, double[:, ::1] tau_o, double[:, ::1] eta_o,
+                             double[:, ::1] lam, const double[::1] lam_i,
+                             const double[:, ::1] means, const double[:, ::1] varis,
+                             const double[:, ::1] fitc, bint has_fitc,
+                             const double[:, ::1] prior_sd, double damping, bint robust,
+                             double log_c, bint fixed_precisions) noexcept nogil
+
+# The cavity of the pair site (i, k) (docs/derivations-sparse-multiclass.md section 3): the marginal
+# N(m_y, v_y) of the label's latent value less the site's factor exp(-tau_t f^2/2 + eta_t f) on it,
+# and N(m_k, v_k) of the competitor's less exp(-tau_o f^2/2 + eta_o f); False (outputs unset) when a
+# cavity precision is not positive.  The exact engine's pair loop and the sparse engine's evidence
+# pass take their cavities here.
+cdef inline bint pair_cavity(double m_y, double v_y, double tau_t, double eta_t, double m_k,
+                             double v_k, double tau_o, double eta_o, double* m_t, double* v_t,
+                             double* m_o, double* v_o) noexcept nogil:
+    cdef double prec_t = 1.0 / v_y - tau_t, prec_o = 1.0 / v_k - tau_o
+    if not (prec_t > 0 and prec_o > 0):
+        return False
+    v_t[0] = 1.0 / prec_t
+    v_o[0] = 1.0 / prec_o
+    m_t[0] = v_t[0] * (m_y / v_y - eta_t)
+    m_o[0] = v_o[0] * (m_k / v_k - eta_o)
+    return True

@@ -1,0 +1,956 @@
+"""Sparse multi-class EP: RMGPC's model on m inducing points per class (docs/derivations-sparse-multiclass.md).
+
+The model (derivation §1): C latent functions with independent GP priors, u_k = f_k(Z_k) held
+whitened, u_k = L_k w_k with K_uu^k = L_k L_kᵀ, and the FITC conditional f_k(xᵢ) | w_k ~
+N(a_ikᵀw_k, s_ik) (SEP eq. (1), per class); RMGPC's argmax likelihood with outlier indicators zᵢ
+(RMGPC eq. (2)-(4)), whose rate ρ has a Beta posterior (``noise="beta"``), is fixed (``"fixed"``:
+the label noise ε of the scalable multi-class EP paper, ρ = Cε/(C − 1)), or is absent
+(``"none"``).  Per point i and class k ≠ yᵢ the pair factor Φ((t_y − t_k)/√(s_iy + s_ik)) on the
+projections t = aᵀw (derivation §1) has a pair site rank one in w_y along a_iy and in w_k along a_ik
+(RMGPC eq. (14) in u-space, derivation §2); q(w_k) ∝ N(0, I) Π sites is held by its natural
+parameters, P_k = I + A_kᵀ diag(Λ) A_k, h_k = A_kᵀ v (RMGPC eq. (17)'s row totals), as a
+:class:`gpc.sparse.ep.NaturalPosterior` per class.
+
+One step on a block of rows (derivation §10):
+
+(a) per class the whitened rows A_k = K_bu L_k⁻ᵀ, the FITC variances and the marginals of a_ikᵀw_k
+    under q_k (gpc.sparse._inducing, gpc.sparse.ep: BLAS-3 products, b m² each);
+(b) one compiled pass over the block's points (gpc._sparse_multiclass.refine_block: the cavities,
+    the pair factor's tilted moments and the damped sites, through the exact engine's pair loop);
+(c) with a Beta-distributed ρ RMGPC's ψ̃ᵢ refinement, sequential (gpc._multiclass);
+(d) per class q_k rebuilt from its rows' site totals (batch) or the block's sites swapped in along
+    their kept directions (minibatch, SEP §2.3);
+(e) the evidence's data terms and per-row gradient coefficients in one compiled pass
+    (gpc._sparse_multiclass.evidence_block), then per class the binary engine's row gradient
+    (gpc.sparse.ep.rows_gradient) and the kernel's contraction, and one Adadelta step on every
+    class's log θ and Z and on log ε.
+
+Steps (a), (d) and (e) run the C classes as independent tasks, and (b) and (e)'s compiled pass
+split the block's points into fixed ranges: a :class:`Tasks` pool of ``n_jobs`` threads runs them
+(BLAS pinned to one thread meanwhile), and every sum is taken in a fixed order, so the bits do not
+depend on the number of threads.  Row blocks follow one another.
+
+The state and its steps keep the interfaces of the binary SEP trainers (gpc.sparse._train,
+gpc.sparse._trainer): a rows object refines its sites, commits or reverts them, and returns the
+evidence's parts; the trainers' epochs and minibatch orders are the binary ones.  A variational
+baseline with the same likelihood and a Gaussian q(u_k) per class can reuse :class:`MultiClassRows`
+(``objective_rows``/``svi_rows`` give the rows and their class labels) and the trainers.
+"""
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from scipy.special import betaln, expit
+
+from .. import _lapack, _sparse
+from .._estimator import BLOCK_ROWS
+from .._multiclass import refine_outlier_prior
+from .._sparse_multiclass import evidence_block, local_ep_block, refine_block
+from ..exceptions import NotPositiveDefiniteError
+from ..sparse._inducing import InducingFactor
+from ..sparse._passes import as_block, block_ranges, finish_evidence
+from ..sparse._train import Adadelta, SEPState, site_directions
+from ..sparse._trainer import SEPBatch, SEPMinibatch, SEPTied, TrainingRows
+from ..sparse.ep import NaturalPosterior, rows_gradient, transform_natural, whitened_sums
+from .ep import _Sites
+
+NOISES = ("beta", "fixed", "none")
+#: points per range of a block's compiled passes (the unit that threads share out)
+RANGE_ROWS = 256
+#: the tied sites' local EP: stop when no moment moves by more than this (prior sd units)
+LOCAL_TOL, LOCAL_SWEEPS = 1e-10, 200
+
+
+class ArgmaxLikelihood:
+    """The likelihood of a sparse multi-class fit: C classes, the argmax and the outlier treatment.
+
+    Parameters
+    ----------
+    n_classes : int, C ≥ 2
+    noise : "beta", "fixed" or "none"
+        RMGPC's outlier rate ρ ~ Beta(a0, b0) (RMGPC eq. (3)-(4)), a fixed rate ρ = Cε/(C − 1)
+        (the state holds ε), or no outliers (SMGPC's likelihood, RMGPC §4).
+    a0, b0 : float, the Beta prior (``noise="beta"``)
+    """
+
+    def __init__(self, n_classes, noise="beta", a0=1.0, b0=9.0):
+        if noise not in NOISES:
+            raise ValueError(f"noise must be one of {NOISES}, got {noise!r}")
+        if n_classes < 2:
+            raise ValueError(f"n_classes must be at least 2, got {n_classes}")
+        self.n_classes, self.noise, self.a0, self.b0 = int(n_classes), noise, float(a0), float(b0)
+        self.robust = noise != "none"
+        self.beta = noise == "beta"
+        self.log_c = -math.log(self.n_classes) / (self.n_classes - 1)    # RMGPC eq. (10)
+
+
+class Tasks:
+    """``n_threads`` threads over a fit's independent tasks (class blocks, ranges of points).
+
+    ``map`` returns the results in the order of its items, so a sum over them is the same whatever
+    the number of threads; with one thread it runs them in the calling thread."""
+
+    def __init__(self, n_threads=1):
+        self.n_threads = max(1, int(n_threads))
+        self.pool = ThreadPoolExecutor(self.n_threads, thread_name_prefix="gpc-classes") \
+            if self.n_threads > 1 else None
+
+    def map(self, fn, items):
+        items = list(items)
+        if self.pool is None or len(items) < 2:
+            return [fn(x) for x in items]
+        return list(self.pool.map(fn, items))
+
+    def close(self):
+        if self.pool is not None:
+            self.pool.shutdown()
+            self.pool = None
+
+
+SERIAL = Tasks(1)
+
+
+# -- blocks of rows --------------------------------------------------------------------------------
+class RowBlock:
+    """Rows X_b seen by every class: the whitened rows A_k (shared by classes with one factor), the
+    FITC variances s (b, C) and the prior standard deviations √κ (b, C) of f_k(xᵢ).
+
+    Parameters
+    ----------
+    Xb : (b, d) float64 rows
+    factors : list of C :class:`gpc.sparse._inducing.InducingFactor` (one object for shared ones)
+    tasks : :class:`Tasks`
+    keep_cross : keep K_bu for :meth:`InducingFactor.block_gradient`
+    """
+
+    def __init__(self, Xb, factors, tasks=SERIAL, keep_cross=False):
+        self.Xb = Xb
+        unique = list({id(f): f for f in factors}.values())
+
+        def whiten(factor):
+            A, s, Kbu = factor.whiten(Xb, keep_cross=True)
+            return A, s, (Kbu if keep_cross else None), factor.diag(Xb)
+
+        done = dict(zip([id(f) for f in unique], tasks.map(whiten, unique)))
+        self.A = [done[id(f)][0] for f in factors]
+        self.Kbu = [done[id(f)][2] for f in factors]
+        self.s = np.column_stack([done[id(f)][1] for f in factors])
+        self.prior_sd = np.sqrt(np.column_stack([done[id(f)][3] for f in factors]))
+
+    @property
+    def size(self):
+        return self.s.shape[0]
+
+
+def class_marginals(block, qs, tasks=SERIAL, moments=False):
+    """The marginals of a_ikᵀw_k under every q_k: means and variances (b, C), and with ``moments``
+    the rows A_k Σ_k (one b x m array per class) for the gradient."""
+    if moments:
+        out = tasks.map(lambda k: qs[k].moments(block.A[k]), range(len(qs)))
+    else:
+        out = tasks.map(lambda k: qs[k].marginals(block.A[k]), range(len(qs)))
+    means = np.ascontiguousarray(np.column_stack([o[0] for o in out]))
+    varis = np.ascontiguousarray(np.column_stack([o[1] for o in out]))
+    return (means, varis, [o[2] for o in out]) if moments else (means, varis)
+
+
+def block_sites(sites, y, start, stop):
+    """Points start:stop of ``sites`` as a :class:`gpc.multiclass.ep._Sites` of their own
+    (copies), labelled ``y`` (the block's class indices)."""
+    out = _Sites(np.ascontiguousarray(y, dtype=np.intp), sites.l)
+    for name in _Sites.ARRAYS:
+        setattr(out, name, np.array(getattr(sites, name)[start:stop]))
+    return out
+
+
+def put_sites(sites, block, start):
+    """Write a block's sites (:func:`block_sites`) back into ``sites`` at row ``start``."""
+    stop = start + block.n
+    for name in _Sites.ARRAYS:
+        getattr(sites, name)[start:stop] = getattr(block, name)
+
+
+def _ranges(b):
+    return block_ranges(b, RANGE_ROWS)
+
+
+def refine_points(bs, means, varis, block, model, damping, tasks=SERIAL, moved=None):
+    """One damped refinement of the block's pair sites ``bs`` in place (derivation §3-§4; the
+    compiled :func:`gpc._sparse_multiclass.refine_block` over fixed ranges of points); returns the
+    largest undamped moment mismatch.  ``moved`` = (row_tau, row_eta, mean_old, var_old, cross)
+    for sites that q holds along earlier directions (a minibatch)."""
+    extra = {} if moved is None else dict(zip(("row_tau", "row_eta", "mean_old", "var_old",
+                                               "cross"), moved))
+
+    def run(r):
+        return refine_block(bs.y, bs.others, bs.tau_t, bs.eta_t, bs.tau_o, bs.eta_o, bs.lam,
+                            bs.lam_i, means, varis, block.s, block.prior_sd, float(damping),
+                            model.robust, model.log_c, r[0], r[1], **extra)
+
+    return max(tasks.map(run, _ranges(bs.n)), default=0.0)
+
+
+def refine_outliers(bs, a, b, damping):
+    """RMGPC's ψ̃ᵢ of the block's points refined in turn (eq. (15), gpc._multiclass's sweep),
+    starting from Q's Beta(a, b); returns the new (a, b) and the largest undamped change of a
+    P(zᵢ = 1)."""
+    before = expit(bs.z_log_odds())
+    a, b = refine_outlier_prior(bs.lam.sum(axis=1), bs.alpha, bs.beta, bs.lam_i, float(a),
+                                float(b), float(damping))
+    change = float(np.max(np.abs(expit(bs.z_log_odds()) - before), initial=0.0)) / damping
+    return a, b, change
+
+
+def class_sums(block, bs, tasks=SERIAL):
+    """Per class the block's share of (P_k − I, h_k) for its sites with the current factor:
+    (A_kᵀ diag(Λ) A_k, A_kᵀ v) with the row totals (Λ, v) of RMGPC eq. (17)."""
+    tau, eta = bs.class_sites()
+    return tasks.map(lambda k: whitened_sums(block.A[k], tau[:, k], eta[:, k]),
+                     range(tau.shape[1]))
+
+
+# -- the evidence's parts ------------------------------------------------------------------------
+class EvidenceParts:
+    """Sums over some rows of log Z's data terms and of its gradient's parts (derivation §5-§6).
+
+    Attributes
+    ----------
+    log_terms : float, Σ ℓᵢ
+    classes : list of C (g_theta, g_Z, AtG) or None without the gradient: each class's K_bu and
+        diag K_bb parts in θ and Z and its w-space K_uu part, for
+        :func:`gpc.sparse._passes.finish_evidence`
+    outlier_excess : float, Σ (pᵢ − ρ), pᵢ = Q(zᵢ = 1) (the fixed rate's gradient)
+    n_bad : int, pairs left out (no proper cavity)
+    """
+
+    def __init__(self, log_terms, classes, outlier_excess, n_bad):
+        self.log_terms, self.classes = log_terms, classes
+        self.outlier_excess, self.n_bad = outlier_excess, n_bad
+
+    def __add__(self, other):
+        classes = None if self.classes is None else [
+            tuple(x + y for x, y in zip(a, b)) for a, b in zip(self.classes, other.classes)]
+        return EvidenceParts(self.log_terms + other.log_terms, classes,
+                             self.outlier_excess + other.outlier_excess, self.n_bad + other.n_bad)
+
+    def as_tuple(self):
+        """The parts as nested tuples (what a distributed engine adds leaf by leaf)."""
+        return (self.log_terms, self.classes, self.outlier_excess, self.n_bad)
+
+
+def block_evidence(block, bs, factors, qs, model, ab, rho, gradient, held, tasks=SERIAL):
+    """One block's :class:`EvidenceParts` at q (sites along the current rows).
+
+    ``held`` is the gradient's form (gpc.sparse.ep.block_evidence): "sites" (each site follows
+    its row, a batch pass) or "cavity" (each site's cavity held in u-space, SEP eq. (4): the
+    minibatches).  ``ab`` is Q's Beta (a, b) (``noise="beta"``), ``rho`` the fixed rate."""
+    C = len(qs)
+    if gradient:
+        means, varis, sigma_rows = class_marginals(block, qs, tasks, moments=True)
+    else:
+        means, varis = class_marginals(block, qs, tasks)
+    b = bs.n
+    log_terms, d1, e, g_s = np.empty(b), np.empty((b, C)), np.empty((b, C)), np.empty((b, C))
+    a_beta, b_beta = ab if model.beta else (1.0, 1.0)
+
+    def run(r):
+        return evidence_block(bs.y, bs.others, bs.tau_t, bs.eta_t, bs.tau_o, bs.eta_o, bs.lam,
+                              bs.lam_i, bs.alpha, bs.beta, means, varis, block.s, model.robust,
+                              model.beta, float(a_beta), float(b_beta), model.log_c, log_terms,
+                              d1, e, g_s, r[0], r[1])
+
+    n_bad = int(sum(tasks.map(run, _ranges(b))))
+    excess = float(np.sum(expit(bs.z_log_odds()) - rho)) if model.noise == "fixed" else 0.0
+    if not gradient:
+        return EvidenceParts(float(np.sum(log_terms)), None, excess, n_bad)
+    tau, eta = bs.class_sites()
+    d1, e, g_s = d1.T.copy(), e.T.copy(), g_s.T.copy()      # one contiguous row per class
+
+    def grad(k):
+        G = sigma_rows[k]
+        AtG = rows_gradient(block.A[k], qs[k], G, means[:, k].copy(), tau[:, k].copy(),
+                            eta[:, k].copy(), g_s[k], d1[k], e[k], held)
+        g_theta, g_Z = factors[k].block_gradient(block.Xb, G, g_s[k], block.Kbu[k],
+                                                 overwrite=True)
+        return g_theta, g_Z, AtG
+
+    return EvidenceParts(float(np.sum(log_terms)), tasks.map(grad, range(C)), excess, n_bad)
+
+
+# -- passes over rows (in process or on a shard) --------------------------------------------------
+def site_pass(X, y, sites, factors, qs, model, ab, damping, block_rows, tasks=SERIAL, keep=None):
+    """One parallel pass of every pair site from the same q (and the ψ̃ᵢ in turn): the new sites
+    (a copy), per class (P_k − I, h_k) of the new sites with the current factors (q is rebuilt
+    from them, as the binary batch pass does), Q's new Beta (a, b), and the largest undamped
+    moment mismatch.  ``keep``: a dict that receives the :class:`RowBlock` of a one-block pass."""
+    n, C = len(y), len(qs)
+    new = sites.copy()
+    sums = [(np.zeros((f.m, f.m)), np.zeros(f.m)) for f in factors]
+    mismatch = 0.0
+    for start, stop in block_ranges(n, block_rows):
+        block = RowBlock(as_block(X, start, stop), factors, tasks, keep_cross=keep is not None)
+        means, varis = class_marginals(block, qs, tasks)
+        bs = block_sites(new, y[start:stop], start, stop)
+        mismatch = max(mismatch, refine_points(bs, means, varis, block, model, damping, tasks))
+        if model.beta:
+            a, b, change = refine_outliers(bs, ab[0], ab[1], damping)
+            ab, mismatch = (a, b), max(mismatch, change)
+        put_sites(new, bs, start)
+        for k, (dP, dh) in enumerate(class_sums(block, bs, tasks)):
+            sums[k][0][...] += dP
+            sums[k][1][...] += dh
+        if keep is not None and start == 0 and stop == n:
+            keep["block"] = block
+    return new, sums, ab, mismatch
+
+
+def evidence_pass(X, y, sites, factors, qs, model, ab, rho, block_rows, gradient, held,
+                  tasks=SERIAL, block=None):
+    """:class:`EvidenceParts` over all rows of X, block by block, added in row order (``block``:
+    the whitened rows of a one-block X, if kept)."""
+    total = None
+    for start, stop in block_ranges(len(y), block_rows):
+        rb = block if block is not None else RowBlock(as_block(X, start, stop), factors, tasks,
+                                                      keep_cross=True)
+        part = block_evidence(rb, block_sites(sites, y[start:stop], start, stop), factors, qs,
+                              model, ab, rho, gradient, held, tasks)
+        total = part if total is None else total + part
+    return total
+
+
+# -- the state -------------------------------------------------------------------------------------
+class SparseMultiClassState:
+    """Everything a sparse multi-class fit carries between steps: each class's kernel, inducing
+    inputs, factor and q(w_k), the sites, the outlier rate, the optimiser.
+
+    Parameters
+    ----------
+    kernels : list of gpc kernels, one per kernel group (1: shared by all classes, or C)
+    Zs : list of (m, d) arrays, one per inducing group (1: shared, or C)
+    y : (n,) class indices of the training rows (None with ``tied``: no per-row state)
+    n : int, the number of training rows
+    model : ArgmaxLikelihood
+    jitter, optimize_inducing, lr : as in gpc.sparse._train.SEPState
+    tied : bool, one shared average site per class (stochastic EP, derivation §7)
+    label_noise : float ε for ``model.noise == "fixed"``
+    noise_bounds : (low, high) of ε when it is learnt, or None to hold it
+
+    The parameters Adadelta moves are, in this order, every group's log θ, every group's Z (with
+    ``optimize_inducing``) and log ε (when learnt).  Per point the sites are the exact engine's
+    (:class:`gpc.multiclass.ep._Sites`, 5 C + 3 numbers); minibatch training also keeps each
+    (point, class) row's u-space direction, ``V[k]`` (n x m_k float32), along which q holds that
+    row's sites (SEP §2.3; derivation §10).
+    """
+
+    def __init__(self, kernels, Zs, y, n, model, jitter, optimize_inducing, lr, tied=False,
+                 label_noise=None, noise_bounds=None):
+        C = model.n_classes
+        if len(kernels) not in (1, C) or len(Zs) not in (1, C):
+            raise ValueError(f"kernels and Zs must hold 1 or {C} entries")
+        self.model, self.n, self.C, self.tied, self.jitter = model, int(n), C, bool(tied), jitter
+        self.kernels = list(kernels)
+        self.Zs = [np.array(Z, dtype=np.float64) for Z in Zs]
+        self.optimize_inducing = bool(optimize_inducing)
+        self.factors = self._factors(self.kernels, self.Zs)
+        self.qs = [NaturalPosterior(np.eye(f.m), np.zeros(f.m)) for f in self.factors]
+        self.y = None if tied else np.ascontiguousarray(y, dtype=np.intp)
+        self.eps = None if label_noise is None else float(label_noise)
+        if model.noise == "fixed" and self.eps is None:
+            raise ValueError("noise='fixed' needs label_noise=ε")
+        self.eps_bounds = None if noise_bounds is None else np.log(np.asarray(noise_bounds, float))
+        self.sites = None
+        if not tied:
+            self.sites = _Sites(self.y, C)
+            if model.noise == "fixed":
+                self.sites.lam_i[:] = self.prior_log_odds
+            elif model.beta:      # ψ̃ᵢ from the prior alone, as the exact engine starts
+                refine_outlier_prior(self.sites.lam.sum(axis=1), self.sites.alpha,
+                                     self.sites.beta, self.sites.lam_i, model.a0, model.b0, 1.0)
+        self.V = None
+        self.n_sited = 0
+        self.remote_beta = None     # Q's Beta while the sites are on an engine's shards
+        self.n_params = (sum(len(k.theta) for k in self.kernels)
+                         + (sum(Z.size for Z in self.Zs) if self.optimize_inducing else 0)
+                         + (1 if self.eps_bounds is not None else 0))
+        self.optimizer = Adadelta(self.n_params, lr=lr)
+        self.log_z = np.nan
+        self.mismatch = np.inf      # the last site pass's largest undamped moment mismatch
+        self.reverted = 0           # parameter steps undone (rate halved)
+        self.skipped_passes = 0     # site updates dropped because a q lost its factor
+        self.damping_scale = 1.0    # halved after every dropped site update
+        self.n_bad = 0              # pairs left out of the last evidence (no proper cavity)
+
+    # -- the classes' geometry ------------------------------------------------------------------
+    def kernel_of(self, k):
+        return self.kernels[0 if len(self.kernels) == 1 else k]
+
+    def Z_of(self, k):
+        return self.Zs[0 if len(self.Zs) == 1 else k]
+
+    def _factors(self, kernels, Zs):
+        """One InducingFactor per class; classes with the same kernel and Z share one object."""
+        made, out = {}, []
+        for k in range(self.C):
+            key = (0 if len(kernels) == 1 else k, 0 if len(Zs) == 1 else k)
+            if key not in made:
+                made[key] = InducingFactor(kernels[key[0]], Zs[key[1]], self.jitter)
+            out.append(made[key])
+        return out
+
+    # -- the outlier rate ------------------------------------------------------------------------
+    @property
+    def rho(self):
+        """The outlier rate: ρ = Cε/(C − 1) for fixed label noise, Q's mean a/(a + b) under the
+        Beta treatment (derivation §8's ρ̄), 0 without outliers."""
+        if self.model.noise == "fixed":
+            return self.C * self.eps / (self.C - 1)
+        if self.model.beta:
+            a, b = self.beta_posterior()
+            return a / (a + b)
+        return 0.0
+
+    @property
+    def prior_log_odds(self):
+        """logit ρ: for a fixed rate zᵢ's exact prior factor (λᵢ, derivation §2); under the Beta
+        treatment that of Q's mean rate."""
+        rho = self.rho
+        return math.log(rho) - math.log1p(-rho)
+
+    def beta_posterior(self, sites=None):
+        """Q's Beta(a, b) of ρ: the prior times the ψ̃ᵢ's exponents (RMGPC eq. (15))."""
+        if sites is None and self.remote_beta is not None:
+            return self.remote_beta
+        sites = self.sites if sites is None else sites
+        m = self.model
+        return m.a0 + float(np.sum(sites.alpha)), m.b0 + float(np.sum(sites.beta))
+
+    def outlier_probability(self):
+        """Q(zᵢ = 1) of every training row (RMGPC eq. (21)); zeros without outliers."""
+        if not self.model.robust or self.sites is None:
+            return np.zeros(self.n)
+        return expit(self.sites.z_log_odds())
+
+    # -- parameters ------------------------------------------------------------------------------
+    @property
+    def learns(self):
+        return self.n_params > 0
+
+    def _params(self):
+        parts = [k.theta for k in self.kernels]
+        if self.optimize_inducing:
+            parts += [Z.ravel() for Z in self.Zs]
+        if self.eps_bounds is not None:
+            parts.append([math.log(self.eps)])
+        return np.concatenate(parts) if parts else np.empty(0)
+
+    def _set_params(self, p):
+        """Move to parameters p: new kernels, Z and factors, each q_k carried over in u-space
+        (transform_natural, SEP §2.3); raises when a factor or a q has none."""
+        at, kernels, Zs = 0, [], self.Zs
+        for kern in self.kernels:
+            size = len(kern.theta)
+            if size:
+                b = kern.bounds
+                kern = kern._with_theta(np.clip(p[at:at + size], b[:, 0], b[:, 1]))
+            kernels.append(kern)
+            at += size
+        if self.optimize_inducing:
+            Zs = []
+            for Z in self.Zs:
+                Zs.append(p[at:at + Z.size].reshape(Z.shape).copy())
+                at += Z.size
+        eps = self.eps
+        if self.eps_bounds is not None:
+            eps = float(np.exp(np.clip(p[at], *self.eps_bounds)))
+        factors = self._factors(kernels, Zs)
+        qs = [NaturalPosterior(*transform_natural(q.P, q.h, old.Li, new.L))
+              for q, old, new in zip(self.qs, self.factors, factors)]
+        self.kernels, self.Zs, self.factors, self.qs, self.eps = kernels, Zs, factors, qs, eps
+        if self.sites is not None and self.model.noise == "fixed":
+            self.sites.lam_i[:] = self.prior_log_odds
+
+    def assemble(self, class_grads, g_eps):
+        """The gradient in :meth:`_params`' order from each class's (g_theta, g_Z) and the
+        derivative in log ε: classes that share a kernel or Z add their parts."""
+        g_theta = [np.zeros(len(k.theta)) for k in self.kernels]
+        g_Z = [np.zeros_like(Z) for Z in self.Zs]
+        for k, (gt, gz) in enumerate(class_grads):
+            g_theta[0 if len(self.kernels) == 1 else k] += gt
+            g_Z[0 if len(self.Zs) == 1 else k] += gz
+        parts = list(g_theta)
+        if self.optimize_inducing:
+            parts += [g.ravel() for g in g_Z]
+        if self.eps_bounds is not None:
+            parts.append([g_eps])
+        return np.concatenate(parts) if parts else np.empty(0)
+
+    def gradient_step(self, grad):
+        """One Adadelta ascent step on :meth:`_params`, reverted with the rate halved if it fails:
+        gpc.sparse._train.SEPState.gradient_step, handed the whole gradient (θ, Z and ε) as its
+        first part."""
+        return SEPState.gradient_step(self, grad, np.empty(0))
+
+    # -- q -------------------------------------------------------------------------------------
+    def set_qs(self, naturals):
+        """q_k from natural parameters [(P_k, h_k)]; False and q unchanged if one has no factor."""
+        try:
+            qs = [NaturalPosterior(0.5 * (P + P.T), h) for P, h in naturals]
+        except NotPositiveDefiniteError:
+            self.skipped_passes += 1
+            self.damping_scale *= 0.5
+            return False
+        self.qs = qs
+        return True
+
+    def rebuild(self, sums):
+        """q_k = I + Σ, h_k from a batch pass's sums (:func:`site_pass`)."""
+        naturals = []
+        for dP, dh in sums:
+            P = dP.copy()
+            P.flat[:: P.shape[0] + 1] += 1.0
+            naturals.append((P, dh))
+        if self.set_qs(naturals):
+            self.V = None           # sites rebuilt with the current factors: no kept directions
+            return True
+        return False
+
+    def start_minibatches(self, X, block_rows):
+        """Get ready for minibatch steps on the rows of X (gpc.sparse._train.SEPState's): each
+        class's row directions V[k], and q rebuilt from the sites with the current factors when
+        they are not zero."""
+        if self.tied or self.V is not None:
+            return
+        tau, eta = self.sites.class_sites()
+        sited = np.any((tau != 0.0) | (eta != 0.0), axis=1)
+        self.n_sited = int(np.count_nonzero(sited))
+        if not self.n_sited:
+            self.V = [np.zeros((self.n, f.m), dtype=np.float32) for f in self.factors]
+            return
+        V, naturals = [], []
+        for k, f in enumerate(self.factors):
+            P, h = np.eye(f.m), np.zeros(f.m)
+            V.append(site_directions(X, f, tau[:, k].copy(), eta[:, k].copy(), block_rows, P, h))
+            naturals.append((P, h))
+        self.set_qs(naturals)     # if it fails, q keeps its last factorable form
+        self.V = V
+
+    def log_normaliser(self):
+        """Σ_k [½ h_kᵀP_k⁻¹h_k − ½ log|P_k|] (+ log B(a, b) − log B(a₀, b₀) under the Beta
+        treatment): the terms of log Z that come from q (derivation §5)."""
+        out = sum(q.log_normaliser_ratio() for q in self.qs)
+        if self.model.beta:
+            a, b = self.beta_posterior()
+            out += betaln(a, b) - betaln(self.model.a0, self.model.b0)
+        return out
+
+
+# -- rows in this process --------------------------------------------------------------------------
+class LocalClassRows:
+    """Training rows of a multi-class fit in this process: all of them (``rows`` None, a batch
+    step) or one minibatch (a slice).  The interface of gpc.sparse._train.LocalRows/LocalBatch
+    for :func:`iteration`: ``size``, ``update_sites`` (all rows), ``swap_sites`` (a minibatch),
+    ``commit``, ``revert``, ``evidence_parts``; :func:`tied_iteration` uses ``match_sites`` and
+    ``tied_parts``."""
+
+    def __init__(self, state, model, X, y, rows=None, tasks=SERIAL, block_rows=BLOCK_ROWS):
+        self.state, self.model, self.X, self.tasks, self.block_rows = (
+            state, model, X, tasks, block_rows)
+        self.y = np.ascontiguousarray(y, dtype=np.intp)
+        self.size = len(self.y)
+        self.rows = rows
+        self._pending = None
+        self._block = None
+
+    def _whitened(self):
+        if self._block is None:
+            start = 0 if self.rows is None else self.rows.start
+            Xb = as_block(self.X, start, start + self.size)
+            self._block = RowBlock(Xb, self.state.factors, self.tasks, keep_cross=True)
+        return self._block
+
+    def update_sites(self, damping):
+        """Every site refined from the same q (all rows): per class (P_k − I, h_k) of the new
+        sites, pending until commit."""
+        st = self.state
+        keep = {} if self.size <= self.block_rows else None
+        X = self.X if self.rows is None else as_block(self.X, self.rows.start, self.rows.stop)
+        new, sums, ab, mismatch = site_pass(X, self.y, st.sites, st.factors, st.qs,
+                                            self.model, st.beta_posterior(), damping,
+                                            self.block_rows, self.tasks, keep)
+        self._block = None if keep is None else keep.get("block")
+        self._pending = ("all", new)
+        st.mismatch = mismatch
+        return sums
+
+    def swap_sites(self, damping):
+        """A minibatch's sites refined against their cavities (q less each row's sites along its
+        kept direction, SEP eq. (6)) and swapped in q: per class q's new (P_k, h_k), and the points
+        that had no site; the sites and directions pending until commit."""
+        st, model, tasks = self.state, self.model, self.tasks
+        start = self.rows.start
+        block = self._whitened()
+        bs = block_sites(st.sites, self.y, start, start + self.size)
+        old_tau, old_eta = bs.class_sites()
+        fresh = ~np.any((old_tau != 0.0) | (old_eta != 0.0), axis=1)
+
+        def moved(k):       # marginals of a and of the old direction a' = Lᵀv, and a Σ a'
+            q, f = st.qs[k], st.factors[k]
+            A_old = np.array(st.V[k][start:start + self.size], dtype=np.float64)
+            _lapack.multiply_triangular_rows(f.L, A_old, True)
+            B = q.solve_rows(block.A[k])
+            B_old = q.solve_rows(A_old)
+            mean, var, mean_old, var_old, cross = (np.empty(self.size) for _ in range(5))
+            _sparse.rows_dot(block.A[k], q.mean, mean)
+            _sparse.row_dots(B, B, var)
+            _sparse.rows_dot(A_old, q.mean, mean_old)
+            _sparse.row_dots(B_old, B_old, var_old)
+            _sparse.row_dots(B, B_old, cross)
+            return A_old, (mean, var, mean_old, var_old, cross)
+
+        out = tasks.map(moved, range(st.C))
+        cols = [np.ascontiguousarray(np.column_stack([o[1][j] for o in out])) for j in range(5)]
+        means, varis = cols[0], cols[1]
+        mismatch = refine_points(bs, means, varis, block, model, damping, tasks,
+                                 moved=(old_tau, old_eta, cols[2], cols[3], cols[4]))
+        ab = st.beta_posterior()
+        if model.beta:
+            a, b, change = refine_outliers(bs, ab[0], ab[1], damping)
+            ab, mismatch = (a, b), max(mismatch, change)
+        tau, eta = bs.class_sites()
+
+        def swap(k):        # q + Σ Λ_new a aᵀ − Σ Λ_old a'a'ᵀ, and the new directions
+            f, q = st.factors[k], st.qs[k]
+            W = np.concatenate([block.A[k], out[k][0]])
+            P, h = q.P.copy(), q.h.copy()
+            _sparse.add_weighted_gram(P, W, np.concatenate([tau[:, k], -old_tau[:, k]]),
+                                      np.empty_like(W))
+            _sparse.mirror_lower(P)
+            _sparse.add_transpose_dot(W, np.concatenate([eta[:, k], -old_eta[:, k]]), h)
+            V_new = np.array(block.A[k])
+            _lapack.multiply_triangular_rows(f.Li, V_new, True)     # v = L⁻ᵀ a
+            return (P, h), V_new.astype(np.float32)
+
+        swapped = tasks.map(swap, range(st.C))
+        self._pending = ("swap", bs, [s[1] for s in swapped])
+        st.mismatch = mismatch
+        return [s[0] for s in swapped], int(np.count_nonzero(fresh))
+
+    def commit(self):
+        st = self.state
+        if self._pending[0] == "all":
+            st.sites = self._pending[1]
+        else:
+            _, bs, V_new = self._pending
+            put_sites(st.sites, bs, self.rows.start)
+            for k, V in enumerate(V_new):
+                st.V[k][self.rows] = V
+        self._pending = None
+
+    def revert(self):
+        self._pending = None
+        self._block = None
+
+    def evidence_parts(self, gradient, held):
+        """:class:`EvidenceParts` over these rows at the state's q."""
+        st = self.state
+        if self.rows is None:
+            return evidence_pass(self.X, self.y, st.sites, st.factors, st.qs, self.model,
+                                 st.beta_posterior(), st.rho, self.block_rows, gradient, held,
+                                 self.tasks, self._block)
+        start = self.rows.start
+        return block_evidence(self._whitened(), block_sites(st.sites, self.y, start,
+                                                            start + self.size),
+                              st.factors, st.qs, self.model, st.beta_posterior(), st.rho,
+                              gradient, held, self.tasks)
+
+    # -- tied sites --------------------------------------------------------------------------------
+    def match_sites(self, cavities):
+        """Each point's sites fitted by its local EP against the tied ``cavities``: per class the
+        sums (Σ τ a aᵀ, Σ η a) of the points' row sites."""
+        return tied_block(self._whitened(), self.y, cavities, None, self.model, self.state,
+                          False, self.tasks)[0]
+
+    def tied_parts(self, cavities, gradient):
+        """:class:`EvidenceParts` of the tied evidence over these rows (derivation §7) at the
+        state's q and its ``cavities``, and Σ of the points' cavity normalisers' excess."""
+        return tied_block(self._whitened(), self.y, cavities, self.state.qs, self.model,
+                          self.state, gradient, self.tasks)[1]
+
+
+# -- the steps -------------------------------------------------------------------------------------
+def iteration(state, rows, damping):
+    """One step on the rows that ``rows`` covers (gpc.sparse._train.iteration's order, SEP §2.3):
+    their sites refined, q updated, then one inner Adadelta step on log θ, Z and log ε.
+
+    All n rows: a parallel pass from the same q (the ψ̃ᵢ then in turn), q rebuilt from the new
+    sites, the gradient in its "sites" form.  A minibatch of fewer rows: each row's sites swapped
+    in q along their kept directions (SEP eq. (6)), the gradient in its "cavity" form with the
+    data terms scaled by (points q holds)/|M|.  A site update after which some q_k has no factor
+    is dropped, and the damping of the next ones halved (``state.damping_scale``).  Returns log Z
+    (a minibatch: its estimate over all n rows).
+    """
+    damping = damping * state.damping_scale
+    if rows.size == state.n:
+        if state.rebuild(rows.update_sites(damping)):
+            rows.commit()
+            state.n_sited = state.n
+        else:
+            rows.revert()
+        return _inner_step(state, rows, state.n, "sites")
+    naturals, n_fresh = rows.swap_sites(damping)
+    if state.set_qs(naturals):
+        rows.commit()
+        state.n_sited = min(state.n, state.n_sited + n_fresh)
+    else:
+        rows.revert()
+    return _inner_step(state, rows, max(state.n_sited, rows.size), "cavity")
+
+
+def evidence_and_gradient(state, parts, scale, held):
+    """log Z (its estimate over all n rows from ``parts`` of b rows, SEP eq. (3)/(6)) and its
+    gradient in :meth:`SparseMultiClassState._params`' order, the data terms scaled by
+    ``scale``: each class's parts finished by gpc.sparse._passes.finish_evidence, and
+    ∂ log Z/∂ log ε = Σᵢ (pᵢ − ρ)/(1 − ρ) (derivation §6: ρ ∝ ε)."""
+    grads = None
+    if parts.classes is not None:
+        class_grads = []
+        for k, (g_theta, g_Z, AtG) in enumerate(parts.classes):
+            _, gt, gz, _ = finish_evidence(state.factors[k], state.qs[k],
+                                           (0.0, g_theta, g_Z, AtG, 0), scale=scale, held=held)
+            class_grads.append((gt, gz))
+        g_eps = scale * parts.outlier_excess / (1.0 - state.rho) if state.eps is not None else 0.0
+        grads = state.assemble(class_grads, g_eps)
+    return grads
+
+
+def _inner_step(state, rows, n_held, held):
+    """The inner step after a site update: the evidence's parts over the rows at the new q, its
+    estimate over all n rows, and one Adadelta step on its gradient (data terms scaled by
+    ``n_held``/|M|, SEP eq. (4), (6))."""
+    b = rows.size
+    parts = rows.evidence_parts(state.learns, held)
+    state.n_bad = parts.n_bad
+    state.log_z = state.log_normaliser() + state.n / b * parts.log_terms
+    if state.learns:
+        state.gradient_step(evidence_and_gradient(state, parts, n_held / b, held))
+    return state.log_z
+
+
+# -- tied sites (stochastic EP, derivation §7) ----------------------------------------------------
+def tied_cavities(state):
+    """Each class's cavity of a point under tied sites: q less one of the n shares of its average
+    site, (P, h) → (1 − 1/n)(P − I) + I, (1 − 1/n) h."""
+    keep = 1.0 - 1.0 / state.n
+    out = []
+    for q in state.qs:
+        P = keep * q.P
+        P.flat[:: P.shape[0] + 1] += 1.0 - keep
+        out.append(NaturalPosterior(P, keep * q.h))
+    return out
+
+
+def local_ep(block, y, cavities, model, prior_log_odds, tasks=SERIAL, moments=False):
+    """Every point's local EP against ``cavities`` (gpc._sparse_multiclass.local_ep_block):
+    a dict of the (b, C) row sites, local marginals and derivatives, the per-point local log Z
+    and P(zᵢ = 1), and the cavity marginals (with ``moments`` also the rows A_k Σ_c)."""
+    y = np.ascontiguousarray(y, dtype=np.intp)
+    b, C = len(y), len(cavities)
+    marg = class_marginals(block, cavities, tasks, moments=moments)
+    m_c, v_c = marg[0], marg[1]
+    lam_i = np.full(b, prior_log_odds if model.robust else 0.0)
+    others = _Sites(y, C).others
+    names = ("tau_t", "eta_t", "tau_o", "eta_o", "lam", "means", "varis", "site_tau",
+             "site_eta", "d_m", "d_v", "d_s")
+    out = {name: np.zeros((b, C)) for name in names}
+    out["log_z"] = np.zeros(b)
+
+    def run(r):
+        return local_ep_block(y, others, m_c, v_c, block.s, block.prior_sd, lam_i, model.robust,
+                              model.log_c, LOCAL_TOL, LOCAL_SWEEPS,
+                              *(out[name] for name in names[:7]), out["site_tau"],
+                              out["site_eta"], out["log_z"], out["d_m"], out["d_v"], out["d_s"],
+                              r[0], r[1])
+
+    counts = tasks.map(run, _ranges(b))
+    out["n_bad"] = sum(c[0] for c in counts)
+    out["unconverged"] = sum(c[1] for c in counts)
+    out["p_outlier"] = (expit(lam_i + out["lam"].sum(axis=1)) if model.robust else np.zeros(b))
+    out["m_c"], out["v_c"] = m_c, v_c
+    if moments:
+        out["sigma_rows"] = marg[2]
+    return out
+
+
+def tied_block(block, y, cavities, qs, model, state, gradient, tasks=SERIAL):
+    """A block's points under tied sites: their local EPs against ``cavities``, per class the sums
+    (Σ τ a aᵀ, Σ η a) of their row sites, and (with ``qs``, the current q) the block's
+    :class:`EvidenceParts` of the tied evidence (derivation §7):
+
+        ℓᵢ = log Z_loc,i + Σ_k (G_k(cavity) − G_k(q)),   G(P, h) = ½ hᵀP⁻¹h − ½ log|P|,
+
+    and with ``gradient`` each class's parts: the rows' cavity-held terms (γ = d_m μ_c +
+    2 d_v Σ_c a, the binary "cavity" form on the cavity's moments) and the average term
+    ½ Σᵢ (E_i[wwᵀ] − E_q[wwᵀ]) of the points' local posteriors q_i = cavity × the point's sites,
+    which is not zero for n > 1 (q is their natural-parameter average, not their moment average).
+    By Sherman–Morrison along u = Σ_c a,
+    E_i[wwᵀ] = Σ_c + μ_cμ_cᵀ + δ(μ_c uᵀ + u μ_cᵀ) + (δ² − κ) u uᵀ with κ = τ/(1 + τ v_c), δ = (η − τ m_c)/(1 + τ v_c)."""
+    loc = local_ep(block, y, cavities, model, state.prior_log_odds if model.robust else 0.0,
+                   tasks, moments=gradient)
+    C = len(cavities)
+    sums = tasks.map(lambda k: whitened_sums(block.A[k], loc["site_tau"][:, k].copy(),
+                                             loc["site_eta"][:, k].copy()), range(C))
+    if qs is None:
+        return sums, None
+    b = len(y)
+    excess_g = sum(c.log_normaliser_ratio() - q.log_normaliser_ratio()
+                   for c, q in zip(cavities, qs))
+    log_terms = float(np.sum(loc["log_z"])) + b * excess_g
+    rho = state.rho if model.noise == "fixed" else 0.0
+    excess = float(np.sum(loc["p_outlier"] - rho)) if model.noise == "fixed" else 0.0
+    if not gradient:
+        return sums, EvidenceParts(log_terms, None, excess, loc["n_bad"])
+
+    def grad(k):
+        cav, q, f, A = cavities[k], qs[k], state.factors[k], block.A[k]
+        U = loc["sigma_rows"][k]                         # rows Σ_c a
+        tau, eta = loc["site_tau"][:, k].copy(), loc["site_eta"][:, k].copy()
+        m_c, v_c = loc["m_c"][:, k], loc["v_c"][:, k]
+        kappa = tau / (1.0 + tau * v_c)
+        delta = (eta - tau * m_c) / (1.0 + tau * v_c)
+        # the average term, w-space: ½ Σᵢ (E_i[wwᵀ] − E_q[wwᵀ])
+        avg = np.zeros((f.m, f.m))
+        _sparse.add_weighted_gram(avg, U, delta * delta - kappa, np.empty_like(U))
+        _sparse.mirror_lower(avg)
+        w = np.zeros(f.m)
+        _sparse.add_transpose_dot(U, delta, w)
+        second_c = cav.cov + np.outer(cav.mean, cav.mean)
+        second_q = q.cov + np.outer(q.mean, q.mean)
+        avg += np.outer(cav.mean, w) + np.outer(w, cav.mean) + b * (second_c - second_q)
+        avg *= 0.5
+        # the rows' cavity-held terms (binary "cavity" form with d1 = d_m, e = 2 d_v, g_s = d_s)
+        G = np.array(U)
+        d_s = loc["d_s"][:, k].copy()
+        AtG = rows_gradient(A, cav, G, None, None, None, d_s, loc["d_m"][:, k].copy(),
+                            2.0 * loc["d_v"][:, k], "cavity")
+        AtG += avg               # finish_evidence symmetrises: ½(AtG + AtGᵀ) + avg
+        g_theta, g_Z = f.block_gradient(block.Xb, G, d_s, block.Kbu[k], overwrite=True)
+        return g_theta, g_Z, AtG
+
+    return sums, EvidenceParts(log_terms, tasks.map(grad, range(C)), excess, loc["n_bad"])
+
+
+def tied_iteration(state, rows, damping):
+    """A minibatch step with one tied site per class (stochastic EP, derivation §7): each point's
+    sites matched by its local EP against the tied cavity, the average site of every class moved
+    to (1 − δ|M|/n) T_k + δ Σ_M contributions (gpc.sparse._train.tied_iteration's rule), then one
+    Adadelta step on the tied evidence's gradient at the new q (data terms scaled by n/|M|).  An
+    update after which some q_k has no factor is dropped and δ of the next ones halved, as in
+    :func:`iteration`.  Returns the minibatch estimate of log Z."""
+    n = state.n
+    damping = damping * state.damping_scale
+    shrink = 1.0 - damping * rows.size / n
+    sums = rows.match_sites(tied_cavities(state))
+    naturals = []
+    for q, (dP, dh) in zip(state.qs, sums):
+        P = shrink * q.P + damping * dP
+        P.flat[:: P.shape[0] + 1] += 1.0 - shrink
+        naturals.append((P, shrink * q.h + damping * dh))
+    state.set_qs(naturals)
+    parts = rows.tied_parts(tied_cavities(state), state.learns)
+    state.n_bad = parts.n_bad
+    b = rows.size
+    state.log_z = sum(q.log_normaliser_ratio() for q in state.qs) + n / b * parts.log_terms
+    if state.learns:
+        state.gradient_step(evidence_and_gradient(state, parts, n / b, "cavity"))
+    return state.log_z
+
+
+# -- EP at fixed hyperparameters -----------------------------------------------------------------
+def run_ep(state, rows, damping=0.5, tol=1e-9, max_iter=1000):
+    """Parallel damped site passes at fixed θ, Z and ε (no inner steps) until the largest
+    undamped moment mismatch is below ``tol``; returns (passes, converged).  ``rows`` covers all
+    the rows (:meth:`MultiClassRows.all_rows`)."""
+    for it in range(1, max_iter + 1):
+        if state.rebuild(rows.update_sites(damping * state.damping_scale)):
+            rows.commit()
+            state.n_sited = state.n
+        else:
+            rows.revert()
+        if state.mismatch < tol:
+            return it, True
+    return max_iter, False
+
+
+# -- the trainers and the rows they train on ------------------------------------------------------
+class MultiClassBatch(SEPBatch):
+    """Batch training (gpc.sparse._trainer.SEPBatch) with :func:`iteration`."""
+
+    iterate = staticmethod(iteration)
+
+
+class MultiClassMinibatch(SEPMinibatch):
+    """Minibatch training (gpc.sparse._trainer.SEPMinibatch) with :func:`iteration`."""
+
+    iterate = staticmethod(iteration)
+
+
+class MultiClassTied(SEPTied):
+    """Tied sites (gpc.sparse._trainer.SEPTied) with :func:`tied_iteration`."""
+
+    iterate = staticmethod(tied_iteration)
+
+
+class MultiClassRows(TrainingRows):
+    """The training rows of a multi-class fit in this process (one problem, k = 0, with class
+    labels 0..C−1), for the trainers of gpc.sparse._trainer; ``tasks`` runs the class blocks."""
+
+    def __init__(self, X, y, tasks=SERIAL):
+        self.X, self.n, self.tasks = X, X.shape[0], tasks
+        self.y = np.ascontiguousarray(y, dtype=np.intp)
+
+    def batches(self, size):
+        return block_ranges(self.n, size)
+
+    def all_rows(self, k, state, likelihood):
+        return LocalClassRows(state, likelihood, self.X, self.y, None, self.tasks)
+
+    def batch_rows(self, k, state, likelihood, batch, sites=True):
+        start, stop = batch
+        return LocalClassRows(state, likelihood, self.X, self.y[start:stop], slice(start, stop),
+                              self.tasks)
+
+    def svi_rows(self, k, likelihood, batch):
+        start, stop = batch
+        return as_block(self.X, start, stop), self.y[start:stop]
+
+    def objective_rows(self, k, likelihood):
+        return self.X, self.y
+
+    def start_minibatches(self, k, state):
+        state.start_minibatches(self.X, BLOCK_ROWS)
+
+
+def latent_moments(state, Xb, tasks=SERIAL):
+    """The latent predictive moments of f_k at rows Xb (derivation §8): means a_*ᵀμ_k and
+    variances a_*ᵀΣ_k a_* + s_*k, (b, C) each."""
+    block = RowBlock(np.ascontiguousarray(Xb, dtype=np.float64), state.factors, tasks)
+    means, varis = class_marginals(block, state.qs, tasks)
+    return means, varis + block.s
+
+
+def row_outlier_probability(state, X, y, tasks=SERIAL):
+    """Q(zᵢ = 1) of any labelled rows by their local EP (derivation §7): each row's pair factors
+    fitted against the cavity a training row has under tied sites (q less one share), or against
+    q itself (the rows taken as new observations); the outlier prior is the fixed rate, or Q's
+    mean rate ρ̄ under the Beta treatment."""
+    if not state.model.robust:
+        return np.zeros(len(y))
+    cavities = tied_cavities(state) if state.tied else state.qs
+    lo = state.prior_log_odds
+    y = np.asarray(y, dtype=np.intp)
+    out = []
+    for start, stop in block_ranges(len(y), BLOCK_ROWS):
+        block = RowBlock(as_block(X, start, stop), state.factors, tasks)
+        out.append(local_ep(block, y[start:stop], cavities, state.model, lo, tasks)["p_outlier"])
+    return np.concatenate(out)

@@ -1,0 +1,488 @@
+"""``SparseMultiClassGPC``: robust multi-class GP classification on inducing points, scalable EP."""
+
+import time
+import warnings
+
+import numpy as np
+
+from .._estimator import BLOCK_ROWS, GPCEstimator, check_n_jobs
+from .._validation import check_positive_float, check_positive_int
+from ..kernels import as_kernel, user_kernel
+from ..sparse._passes import as_block, block_ranges
+from ..sparse.estimator import (SparseGaussianProcessClassifier, _check_theta_in_bounds,
+                                default_kernel, initial_inducing)
+from ._sparse_distributed import EngineClassRows, MultiClassShards
+from .ep import blas_threads
+from .estimator import LABEL_NOISE_BOUNDS, check_label_noise, check_label_noise_classes
+from .predict import argmax_probabilities
+from .sparse import (ArgmaxLikelihood, MultiClassBatch, MultiClassMinibatch, MultiClassRows,
+                     MultiClassTied, SparseMultiClassState, Tasks, latent_moments,
+                     row_outlier_probability)
+
+MODELS = ("robust", "standard")
+#: the binary sparse estimator's training bookkeeping, shared as it is (history, validation scores,
+#: progress bar, epochs, damping, clone and pickling with a client)
+_SHARED = SparseGaussianProcessClassifier
+AUTO_BATCH_SIZE, AUTO_MINIBATCH_FROM = 2000, 10_000
+
+
+class SparseMultiClassGPC(GPCEstimator):
+    """Robust multi-class GP classification with m inducing points per class, by scalable EP.
+
+    RMGPC's model (RMGPC eq. (2)-(5)) on inducing points: C latent functions f_k with independent
+    GP priors, each carried by its inducing values u_k = f_k(Z_k) and the FITC conditional
+    f_k(xᵢ) | u_k ~ N(k_iᵀK_uu⁻¹u_k, s_ik) (SEP eq. (1), per class); the label is the argmax of the
+    f_k(xᵢ) unless the outlier indicator zᵢ = 1 makes it uniform, zᵢ ~ Bern(ρ).  EP approximates
+    the posterior by Q = Bern(z) [Beta(ρ)] Π_k N(u_k) (RMGPC eq. (13)) with, per point and class
+    k ≠ yᵢ, a pair site rank one in u_yᵢ and in u_k (RMGPC eq. (14) in u-space); the FITC variances
+    widen each pair's argmax step.  The evidence is a sum over the data (SEP eq. (3)), so
+    hyperparameters, Z and ε follow its gradient (SEP eq. (4), minibatch eq. (6)) by Adadelta
+    after each site pass or minibatch (SEP §2.3).  This is the method of Villacampa-Calvo and
+    Hernández-Lobato, "Scalable Multi-Class Gaussian Process Classification using Expectation
+    Propagation" (ICML 2017), with RMGPC's Beta-distributed outlier rate as a further choice; the
+    maths is docs/derivations-sparse-multiclass.md.  With Z = X (m = n) and no jitter it is
+    :class:`gpc.MultiClassGPC` (model="robust") exactly.
+
+    Time O(n C m²) per epoch; memory 5 C + 3 numbers per row and O(C m²), for minibatch training
+    also m float32 per row and class (each site's direction, SEP §2.3), and with tied sites
+    O(C m²) in all.
+
+    Parameters
+    ----------
+    kernel : gpc or scikit-learn kernel, or a list of C of them, optional
+        Default: ConstantKernel(1.0) * RBF(median distance of a subsample) for every class.
+        Fixed bounds ("fixed") hold a hyperparameter.  One kernel is cloned for every class
+        unless ``shared_kernel``; a list gives each class its own.
+    n_inducing : int, default 100
+        m, the inducing points of each class (at most n).
+    inducing_points : "kmeans", "random" or array (m, d), default "kmeans"
+        As for :class:`gpc.SparseGaussianProcessClassifier`; every class starts at the same points.
+    shared_kernel : bool, default False
+        One set of hyperparameters for all classes (their gradients added).
+    shared_inducing : bool, default False
+        One set of inducing inputs Z for all classes (their gradients added); with
+        ``shared_kernel`` the classes share K_uu and each row block is whitened once.
+    model : "robust" or "standard", default "robust"
+        "robust": RMGPC's outlier indicators.  "standard": no outliers (SMGPC's likelihood, ρ = 0);
+        latent noise, if wanted, is a WhiteKernel term, which enters the FITC variances.
+    label_noise : "beta" or float, default "beta"
+        model="robust" only.  "beta": ρ ~ Beta(a0, b0) with a Beta posterior (RMGPC eq. (3)-(4),
+        (15)).  A float ε in (0, (C − 1)/C): fixed label noise, the likelihood (1 − ε) pᵢ +
+        ε/(C − 1)(1 − pᵢ) of the ICML 2017 paper (ρ = Cε/(C − 1)); its starting value when learnt.
+    label_noise_bounds : (float, float) or "fixed", default (1e-6, 0.4)
+        Bounds of ε when it is learnt (log ε follows the evidence gradient), or "fixed".
+    a0, b0 : float, default 1.0, 9.0
+        The Beta prior of ρ (label_noise="beta"; RMGPC's suggestion).
+    batch_size : int, None or "auto", default "auto"
+        None: batch training (parallel site passes over all rows, one inner step per pass); an int
+        below n: minibatches of that many rows (SEP eq. (6), data terms scaled by (rows q holds)
+        / |M|).  "auto": batch below 10,000 rows, minibatches of 2,000 from there on.
+    max_iter : int or "auto", default "auto"
+        Epochs; "auto" as in :class:`gpc.SparseGaussianProcessClassifier` (100 in batch).
+    learning_rate : float, default 1.0
+        Adadelta's step multiplier; a step that fails is undone and this is halved.
+    damping : float in (0, 1] or None, default None
+        New site = damping · matched + (1 − damping) · old; None: 1 for minibatches with per-row
+        sites, 0.5 otherwise (RMGPC §3's value).  A site update that leaves some q_k without a
+        factor is dropped and the damping of later ones halved.
+    optimize_inducing : bool, default True
+        Move Z along the gradient too.
+    tied_sites : bool, default False
+        One shared average site per class (stochastic EP, derivation §7): O(C m²) memory whatever
+        n, each point's sites fitted by a local EP against the tied cavity in every step, and
+        ``partial_fit`` takes any rows (a stream).  Needs ``label_noise=ε`` or model="standard":
+        the Beta posterior's ψ̃ᵢ would need a tied average of their own, which is not derived.
+        Training rows' outlier probabilities: :meth:`outlier_probability`.
+    jitter : float, default 1e-8
+        Added to each K_uu's diagonal, relative to its mean diagonal.
+    validation_data : (X_val, y_val) or None
+        Held-out data scored after every epoch into ``history_`` (error and mean NLL).
+    progress : bool, default True
+        A tqdm progress bar while ``fit`` runs (when tqdm is installed).
+    random_state : int, Generator or None
+        Seeds the inducing points, the median heuristic and the minibatch order.
+    verbose : bool, default False
+        Print one line per epoch.
+    client : dask.distributed.Client, a gpc.distributed engine, or None, default None
+        Batch training with the rows and their sites on a cluster's workers (SEP §2.3; see
+        :class:`gpc.SparseGaussianProcessClassifier`); each step sends every q_k out and gets
+        O(C m²) sums back.  Minibatches and tied sites train in process only.  Under the Beta
+        treatment the shards refine their ψ̃ᵢ in parallel (in turn within a shard): the same
+        fixed points as in process, where all of them are refined in turn.
+        ``gpc.distributed.InProcessEngine(n_shards=K)`` runs the shards in this process.
+    n_jobs : int or None, default None
+        Threads over the classes' blocks and the ranges of points of each step, with joblib's
+        convention (None: as many as BLAS may use).  BLAS runs on one thread while the estimator
+        trains or predicts, and every sum is taken in a fixed order, so the results do not depend
+        on n_jobs.
+
+    Attributes
+    ----------
+    classes_, n_features_in_
+    kernels_ : list of C fitted kernels (of the kind passed in)
+    inducing_points_ : list of C (m, d) arrays, or one array with ``shared_inducing``
+    label_noise_ : the fitted ε with ``label_noise=ε``; None otherwise
+    outlier_rate_ : ρ: the fixed rate Cε/(C − 1), Q's mean a/(a + b) under the Beta treatment, or 0
+    outlier_probability_ : Q(zᵢ = 1) of every training row in fit order (RMGPC eq. (21)); zeros for
+        model="standard"; not kept with ``tied_sites``
+    log_marginal_likelihood_value_ : log Z (derivation §5) at the last step (minibatch: the last
+        estimate over all n rows)
+    n_iter_ : epochs completed
+    history_ : list of dicts per epoch: ``iteration``, ``seconds``, ``objective`` (log Z),
+        ``reverted`` and, with ``validation_data``, ``val_error`` and ``val_nll``
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from gpc import SparseMultiClassGPC
+    >>> from gpc.datasets import load_thyroid
+    >>> data = load_thyroid(binary=False)
+    >>> X = (data.X - data.X.mean(axis=0)) / data.X.std(axis=0)
+    >>> clf = SparseMultiClassGPC(n_inducing=10, label_noise=0.02, max_iter=30, random_state=0,
+    ...                           progress=False).fit(X, data.y)
+    >>> bool(clf.score(X, data.y) > 0.9)
+    True
+    >>> clf.predict_proba(X[:2]).shape
+    (2, 3)
+    """
+
+    def __init__(self, kernel=None, n_inducing=100, inducing_points="kmeans", shared_kernel=False,
+                 shared_inducing=False, model="robust", label_noise="beta",
+                 label_noise_bounds=LABEL_NOISE_BOUNDS, a0=1.0, b0=9.0, batch_size="auto",
+                 max_iter="auto", learning_rate=1.0, damping=None, optimize_inducing=True,
+                 tied_sites=False, jitter=1e-8, validation_data=None, progress=True,
+                 random_state=None, verbose=False, client=None, n_jobs=None):
+        self.kernel = kernel
+        self.n_inducing = n_inducing
+        self.inducing_points = inducing_points
+        self.shared_kernel = shared_kernel
+        self.shared_inducing = shared_inducing
+        self.model = model
+        self.label_noise = label_noise
+        self.label_noise_bounds = label_noise_bounds
+        self.a0 = a0
+        self.b0 = b0
+        self.batch_size = batch_size
+        self.max_iter = max_iter
+        self.learning_rate = learning_rate
+        self.damping = damping
+        self.optimize_inducing = optimize_inducing
+        self.tied_sites = tied_sites
+        self.jitter = jitter
+        self.validation_data = validation_data
+        self.progress = progress
+        self.random_state = random_state
+        self.verbose = verbose
+        self.client = client
+        self.n_jobs = n_jobs
+
+    _fitted_attribute = "_state"
+    _lazy_rows = True
+
+    # the binary sparse estimator's bookkeeping (see _SHARED)
+    _check_validation_data = _SHARED._check_validation_data
+    _validation_scores = _SHARED._validation_scores
+    _record = _SHARED._record
+    _progress_bar = _SHARED._progress_bar
+    _epochs = _SHARED._epochs
+    _damping = _SHARED._damping
+    __sklearn_clone__ = _SHARED.__sklearn_clone__
+
+    def __getstate__(self):
+        """Pickle without ``client`` (as the binary sparse estimator): the unpickled model has
+        ``client=None`` and predicts and continues with ``partial_fit`` in process."""
+        state = dict(super().__getstate__())
+        state["client"] = None
+        return state
+
+    # -- checks --------------------------------------------------------------------------------
+    def _noise(self):
+        """The outlier treatment: "beta", "fixed" or "none" (gpc.multiclass.sparse.NOISES)."""
+        if self.model == "standard":
+            return "none"
+        return "beta" if isinstance(self.label_noise, str) else "fixed"
+
+    def _check_params(self):
+        """Checks every parameter; returns the likelihood's noise treatment."""
+        if self.model not in MODELS:
+            raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
+        check_positive_int(self.n_inducing, "n_inducing")
+        if not (isinstance(self.max_iter, str) and self.max_iter == "auto"):
+            check_positive_int(self.max_iter, "max_iter")
+        if not (self.batch_size is None or (isinstance(self.batch_size, str)
+                                            and self.batch_size == "auto")):
+            check_positive_int(self.batch_size, "batch_size")
+        check_positive_float(self.learning_rate, "learning_rate")
+        check_positive_float(self.jitter, "jitter", allow_zero=True)
+        check_positive_float(self.a0, "a0")
+        check_positive_float(self.b0, "b0")
+        if self.damping is not None:
+            d = check_positive_float(self.damping, "damping")
+            if d > 1:
+                raise ValueError(f"damping must be in (0, 1], got {self.damping!r}")
+        check_n_jobs(self.n_jobs)
+        check_label_noise(self.label_noise, self.label_noise_bounds, self.model)
+        if self.tied_sites and self._noise() == "beta":
+            raise ValueError("tied_sites=True needs label_noise=ε (fixed label noise) or "
+                             "model='standard': tied sites for the Beta-distributed outlier rate "
+                             "(label_noise='beta') are not derived (docs/derivations-sparse-"
+                             "multiclass.md §7)")
+        if self.client is not None and self.tied_sites:
+            raise ValueError("client= trains in batch: tied sites train in process (client=None)")
+        if isinstance(self.kernel, (list, tuple)) and self.shared_kernel:
+            raise ValueError("a list of kernels gives each class its own: shared_kernel=True "
+                             "needs one kernel")
+        return self._noise()
+
+    def _check_label_noise(self, C):
+        """ε and its bounds below (C − 1)/C (gpc.multiclass.estimator's rule), and ε inside its
+        bounds when it is learnt."""
+        if self._noise() != "fixed":
+            return
+        check_label_noise_classes(self.label_noise, self.label_noise_bounds,
+                                  self._learns_noise(), C)
+        if self._learns_noise():
+            lo, hi = (float(b) for b in self.label_noise_bounds)
+            if not lo <= self.label_noise <= hi:
+                raise ValueError(f"label_noise={self.label_noise!r} starts outside "
+                                 f"label_noise_bounds {self.label_noise_bounds!r}")
+
+    def _learns_noise(self):
+        return self._noise() == "fixed" and not isinstance(self.label_noise_bounds, str)
+
+    def _minibatch_rows(self, n):
+        """The rows of a minibatch for n training rows, or None for batch training."""
+        size = self.batch_size
+        if isinstance(size, str):
+            size = AUTO_BATCH_SIZE if n >= AUTO_MINIBATCH_FROM and self.client is None else None
+        return size if size is not None and size < n else None
+
+    def _class_index(self, y):
+        """Labels as indices into ``classes_``; a ValueError for labels not seen in fit."""
+        y = np.asarray(y)
+        unknown = np.setdiff1d(np.unique(y), self.classes_)
+        if len(unknown):
+            raise ValueError(f"y has classes {unknown.tolist()} not in classes_ "
+                             f"{self.classes_.tolist()}")
+        return np.searchsorted(self.classes_, y).astype(np.intp)
+
+    # -- fitting -------------------------------------------------------------------------------
+    def fit(self, X, y):
+        """Initialise Z and the kernels, then train for ``max_iter`` epochs."""
+        X = self._check_X(X, fitting=True)
+        y = self._check_y(y, X.shape[0])
+        noise = self._check_params()
+        classes = np.unique(y)
+        if len(classes) < 2:
+            raise ValueError(f"only one class ({classes[0]!r}) is present in y; classification "
+                             "needs at least two")
+        self._start_fit(X, y, classes, noise)
+        self._train(X, y, self._epochs(X.shape[0], self._batch))
+        return self
+
+    def partial_fit(self, X, y, classes=None):
+        """One more epoch over (X, y), continuing from the current state.
+
+        The rows (and labels) must be those of the first ``fit``: each point keeps its sites
+        between calls.  With ``tied_sites`` there are no per-row sites and the rows may be new
+        (a stream).  On an unfitted estimator the call starts a fit of one epoch; ``classes``
+        then names every class y may ever hold (needed when the first rows do not show them all)
+        and must be the same, or None, on later calls.
+        """
+        first = not hasattr(self, "_state")
+        X = self._check_X(X, fitting=first)
+        y = self._check_y(y, X.shape[0])
+        if classes is not None:
+            classes = np.unique(np.asarray(classes))
+            if not first and not np.array_equal(classes, self.classes_):
+                raise ValueError(f"classes={classes.tolist()} is not the same as on the first call "
+                                 f"({self.classes_.tolist()})")
+        if first:
+            noise = self._check_params()
+            classes = np.unique(y) if classes is None else classes
+            if len(classes) < 2:
+                raise ValueError("partial_fit needs at least two classes: pass classes=[...] on the "
+                                 "first call")
+            unknown = np.setdiff1d(np.unique(y), classes)
+            if len(unknown):
+                raise ValueError(f"y has classes {unknown.tolist()} not in classes "
+                                 f"{classes.tolist()}")
+            self._start_fit(X, y, classes, noise)
+        elif not self._sites_home:
+            raise ValueError("the sites of this model's interrupted distributed fit stayed on its "
+                             "cluster: partial_fit cannot continue it; call fit")
+        elif not self._state.tied and X.shape[0] != self._state.n:
+            raise ValueError(f"partial_fit continues the fit of {self._state.n} rows (their sites "
+                             f"are per row); got {X.shape[0]} rows")
+        self._train(X, y, 1)
+        return self
+
+    def _start_fit(self, X, y, classes, noise):
+        """The model before training: classes, Z and kernels per class, the state, the trainer."""
+        self.classes_, self.n_features_in_ = classes, X.shape[1]
+        C, n = len(classes), X.shape[0]
+        self._check_label_noise(C)
+        self._check_validation_data()
+        rng = self._rng()
+        if isinstance(self.inducing_points, str) and self.n_inducing > n:
+            raise ValueError(f"n_inducing={self.n_inducing} is more than the {n} training rows: "
+                             f"m inducing points need m <= n")
+        Z = initial_inducing(X, self.n_inducing, self.inducing_points, rng)
+        kernels = self._kernels(X, C, rng)
+        for kern in kernels:
+            _check_theta_in_bounds(kern)
+            if self.optimize_inducing and not kern._has_grad_inputs():
+                raise ValueError(f"the kernel {user_kernel(kern)!r} has no gradient in its inputs, "
+                                 "so the inducing points cannot move: pass "
+                                 "optimize_inducing=False (or a gpc kernel)")
+        Zs = [Z] if self.shared_inducing else [Z.copy() for _ in range(C)]
+        self._batch = self._minibatch_rows(n)
+        if self.client is not None and self._batch is not None:
+            raise ValueError("client= trains in batch: use batch_size=None (or 'auto')")
+        model = ArgmaxLikelihood(C, noise, self.a0, self.b0)
+        y_index = self._class_index(y)
+        eps = float(self.label_noise) if noise == "fixed" else None
+        bounds = self.label_noise_bounds if self._learns_noise() else None
+        self._state = SparseMultiClassState(
+            kernels, Zs, None if self.tied_sites else y_index, n, model, self.jitter,
+            self.optimize_inducing, self.learning_rate, tied=bool(self.tied_sites),
+            label_noise=eps, noise_bounds=bounds)
+        states = [self._state]
+        if self.tied_sites:
+            self._trainer = MultiClassTied(states, model, rng, self._batch or BLOCK_ROWS,
+                                           self._damping(False))
+        elif self._batch is None:
+            self._trainer = MultiClassBatch(states, model, rng, self._damping(False))
+        else:
+            self._trainer = MultiClassMinibatch(states, model, rng, self._batch,
+                                                self._damping(True))
+        self.history_ = []
+        self._sites_home = True
+        self._start = time.perf_counter()
+
+    def _kernels(self, X, C, rng):
+        """One kernel (shared) or C (one per class), as gpc kernels."""
+        if isinstance(self.kernel, (list, tuple)):
+            if len(self.kernel) != C:
+                raise ValueError(f"kernel is a list of {len(self.kernel)} kernels for {C} classes")
+            return [as_kernel(k) for k in self.kernel]
+        kernel = default_kernel(X, rng) if self.kernel is None else as_kernel(self.kernel)
+        return [kernel] if self.shared_kernel else [kernel] * C
+
+    def _train(self, X, y, epochs):
+        state = self._state
+        y_index = self._class_index(y)
+        if state.y is not None and not np.array_equal(state.y, y_index):
+            raise ValueError("partial_fit continues the fit of the same labelled rows (their sites "
+                             "are per row): the labels differ from the first fit's")
+        tasks = Tasks(self._n_jobs())
+        rows, bar, interrupted = None, None, False
+        try:
+            with blas_threads(1):
+                if self.client is None:
+                    rows = MultiClassRows(X, y_index, tasks)
+                else:
+                    rows = EngineClassRows(MultiClassShards(self.client, X, y_index, state))
+                bar = self._progress_bar(epochs, self._trainer.steps_per_epoch(rows))
+                self._trainer.train(rows, epochs, bar.update, self._record)
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            if bar is not None:
+                bar.close()
+            if rows is not None:
+                self._sites_home = rows.close([state], interrupted)
+            tasks.close()
+        if interrupted:
+            warnings.warn("fit interrupted: the model keeps its last completed step"
+                          + ("" if self._sites_home else ", but the cluster kept its sites: "
+                             "partial_fit cannot continue this fit"), RuntimeWarning, stacklevel=3)
+
+    # -- fitted attributes -------------------------------------------------------------------------
+    @property
+    def n_iter_(self):
+        """Epochs completed (``fit`` and ``partial_fit`` together)."""
+        self._check_fitted()
+        return len(self.history_)
+
+    @property
+    def kernels_(self):
+        """The fitted kernel of each class, of the kind passed in."""
+        self._check_fitted()
+        return [user_kernel(self._state.kernel_of(k)) for k in range(len(self.classes_))]
+
+    @property
+    def inducing_points_(self):
+        """Each class's inducing inputs (one array when shared)."""
+        self._check_fitted()
+        Zs = [self._state.Z_of(k) for k in range(len(self.classes_))]
+        return Zs[0] if self.shared_inducing else Zs
+
+    @property
+    def label_noise_(self):
+        self._check_fitted()
+        return self._state.eps
+
+    @property
+    def outlier_rate_(self):
+        self._check_fitted()
+        return self._state.rho
+
+    @property
+    def outlier_probability_(self):
+        """Q(zᵢ = 1) of the training rows (RMGPC eq. (21))."""
+        self._check_fitted()
+        if self._state.tied:
+            raise AttributeError("tied sites keep no per-row state: call "
+                                 "outlier_probability(X, y) for any rows")
+        return self._state.outlier_probability()
+
+    @property
+    def log_marginal_likelihood_value_(self):
+        self._check_fitted()
+        return float(self._state.log_z)
+
+    # -- prediction ------------------------------------------------------------------------------
+    def _blocks(self, X, fn):
+        """fn over row blocks of X (checked), with BLAS on one thread and n_jobs threads."""
+        X = self._check_X(X, fitting=False)
+        tasks = Tasks(self._n_jobs())
+        try:
+            with blas_threads(1):
+                return [fn(as_block(X, a, b), (a, b), tasks)
+                        for a, b in block_ranges(X.shape[0], BLOCK_ROWS)]
+        finally:
+            tasks.close()
+
+    def predict_latent(self, X):
+        """Latent predictive means and variances of every f_k at X, (n, C) each (derivation §8):
+        a_*ᵀμ_k and a_*ᵀΣ_k a_* + s_*k."""
+        self._check_fitted()
+        parts = self._blocks(X, lambda Xb, _, tasks: latent_moments(self._state, Xb, tasks))
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+    def predict_proba(self, X):
+        """Class probabilities (n, C) in the order of ``classes_``: RMGPC eq. (19)-(20) with the
+        sparse latent moments, ρ/C + (1 − ρ) P(argmax = c)."""
+        self._check_fitted()
+        means, varis = self.predict_latent(X)
+        rho = self._state.rho
+        return rho / len(self.classes_) + (1.0 - rho) * argmax_probabilities(means, varis)
+
+    def predict(self, X):
+        """The class with the largest predictive probability."""
+        self._check_fitted()
+        return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
+
+    def outlier_probability(self, X, y):
+        """Q(zᵢ = 1) of any labelled rows by their local EP (derivation §7): the rows' pair factors
+        fitted against the cavity of a training row under tied sites (q less one of n shares), or
+        against q itself (rows taken as new observations: their own sites, if they are training
+        rows, are not removed); the outlier prior is the fitted rate (Q's mean under the Beta
+        treatment).  Zeros for model="standard"."""
+        self._check_fitted()
+        y = self._check_y(y, np.shape(X)[0])
+        index = self._class_index(y)
+        parts = self._blocks(X, lambda Xb, r, tasks: row_outlier_probability(
+            self._state, Xb, index[r[0]:r[1]], tasks))
+        return np.concatenate(parts)
