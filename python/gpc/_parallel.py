@@ -6,10 +6,9 @@ splits its rows into fixed ranges and runs them in a pool of Python threads, as 
 BLAS is allowed to use at the time of the call (threadpoolctl's limits and OMP_NUM_THREADS /
 OPENBLAS_NUM_THREADS are followed).
 
-Why Python threads and not OpenMP: an idle OpenMP worker spins for milliseconds after its
-parallel loop, and these passes sit between LAPACK calls whose own threads need the same cores
-(two-thread parallel EP was slower than one-thread with OpenMP passes before a Cholesky).  A pool
-thread waiting for work sleeps on a lock instead.
+The threads are Python threads, not OpenMP's: an idle OpenMP worker spins for milliseconds after
+its parallel loop, and these passes sit between LAPACK calls whose own threads need the same
+cores, while a pool thread waiting for work sleeps on a lock.
 
 The ranges depend on n only, and a reduction adds its ranges' partial results in range order, so
 a pass gives the same bits whatever the number of threads.
@@ -19,9 +18,9 @@ passes and b x m x m products are cut into fixed blocks of rows (:func:`row_bloc
 b and m only, each a compiled call that releases the GIL, which :func:`over_blocks` runs on the
 threads of the innermost :func:`block_threads` context.  A block writes its own rows and its own
 m x m partial sums, which are added in block order (by fixed row stripes, :func:`row_stripes`), so
-these passes too give the same bits whatever the number of threads.  Inside such a context BLAS runs on one thread per call
-(:func:`pinned_blas`): the threads are the engine's, which sleep when idle, and no BLAS thread
-spins on a core that another process or another block needs.
+these passes too give the same bits whatever the number of threads.  Inside such a context BLAS
+runs on one thread per call (:func:`pinned_blas`): the threads are the engine's, which sleep when
+idle, and no BLAS thread spins on a core that another process or another block needs.
 """
 
 import ctypes
@@ -241,6 +240,12 @@ def over_blocks(fn, n_blocks):
     if errors:
         raise errors[min(errors)]
     return results
+
+
+def over_calls(calls):
+    """``[call() for call in calls]`` through :func:`over_blocks`: independent blocks of work,
+    possibly from several passes at once, on the threads of the caller's context."""
+    return over_blocks(lambda j: calls[j](), len(calls))
 
 
 # -- BLAS on one thread per call ----------------------------------------------------------------

@@ -42,6 +42,7 @@ the same bits whatever the threads.
 
 import threading
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -156,16 +157,22 @@ class NaturalPosterior:
     def moments(self, A, out=None, covariance=True):
         """(marginal means, variances, A Σ_w) for the rows of A: two triangular products
         (``out``, b x m, may hold A Σ_w; without ``covariance`` one product, and B = A R⁻ᵀ)."""
+        calls, result = self.moments_blocks(A, out, covariance)
+        _parallel.over_calls(calls)
+        return result
+
+    def moments_blocks(self, A, out=None, covariance=True):
+        """:meth:`moments` as (calls, (mean, var, B)): ``calls[j]()`` fills the results' rows of
+        fixed block j (one nogil call of gpc._sparse.marginal_block), for a caller that runs them
+        together with other blocks (gpc._parallel.over_calls)."""
         A = np.ascontiguousarray(A, dtype=np.float64)
         b, m = A.shape
         B = np.empty((b, m)) if out is None else out
         mean, var = np.empty(b), np.empty(b)
-        blocks = row_blocks(b, m)
-        _parallel.over_blocks(
-            lambda j: _sparse.marginal_block(self.Ri, self.mean, *_rows(blocks[j], A, B, mean,
-                                                                        var), covariance),
-            len(blocks))
-        return mean, var, B
+        calls = [partial(_sparse.marginal_block, self.Ri, self.mean,
+                         *_rows(block, A, B, mean, var), covariance)
+                 for block in row_blocks(b, m)]
+        return calls, (mean, var, B)
     @property
     def cov(self):
         """Σ_w = P⁻¹ = R⁻ᵀ R⁻¹ (formed on demand, a new array: the prior term of the gradient)."""
@@ -237,17 +244,28 @@ def whitened_sums(A, tau, nu, work=None):
     """(Aᵀ diag(τ) A, Aᵀ ν): a block's share of (P - I, h), its rows by fixed sub-blocks (two
     dsyrk each, by the sign of τ: gpc._sparse.weighted_sums_block) on the caller's threads;
     ``work`` is not needed (kept for callers that pass scratch)."""
+    calls, finish = whitened_sums_blocks(A, tau, nu)
+    _parallel.over_calls(calls)
+    return finish()
+
+
+def whitened_sums_blocks(A, tau, nu, scratch="sums"):
+    """:func:`whitened_sums` as (calls, finish): ``calls[j]()`` writes fixed block j's partial
+    sums (one nogil call), ``finish()`` adds them in block order and returns (dP, dh).  Callers
+    that run several such sets at once give each its own ``scratch`` name (:func:`partials`)."""
     A = np.ascontiguousarray(A, dtype=np.float64)
     b, m = A.shape
     tau, nu = _vector(tau), _vector(nu)
     blocks = row_blocks(b, m)
-    dPs, dhs = partials("sums", len(blocks), m), np.empty((len(blocks), m))
-    _parallel.over_blocks(
-        lambda j: _sparse.weighted_sums_block(*_rows(blocks[j], A, tau, nu), dPs[j], dhs[j]),
-        len(blocks))
-    dP = add_blocks(dPs, np.zeros((m, m)), lower=True)
-    _sparse.mirror_lower(dP)
-    return dP, add_vectors(dhs, np.zeros(m))
+    dPs, dhs = partials(scratch, len(blocks), m), np.empty((len(blocks), m))
+    calls = [partial(_sparse.weighted_sums_block, *_rows(block, A, tau, nu), dPs[j], dhs[j])
+             for j, block in enumerate(blocks)]
+
+    def finish():
+        dP = add_blocks(dPs, np.zeros((m, m)), lower=True)
+        _sparse.mirror_lower(dP)
+        return dP, add_vectors(dhs, np.zeros(m))
+    return calls, finish
 
 
 def transform_natural(P, h, Li_old, L_new):
