@@ -253,17 +253,21 @@ def test_marginals_by_blocks_match_numpy():
     np.testing.assert_allclose(B, A @ Sigma, rtol=1e-9, atol=1e-12)
 
 
+def _block_problem(m, k):
+    """A refine_block problem: the probit likelihood, q, k rows A, labels y and a factor L."""
+    A = _rows(k, m)
+    y = np.where(RNG.random(k) > 0.5, 1.0, -1.0)
+    L = np.linalg.cholesky(np.eye(m) + 0.1 * np.ones((m, m)))
+    return get_likelihood("probit"), _posterior(m), A, y, L
+
+
 def test_refine_block_sums_match_numpy_and_fresh_rows_swap_as_new_sites():
     # the block's sums against NumPy; and a block whose rows have no site yet gives the same bits
     # in SUMS_SWAP (old sites removed along a') as in SUMS_NEW, so blocks may take either path
-    lik = get_likelihood("probit")
     m, k = 12, 50
-    q = _posterior(m)
-    A = _rows(k, m)
-    y = np.where(RNG.random(k) > 0.5, 1.0, -1.0)
+    lik, q, A, y, L = _block_problem(m, k)
     s = RNG.random(k)
     zero = np.zeros(k)
-    L = np.linalg.cholesky(np.eye(m) + 0.1 * np.ones((m, m)))
     out = {}
     for mode in (_sparse.SUMS_NEW, _sparse.SUMS_SWAP):
         t, n, dP, dh = np.empty(k), np.empty(k), np.full((m, m), np.nan), np.empty(m)
@@ -281,14 +285,10 @@ def test_refine_block_sums_match_numpy_and_fresh_rows_swap_as_new_sites():
 
 
 def test_refine_block_swap_removes_the_old_sites_along_their_directions():
-    lik = get_likelihood("probit")
     m, k = 10, 40
-    q = _posterior(m)
-    A = _rows(k, m)
-    y = np.where(RNG.random(k) > 0.5, 1.0, -1.0)
+    lik, q, A, y, L = _block_problem(m, k)
     tau, nu = RNG.random(k), RNG.standard_normal(k)
     V = RNG.standard_normal((k, m)).astype(np.float32)
-    L = np.linalg.cholesky(np.eye(m) + 0.1 * np.ones((m, m)))
     Li = np.ascontiguousarray(np.linalg.inv(L))
     t, n, dP, dh = np.empty(k), np.empty(k), np.empty((m, m)), np.empty(m)
     V_new = np.empty((k, m), np.float32)

@@ -240,35 +240,41 @@ cdef int _weighted_gram(double* P, const double* A, const double* w, double* wor
     return n_pos + n_neg
 
 
+cdef inline void _gemv(const double* A, const double* x, double* out, int k, int m,
+                       bint transpose, double beta) noexcept nogil:
+    """out (k,) := A x + beta out, or with ``transpose`` out (m,) := A^T x + beta out, for A
+    (k x m, C-ordered; dgemv)."""
+    # Fortran sees A^T (m x k): A x = (A^T)^T x ('T'), A^T x ('N')
+    cdef char trans = b'N' if transpose else b'T'
+    cdef int inc = 1
+    cdef double one = 1.0
+    if k > 0:
+        dgemv(&trans, &m, &k, &one, <double*> A, &m, <double*> x, &inc, &beta, out, &inc)
+
+
+cdef int _check_gemv(const double[:, ::1] A, Py_ssize_t x_len, Py_ssize_t out_len,
+                     bint transpose) except -1:
+    if (A.shape[0] if transpose else A.shape[1]) != x_len or \
+            out_len != (A.shape[1] if transpose else A.shape[0]):
+        raise ValueError(f"A is {A.shape[0]} x {A.shape[1]}, {'v' if transpose else 'x'} has "
+                         f"{x_len} entries, out {out_len}")
+    return 0
+
+
 def rows_dot(const double[:, ::1] A, const double[::1] x, double[::1] out):
     """out (k,) := A x for A (k x m) (dgemv)."""
-    if A.shape[1] != x.shape[0] or out.shape[0] != A.shape[0]:
-        raise ValueError(f"A is {A.shape[0]} x {A.shape[1]}, x has {x.shape[0]} entries, out "
-                         f"{out.shape[0]}")
-    cdef int m = <int> A.shape[1], k = <int> A.shape[0], inc = 1
-    cdef char trans = b'T'
-    cdef double one = 1.0, zero = 0.0
-    if k == 0:
-        return
-    # Fortran: A^T is (m x k); A x = (A^T)^T x ('T')
-    with nogil:
-        dgemv(&trans, &m, &k, &one, <double*> &A[0, 0], &m, <double*> &x[0], &inc, &zero,
-              &out[0], &inc)
+    _check_gemv(A, x.shape[0], out.shape[0], False)
+    if A.shape[0] > 0:
+        with nogil:
+            _gemv(&A[0, 0], &x[0], &out[0], <int> A.shape[0], <int> A.shape[1], False, 0.0)
 
 
 def add_transpose_dot(const double[:, ::1] A, const double[::1] v, double[::1] out):
     """out (m,) += A^T v for A (k x m) (dgemv)."""
-    if A.shape[0] != v.shape[0] or out.shape[0] != A.shape[1]:
-        raise ValueError(f"A is {A.shape[0]} x {A.shape[1]}, v has {v.shape[0]} entries, out "
-                         f"{out.shape[0]}")
-    cdef int m = <int> A.shape[1], k = <int> A.shape[0], inc = 1
-    cdef char trans = b'N'
-    cdef double one = 1.0
-    if k == 0:
-        return
-    with nogil:
-        dgemv(&trans, &m, &k, &one, <double*> &A[0, 0], &m, <double*> &v[0], &inc, &one,
-              &out[0], &inc)
+    _check_gemv(A, v.shape[0], out.shape[0], True)
+    if A.shape[0] > 0:
+        with nogil:
+            _gemv(&A[0, 0], &v[0], &out[0], <int> A.shape[0], <int> A.shape[1], True, 1.0)
 
 
 def mirror_lower(double[:, ::1] S):
@@ -565,7 +571,7 @@ def cavity_rows_gradient(double[:, ::1] G, double[:, ::1] Y, const double[:, ::1
 
 def hadamard_sums(double[:, ::1] G, const double[:, ::1] K, double[::1] rows, double[::1] cols):
     """G := G ∘ K (k x m) with its row sums in ``rows`` and column sums in ``cols``: the weights
-    W = G ∘ K of a squared-exponential contraction (gpc.sparse._inducing)."""
+    W = G ∘ K of the squared exponential's cross gradient (gpc.kernels.stationary)."""
     cdef Py_ssize_t k = G.shape[0], m = G.shape[1], i, j
     if K.shape[0] != k or K.shape[1] != m:
         raise ValueError(f"K is {K.shape[0]} x {K.shape[1]}, G is {k} x {m}")
@@ -654,27 +660,14 @@ cdef void _marginals(const double* Ri, const double* mu, const double* A, double
     q = N(μ, R^-T R^-1))."""
     cdef Py_ssize_t i, j
     cdef double acc
-    cdef char trans = b'T'
-    cdef int inc = 1
-    cdef double one = 1.0, zero = 0.0
     memcpy(B, A, <size_t> k * m * sizeof(double))
     _times_lower(Ri, B, k, m, False)
-    dgemv(&trans, &m, &k, &one, <double*> A, &m, <double*> mu, &inc, &zero, mean, &inc)
+    _gemv(A, mu, mean, k, m, False, 0.0)
     for i in range(k):
         acc = 0.0
         for j in range(m):
             acc = acc + B[i * m + j] * B[i * m + j]
         var[i] = acc
-
-
-cdef void _add_transpose_dot(const double* A, const double* v, double* out, int k,
-                             int m) noexcept nogil:
-    """out (m,) += A^T v for A (k x m)."""
-    cdef char trans = b'N'
-    cdef int inc = 1
-    cdef double one = 1.0
-    if k > 0:
-        dgemv(&trans, &m, &k, &one, <double*> A, &m, <double*> v, &inc, &one, out, &inc)
 
 
 cdef int _check_block(Py_ssize_t k, Py_ssize_t m, str name, Py_ssize_t rows,
@@ -743,7 +736,7 @@ def weighted_sums_block(const double[:, ::1] A, const double[::1] tau, const dou
         _weighted_gram(&dP[0, 0], &A[0, 0], &tau[0] if k > 0 else NULL, &work[0, 0], <int> k,
                        <int> m, 0.0)
         if k > 0:
-            _add_transpose_dot(&A[0, 0], &nu[0], &dh[0], <int> k, <int> m)
+            _gemv(&A[0, 0], &nu[0], &dh[0], <int> k, <int> m, True, 1.0)
 
 
 def refine_block(int kind, double eps, const double[::1] gh_nodes, const double[::1] gh_weights,
@@ -840,13 +833,13 @@ def refine_block(int kind, double eps, const double[::1] gh_nodes, const double[
             _weighted_gram(&dP[0, 0], &A[0, 0] if k > 0 else NULL, &rows[5, 0], &work[0, 0], kk,
                            mm, 0.0)
             if k > 0:
-                _add_transpose_dot(&A[0, 0], &rows[2, 0], &dh[0], kk, mm)
+                _gemv(&A[0, 0], &rows[2, 0], &dh[0], kk, mm, True, 1.0)
             if moved:                                # less the old ones along a'
                 for i in range(k):
                     rows[5, i] = -tau[i]
                     rows[2, i] = -nu[i]
                 _weighted_gram(&dP[0, 0], &A_old[0, 0], &rows[5, 0], &work[0, 0], kk, mm)
-                _add_transpose_dot(&A_old[0, 0], &rows[2, 0], &dh[0], kk, mm)
+                _gemv(&A_old[0, 0], &rows[2, 0], &dh[0], kk, mm, True, 1.0)
             if directions and k > 0:
                 memcpy(&B[0, 0], &A[0, 0], <size_t> k * m * sizeof(double))
                 _times_lower(&Li[0, 0], &B[0, 0], kk, mm, True)                # v = L^-T a
