@@ -347,6 +347,52 @@ def _nll(p, y):
     return float(-np.mean(np.log(p)))
 
 
+def cores():
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def machine_table(title, **extra):
+    """Print a markdown table of the machine a bench runs on: its CPU, cores, load average (1, 5,
+    15 minutes), the BLAS libraries loaded (threadpoolctl), NumPy and gpc's commit, plus
+    ``extra`` rows (name: value)."""
+    import platform
+    import subprocess
+
+    import threadpoolctl
+
+    import gpc
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as info:
+            cpu = next(line.split(":", 1)[1].strip() for line in info
+                       if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    blas = "; ".join(f"{lib['internal_api']} {lib.get('version')} ({lib.get('architecture')}, "
+                     f"{lib['num_threads']} threads, {os.path.basename(lib['filepath'])})"
+                     for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "blas")
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, cwd=os.path.dirname(os.path.abspath(__file__)),
+                                check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "?"
+    rows = {"CPU": cpu, "cores (affinity)": f"{cores()} of {os.cpu_count()}",
+            "load average (1, 5, 15 min)": ", ".join(f"{x:.2f}" for x in os.getloadavg()),
+            "BLAS (threadpoolctl)": blas or "none found",
+            "Python, NumPy": f"{platform.python_version()}, {np.__version__}",
+            "gpc": f"{getattr(gpc, '__version__', '?')} at {commit}", **extra}
+    print(f"\n### {title}\n\n| machine | |\n| --- | --- |")
+    for name, value in rows.items():
+        print(f"| {name} | {value} |")
+    print(flush=True)
+
+
 if __name__ == "__main__":
     import sys
     if "--peer" in sys.argv:
