@@ -38,7 +38,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import numpy as np  # noqa: E402
 
-from bench_sparse import _nll, cores, gpytorch_fit, machine_table, peer_problem, sep_fit  # noqa: E402
+from bench_sparse import (_nll, cores, gpytorch_fit, machine_table, peer_problem,  # noqa: E402
+                          sep_fit)
 
 
 class Burner:

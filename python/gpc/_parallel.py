@@ -271,7 +271,8 @@ def _openblas_calls():
                 setter = getattr(lib, f"{name}_set_num_threads{suffix}", None)
                 getter = getattr(lib, f"{name}_get_num_threads{suffix}", None)
                 if setter is not None and getter is not None:
-                    setter.argtypes, setter.restype, getter.restype = [ctypes.c_int], None, ctypes.c_int
+                    setter.argtypes, setter.restype = [ctypes.c_int], None
+                    getter.restype = ctypes.c_int
                     calls.append((setter, getter))
                     break
             else:
