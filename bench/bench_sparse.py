@@ -225,88 +225,172 @@ def main(repeats=5):
     print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 
-def peer(n=1_000_000, n_test=10_000, epochs=1):
-    """SEP against GPyTorch's SVGP classifier at equal m, minibatch and epochs (both 1 thread).
-
-    GPyTorch (a bench-only peer, never a dependency of gpc): ``ApproximateGP`` with the whitened
-    ``VariationalStrategy``, a ``CholeskyVariationalDistribution``, ``ScaleKernel(RBFKernel(ARD))``,
-    the probit ``BernoulliLikelihood``, ``VariationalELBO`` and Adam (lr 0.01, its examples'
-    choice).  SEP: the estimator's defaults (Adadelta, ρ 0.9, ε 1e-5, per SEP §3).  Both start
-    from the same k-means Z and median-heuristic length scale, see the same minibatches in the
-    same order, and are scored on the same held-out rows.  Returns {name: (training seconds,
-    training CPU seconds, test NLL, test error)}."""
-    import torch
-    import gpytorch
-
-    from gpc import SparseGaussianProcessClassifier
+def peer_problem(n=1_000_000, n_test=10_000):
+    """The peer comparison's data: (Xtr, ytr, Xte, yte, Z0, ell), n training and n_test held-out
+    rows of :func:`make_data` (seed 2), Z0 by k-means and ell the median heuristic, both from the
+    training rows with the estimator's own routines (seed 0)."""
     from gpc.sparse.estimator import initial_inducing, median_length_scale
 
-    torch.set_num_threads(THREADS)
     X, y = make_data(n + n_test, seed=2)
     Xtr, ytr, Xte, yte = X[:n], y[:n], X[n:], y[n:]
     rng = np.random.default_rng(0)
     Z0 = initial_inducing(Xtr, M, "kmeans", rng)
     ell = median_length_scale(Xtr, rng)
+    return Xtr, ytr, Xte, yte, Z0, ell
+
+
+def sep_fit(Xtr, ytr, Z0, ell, batch, epochs=1, n_jobs=1, **options):
+    """SparseGaussianProcessClassifier (defaults: Adadelta, ρ 0.9, ε 1e-5, per SEP §3) from Z0 and
+    the ARD kernel ConstantKernel(1) · RBF(ell), minibatches of ``batch`` rows, ``epochs``
+    epochs, ``n_jobs`` threads: (fitted estimator, wall seconds, CPU seconds) of ``fit``."""
+    from gpc import SparseGaussianProcessClassifier
+
+    clf = SparseGaussianProcessClassifier(
+        kernel=ConstantKernel(1.0) * RBF(np.full(Xtr.shape[1], ell)), n_inducing=len(Z0),
+        inducing_points=Z0, batch_size=batch, max_iter=epochs, progress=False, random_state=0,
+        n_jobs=n_jobs, **options)
+    c, t = time.process_time(), time.perf_counter()
+    clf.fit(Xtr, ytr)
+    return clf, time.perf_counter() - t, time.process_time() - c
+
+
+def gpytorch_fit(Xtr, ytr, Xte, Z0, ell, batch, epochs=1, threads=1, device="cpu",
+                 dtype="float64"):
+    """GPyTorch's SVGP classifier (a bench-only peer, never a dependency of gpc):
+    ``ApproximateGP`` with the whitened ``VariationalStrategy``, a
+    ``CholeskyVariationalDistribution``, ``ScaleKernel(RBFKernel(ARD))``, the probit
+    ``BernoulliLikelihood``, ``VariationalELBO`` and Adam (lr 0.01, its examples' choice), from
+    Z0 and ell, minibatches of ``batch`` rows in the estimator's order (seed 0), on ``device``
+    ("cpu" with ``threads`` threads, or "cuda") in ``dtype``.  Returns (test probabilities,
+    training wall seconds, training CPU seconds): the clock starts after one untimed forward and
+    backward pass (start-up) and, on CUDA, stops after a final synchronisation."""
+    import torch
+    import gpytorch
+
+    torch.set_num_threads(threads)
+    tdtype = getattr(torch, dtype)
+    n, d = Xtr.shape
+
+    class SVGP(gpytorch.models.ApproximateGP):
+        def __init__(self, Z):
+            dist = gpytorch.variational.CholeskyVariationalDistribution(Z.shape[0])
+            strat = gpytorch.variational.VariationalStrategy(self, Z, dist,
+                                                             learn_inducing_locations=True)
+            super().__init__(strat)
+            self.mean_module = gpytorch.means.ZeroMean()
+            self.covar_module = gpytorch.kernels.ScaleKernel(
+                gpytorch.kernels.RBFKernel(ard_num_dims=d))
+            self.covar_module.base_kernel.lengthscale = ell
+
+        def forward(self, x):
+            return gpytorch.distributions.MultivariateNormal(self.mean_module(x),
+                                                             self.covar_module(x))
+
+    Xt = torch.tensor(Xtr, dtype=tdtype, device=device)
+    yt = torch.tensor((ytr > 0).astype(np.float64), dtype=tdtype, device=device)
+    model = SVGP(torch.tensor(Z0, dtype=tdtype)).to(device=device, dtype=tdtype)
+    lik = gpytorch.likelihoods.BernoulliLikelihood().to(device=device, dtype=tdtype)
+    opt = torch.optim.Adam(list(model.parameters()) + list(lik.parameters()), lr=0.01)
+    mll = gpytorch.mlls.VariationalELBO(lik, model, num_data=n)
+    blocks = len(block_ranges(n, batch))
+    order = np.random.default_rng(0)          # the estimator's minibatch order (same seed)
+    model.train()
+    lik.train()
+    # one forward and backward pass before the clock starts (library and device start-up; no
+    # optimiser step, so the run itself is unchanged)
+    (-mll(model(Xt[:batch]), yt[:batch])).backward()
+    opt.zero_grad()
+    if device != "cpu":
+        torch.cuda.synchronize()
+    c, t = time.process_time(), time.perf_counter()
+    for _ in range(epochs):
+        for k in order.permutation(blocks):
+            sl = slice(k * batch, min((k + 1) * batch, n))
+            opt.zero_grad()
+            loss = -mll(model(Xt[sl]), yt[sl])
+            loss.backward()
+            opt.step()
+    if device != "cpu":
+        torch.cuda.synchronize()
+    wall, cpu = time.perf_counter() - t, time.process_time() - c
+    model.eval()
+    lik.eval()
+    with torch.no_grad():
+        p = lik(model(torch.tensor(Xte, dtype=tdtype, device=device))).mean.cpu().numpy()
+    return p.astype(np.float64), wall, cpu
+
+
+def peer(n=1_000_000, n_test=10_000, epochs=1):
+    """SEP against GPyTorch's SVGP classifier at equal m, minibatch and epochs (both 1 thread).
+
+    Both start from the same k-means Z and median-heuristic length scale, see the same
+    minibatches in the same order, and are scored on the same held-out rows
+    (:func:`peer_problem`, :func:`sep_fit`, :func:`gpytorch_fit`).  Returns {name: (training
+    seconds, training CPU seconds, test NLL, test error)}."""
+    Xtr, ytr, Xte, yte, Z0, ell = peer_problem(n, n_test)
     out = {}
     with threadpool_limits(THREADS):
-        clf = SparseGaussianProcessClassifier(
-            kernel=ConstantKernel(1.0) * RBF(np.full(D, ell)), n_inducing=M, inducing_points=Z0,
-            batch_size=B, max_iter=epochs, progress=False, random_state=0)
-        c, t = time.process_time(), time.perf_counter()
-        clf.fit(Xtr, ytr)
-        wall, cpu = time.perf_counter() - t, time.process_time() - c
+        clf, wall, cpu = sep_fit(Xtr, ytr, Z0, ell, B, epochs, n_jobs=THREADS)
         p = clf.predict_proba(Xte)[:, 1]
         out["sep"] = (wall, cpu, _nll(p, yte), float(np.mean((p > 0.5) != (yte > 0))))
         print(f"sep: {wall:.1f} s ({cpu:.1f} s CPU), test NLL {out['sep'][2]:.4f}, kernel "
               f"{clf.kernel_}", flush=True)
-
-        class SVGP(gpytorch.models.ApproximateGP):
-            def __init__(self, Z):
-                dist = gpytorch.variational.CholeskyVariationalDistribution(Z.shape[0])
-                strat = gpytorch.variational.VariationalStrategy(self, Z, dist,
-                                                                 learn_inducing_locations=True)
-                super().__init__(strat)
-                self.mean_module = gpytorch.means.ZeroMean()
-                self.covar_module = gpytorch.kernels.ScaleKernel(
-                    gpytorch.kernels.RBFKernel(ard_num_dims=D))
-                self.covar_module.base_kernel.lengthscale = ell
-
-            def forward(self, x):
-                return gpytorch.distributions.MultivariateNormal(self.mean_module(x),
-                                                                 self.covar_module(x))
-
-        Xt = torch.tensor(Xtr)
-        yt = torch.tensor((ytr > 0).astype(np.float64))
-        model = SVGP(torch.tensor(Z0)).double()
-        lik = gpytorch.likelihoods.BernoulliLikelihood().double()
-        opt = torch.optim.Adam(list(model.parameters()) + list(lik.parameters()), lr=0.01)
-        mll = gpytorch.mlls.VariationalELBO(lik, model, num_data=n)
-        blocks = len(block_ranges(n, B))
-        order = np.random.default_rng(0)          # the estimator's minibatch order (same seed)
-        c, t = time.process_time(), time.perf_counter()
-        model.train()
-        lik.train()
-        for _ in range(epochs):
-            for k in order.permutation(blocks):
-                sl = slice(k * B, min((k + 1) * B, n))
-                opt.zero_grad()
-                loss = -mll(model(Xt[sl]), yt[sl])
-                loss.backward()
-                opt.step()
-        wall, cpu = time.perf_counter() - t, time.process_time() - c
-        model.eval()
-        lik.eval()
-        with torch.no_grad():
-            p = lik(model(torch.tensor(Xte))).mean.numpy()
+        p, wall, cpu = gpytorch_fit(Xtr, ytr, Xte, Z0, ell, B, epochs, threads=THREADS)
         out["gpytorch"] = (wall, cpu, _nll(p, yte), float(np.mean((p > 0.5) != (yte > 0))))
-        print(f"gpytorch: {wall:.1f} s ({cpu:.1f} s CPU), test NLL {out['gpytorch'][2]:.4f}, "
-              f"outputscale {float(model.covar_module.outputscale.detach()):.3g}", flush=True)
+        print(f"gpytorch: {wall:.1f} s ({cpu:.1f} s CPU), test NLL {out['gpytorch'][2]:.4f}",
+              flush=True)
     return out
 
 
 def _nll(p, y):
     p = np.clip(np.where(y > 0, p, 1.0 - p), 1e-300, 1.0)
     return float(-np.mean(np.log(p)))
+
+
+def cores():
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def machine_table(title, **extra):
+    """Print a markdown table of the machine a bench runs on: its CPU, cores, load average (1, 5,
+    15 minutes), the BLAS libraries loaded (threadpoolctl), NumPy and gpc's commit, plus
+    ``extra`` rows (name: value)."""
+    import platform
+    import subprocess
+
+    import threadpoolctl
+
+    import gpc
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as info:
+            cpu = next(line.split(":", 1)[1].strip() for line in info
+                       if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    blas = "; ".join(f"{lib['internal_api']} {lib.get('version')} ({lib.get('architecture')}, "
+                     f"{lib['num_threads']} threads, {os.path.basename(lib['filepath'])})"
+                     for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "blas")
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, cwd=os.path.dirname(os.path.abspath(__file__)),
+                                check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "?"
+    rows = {"CPU": cpu, "cores (affinity)": f"{cores()} of {os.cpu_count()}",
+            "load average (1, 5, 15 min)": ", ".join(f"{x:.2f}" for x in os.getloadavg()),
+            "BLAS (threadpoolctl)": blas or "none found",
+            "Python, NumPy": f"{platform.python_version()}, {np.__version__}",
+            "gpc": f"{getattr(gpc, '__version__', '?')} at {commit}", **extra}
+    print(f"\n### {title}\n\n| machine | |\n| --- | --- |")
+    for name, value in rows.items():
+        print(f"| {name} | {value} |")
+    print(flush=True)
 
 
 if __name__ == "__main__":

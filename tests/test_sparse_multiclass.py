@@ -11,12 +11,13 @@ docs/derivations-sparse-multiclass.md).
 """
 
 import copy
+import threading
 import warnings
 
 import numpy as np
 import pytest
 
-from gpc import MultiClassGPC, SparseMultiClassGPC
+from gpc import MultiClassGPC, SparseMultiClassGPC, _parallel
 from gpc.datasets import load_glass, load_thyroid
 from gpc.distributed import InProcessEngine
 from gpc.kernels import RBF, ConstantKernel
@@ -286,17 +287,70 @@ def test_minibatch_q_is_the_sum_of_its_sites_along_their_directions():
         np.testing.assert_allclose(q.h, A_old.T @ eta[:, k], atol=1e-6 * np.max(np.abs(q.h)))
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(batch_size=40), dict(tied_sites=True, batch_size=40)])
-def test_results_do_not_depend_on_n_jobs(kw):
-    """n_jobs threads run the class blocks and ranges of points; BLAS is pinned to one thread and
-    every sum is taken in a fixed order: the fit and its predictions are the same bits."""
+def _small_blocks(monkeypatch):
+    """Blocks small enough that thyroid's rows make several per class: 120 rows x 8² make one
+    block of gpc._parallel's default BLOCK_WORK, 15 of 2⁹ (a minibatch of 40: 5), and ranges of
+    16 points make 8 (3) ranges of the compiled passes."""
+    monkeypatch.setattr(_parallel, "BLOCK_WORK", 2 ** 9)
+    monkeypatch.setattr(S, "RANGE_ROWS", 16)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(batch_size=40), dict(tied_sites=True, batch_size=40),
+                                dict(batch_size=40, label_noise="beta", shared_kernel=False)])
+def test_results_do_not_depend_on_n_jobs(kw, monkeypatch):
+    """n_jobs threads run the class blocks × row blocks and the ranges of points; BLAS is pinned
+    to one thread and every sum is taken in a fixed order: the fit and its predictions are the
+    same bits (not merely equal to rounding) for 1, 2 and 3 threads."""
+    _small_blocks(monkeypatch)
     X, y, Xt, _ = _thyroid(120)
-    fits = [SparseMultiClassGPC(n_inducing=8, max_iter=3, label_noise=0.02, random_state=0,
-                                progress=False, n_jobs=j, **kw).fit(X, y) for j in (1, 3)]
-    assert fits[0].log_marginal_likelihood_value_ == fits[1].log_marginal_likelihood_value_
-    np.testing.assert_array_equal(fits[0].predict_proba(Xt), fits[1].predict_proba(Xt))
-    for Za, Zb in zip(fits[0].inducing_points_, fits[1].inducing_points_):
-        np.testing.assert_array_equal(Za, Zb)
+    kw = dict(dict(label_noise=0.02), **kw)
+    fits = [SparseMultiClassGPC(n_inducing=8, max_iter=3, random_state=0, progress=False,
+                                n_jobs=j, **kw).fit(X, y) for j in (1, 2, 3)]
+    base = fits[0].predict_proba(Xt)
+    for clf in fits[1:]:
+        assert clf.log_marginal_likelihood_value_ == fits[0].log_marginal_likelihood_value_
+        np.testing.assert_array_equal(clf.predict_proba(Xt), base)
+        for Za, Zb in zip(clf.inducing_points_, fits[0].inducing_points_):
+            np.testing.assert_array_equal(Za, Zb)
+    # a model fitted on one thread predicts the same bits on two
+    np.testing.assert_array_equal(fits[0].set_params(n_jobs=2).predict_proba(Xt), base)
+
+
+def test_class_and_row_blocks_run_on_the_threads_with_blas_pinned(monkeypatch):
+    """With n_jobs=2 a minibatch step's marginals and sums go out as every class's row blocks at
+    once (more tasks than classes), a thread of the pool takes some of them, and BLAS runs on
+    one thread inside every task; after the fit BLAS has its threads back."""
+    _small_blocks(monkeypatch)
+    how, what = _parallel._blas_libraries()
+    assert how == "threadpoolctl", "the test reads BLAS's threads through threadpoolctl"
+
+    def blas_threads():
+        return max(lib.num_threads for lib in what.lib_controllers if lib.user_api == "blas")
+
+    calls, original = [], _parallel.over_blocks
+
+    def spy(fn, n_blocks):
+        ran, blas = set(), []
+
+        def task(j):
+            ran.add(threading.get_ident())
+            blas.append(blas_threads())
+            return fn(j)
+        out = original(task, n_blocks)
+        calls.append((n_blocks, _parallel.threads_now(), ran, blas))
+        return out
+
+    monkeypatch.setattr(_parallel, "over_blocks", spy)
+    before = blas_threads()
+    X, y, _, _ = _thyroid(120)
+    SparseMultiClassGPC(n_inducing=8, max_iter=1, batch_size=40, label_noise=0.02,
+                        shared_kernel=False, random_state=0, progress=False, n_jobs=2).fit(X, y)
+    C, row_blocks = len(np.unique(y)), len(_parallel.row_blocks(40, 8 * 8))
+    shared = [c for c in calls if c[0] == C * row_blocks and c[1] == 2]
+    assert row_blocks > 1 and shared, "no pass of every class's row blocks ran on 2 threads"
+    assert any(ran - {threading.get_ident()} for _, _, ran, _ in shared)
+    assert all(b == 1 for _, _, _, blas in calls for b in blas)
+    assert blas_threads() == before
 
 
 @pytest.mark.parametrize("label_noise", [0.02, "beta"])

@@ -1,4 +1,4 @@
-"""The compiled core's O(n²) element passes on every core that BLAS uses.
+"""The compiled core's O(n²) element passes, and the sparse engine's blocks, on every core.
 
 A pass over an n × n matrix (the kernel matrix, B = I + S K S, the evidence gradient's M, the
 kernel's gradient contraction) is a compiled loop over rows with the GIL released; ``over_rows``
@@ -6,18 +6,29 @@ splits its rows into fixed ranges and runs them in a pool of Python threads, as 
 BLAS is allowed to use at the time of the call (threadpoolctl's limits and OMP_NUM_THREADS /
 OPENBLAS_NUM_THREADS are followed).
 
-Why Python threads and not OpenMP: an idle OpenMP worker spins for milliseconds after its
-parallel loop, and these passes sit between LAPACK calls whose own threads need the same cores
-(two-thread parallel EP was slower than one-thread with OpenMP passes before a Cholesky).  A pool
-thread waiting for work sleeps on a lock instead.
+The threads are Python threads, not OpenMP's: an idle OpenMP worker spins for milliseconds after
+its parallel loop, and these passes sit between LAPACK calls whose own threads need the same
+cores, while a pool thread waiting for work sleeps on a lock.
 
 The ranges depend on n only, and a reduction adds its ranges' partial results in range order, so
 a pass gives the same bits whatever the number of threads.
+
+The sparse engine (gpc.sparse) works on blocks of b rows against m inducing points: its per-row
+passes and b x m x m products are cut into fixed blocks of rows (:func:`row_blocks`) that depend on
+b and m only, each a compiled call that releases the GIL, which :func:`over_blocks` runs on the
+threads of the innermost :func:`block_threads` context.  A block writes its own rows and its own
+m x m partial sums, which are added in block order (by fixed row stripes, :func:`row_stripes`), so
+these passes too give the same bits whatever the number of threads.  Inside such a context BLAS
+runs on one thread per call (:func:`pinned_blas`): the threads are the engine's, which sleep when
+idle, and no BLAS thread spins on a core that another process or another block needs.
 """
 
+import ctypes
+import itertools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from functools import lru_cache
 
 import numpy as np
@@ -112,3 +123,222 @@ def over_rows(fn, n, *args, cost="lower"):
     futures = [_executor().submit(run, group) for group in groups[1:]]
     results = [run(groups[0])] + [f.result() for f in futures]
     return [results[k % threads][k // threads] for k in range(len(ranges))]
+
+
+# -- the sparse engine's blocks -------------------------------------------------------------------
+#: multiply-adds of BLAS work that make a block of rows or a column panel worth one task
+BLOCK_WORK = 2 ** 21
+#: the most blocks of one pass (each block's m x m partial sums cost memory traffic)
+MAX_BLOCKS = 16
+#: additions (over memory) that make one stripe of a sum of blocks' m x m parts worth one task
+STRIPE_WORK = 2 ** 16
+
+_local = threading.local()
+_block_pool = None
+_block_pool_size = 0
+_pin_lock = threading.Lock()
+_pin_depth = 0
+_pin_state = (None, False)
+
+
+def row_blocks(n, row_work, max_blocks=MAX_BLOCKS):
+    """Fixed ranges [a, b) covering range(n), of nearly equal size: about n · row_work /
+    BLOCK_WORK of them (``row_work``: a row's multiply-adds), at least 1 and at most
+    ``max_blocks``.  They depend on n and row_work only, never on the threads."""
+    if n <= 0:
+        return []
+    count = max(1, min(int(round(n * row_work / BLOCK_WORK)), max_blocks, n))
+    edges = (np.arange(count + 1) * n) // count
+    return list(zip(edges[:-1].tolist(), edges[1:].tolist()))
+
+
+def row_stripes(m, work, lower=False):
+    """Fixed row ranges [a, b) of an m x m sum of ``work`` additions (the blocks' partial sums
+    added in block order), of equal work, about work / STRIPE_WORK of them (at most MAX_BLOCKS);
+    with ``lower`` the sum fills a lower triangle, whose row i costs i + 1.  They depend on m and
+    work only."""
+    if m <= 0:
+        return []
+    count = max(1, min(int(round(work / STRIPE_WORK)), MAX_BLOCKS, m))
+    k = np.arange(count + 1) / count
+    edges = np.unique(np.round(m * np.sqrt(k) if lower else m * k).astype(int))
+    return list(zip(edges[:-1].tolist(), edges[1:].tolist()))
+
+
+def threads_now():
+    """The threads :func:`over_blocks` uses in this thread now: the innermost
+    :func:`block_threads` context's, 1 outside one (and inside a block)."""
+    if getattr(_local, "in_block", False):
+        return 1
+    return getattr(_local, "threads", 1)
+
+
+@contextmanager
+def block_threads(n_threads):
+    """While this lasts, :func:`over_blocks` called from this thread runs its blocks on
+    ``n_threads`` threads (the caller and a pool), and every BLAS library runs on one thread per
+    call (:func:`pinned_blas`).  Where BLAS cannot be pinned the blocks run in the calling thread
+    alone and BLAS keeps its own threads.  Yields the number of threads in use."""
+    n = max(1, int(n_threads))
+    with pinned_blas() as pinned:
+        previous = getattr(_local, "threads", 1)
+        _local.threads = n if pinned else 1
+        try:
+            yield _local.threads
+        finally:
+            _local.threads = previous
+
+
+def _block_executor(workers):
+    global _block_pool, _block_pool_size
+    with _pool_lock:
+        if _block_pool is None or _block_pool_size < workers:
+            old = _block_pool
+            _block_pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpc-blocks")
+            _block_pool_size = workers
+            if old is not None:
+                old.shutdown(wait=False)
+        return _block_pool
+
+
+def over_blocks(fn, n_blocks):
+    """``[fn(j) for j in range(n_blocks)]``, the blocks shared out among :func:`threads_now`
+    threads, each taking the next block when it is done with one (``fn`` releases the GIL for its
+    work and writes its own block's memory).  Returns the results in block order; if blocks
+    raise, the error of the first such block is raised once every block has run."""
+    threads = min(threads_now(), n_blocks)
+    if threads <= 1:
+        return [fn(j) for j in range(n_blocks)]
+    results = [None] * n_blocks
+    errors = {}
+    next_block = itertools.count().__next__
+    stop = []
+
+    def work():
+        _local.in_block = True
+        try:
+            while not stop:
+                j = next_block()
+                if j >= n_blocks:
+                    return
+                try:
+                    results[j] = fn(j)
+                except Exception as exc:  # noqa: BLE001 - raised below, in block order
+                    errors[j] = exc
+        finally:
+            _local.in_block = False
+
+    futures = [_block_executor(threads - 1).submit(work) for _ in range(threads - 1)]
+    try:
+        work()
+    except BaseException:           # KeyboardInterrupt: the others stop after their block
+        stop.append(True)
+        raise
+    finally:
+        for future in futures:
+            future.result()
+    if errors:
+        raise errors[min(errors)]
+    return results
+
+
+def over_calls(calls):
+    """``[call() for call in calls]`` through :func:`over_blocks`: independent blocks of work,
+    possibly from several passes at once, on the threads of the caller's context."""
+    return over_blocks(lambda j: calls[j](), len(calls))
+
+
+# -- BLAS on one thread per call ----------------------------------------------------------------
+def _openblas_calls():
+    """(set_num_threads, get_num_threads) of every OpenBLAS library loaded in this process, found
+    without threadpoolctl: the shared objects that /proc/self/maps lists (Linux) and that export
+    OpenBLAS's threading calls, under its own names or scipy's and NumPy's builds' (prefix
+    scipy_, suffix 64_ for the 64-bit interface)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = sorted({line.split()[-1] for line in maps
+                            if "openblas" in os.path.basename(line.split()[-1]).lower()})
+    except (OSError, IndexError):
+        return []
+    calls = []
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for name in ("openblas", "scipy_openblas"):
+            for suffix in ("", "64_"):
+                setter = getattr(lib, f"{name}_set_num_threads{suffix}", None)
+                getter = getattr(lib, f"{name}_get_num_threads{suffix}", None)
+                if setter is not None and getter is not None:
+                    setter.argtypes, setter.restype = [ctypes.c_int], None
+                    getter.restype = ctypes.c_int
+                    calls.append((setter, getter))
+                    break
+            else:
+                continue
+            break
+    return calls
+
+
+@lru_cache(maxsize=1)
+def _blas_libraries():
+    """How BLAS is pinned here: ("threadpoolctl", controller) when threadpoolctl is installed,
+    else ("openblas", calls) for the OpenBLAS libraries found by :func:`_openblas_calls`, else
+    (None, None)."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        calls = _openblas_calls()
+        return ("openblas", calls) if calls else (None, None)
+    import scipy.linalg  # noqa: F401  (its BLAS must be loaded to be found)
+    return "threadpoolctl", ThreadpoolController()
+
+
+def _single_threaded_by_environment():
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        if os.environ.get(name, "").split(",")[0].strip() == "1":
+            return True
+    return False
+
+
+def _pin():
+    """Every BLAS library to one thread per call: (undo, pinned)."""
+    how, what = _blas_libraries()
+    if how == "threadpoolctl":
+        limiter = what.limit(limits=1, user_api="blas")
+        return limiter.restore_original_limits, True
+    if how == "openblas":
+        before = [getter() for _, getter in what]
+        for setter, _ in what:
+            setter(1)
+
+        def undo():
+            for (setter, _), n in zip(what, before):
+                setter(n)
+        return undo, True
+    return (lambda: None), _single_threaded_by_environment()
+
+
+@contextmanager
+def pinned_blas():
+    """BLAS on one thread per call while this lasts, process-wide (nested uses share one pin; the
+    outermost restores what was there): threadpoolctl's limit when threadpoolctl is installed,
+    else OpenBLAS's own ``openblas_set_num_threads`` by ctypes on the OpenBLAS libraries this
+    process has loaded (scipy's and NumPy's wheels bundle OpenBLAS).  Yields whether BLAS is known
+    to run on one thread: False with another BLAS (MKL, Accelerate) and no threadpoolctl, unless
+    OPENBLAS_NUM_THREADS, OMP_NUM_THREADS or MKL_NUM_THREADS is 1."""
+    global _pin_depth, _pin_state
+    with _pin_lock:
+        if _pin_depth == 0:
+            _pin_state = _pin()
+        _pin_depth += 1
+        pinned = _pin_state[1]
+    try:
+        yield pinned
+    finally:
+        with _pin_lock:
+            _pin_depth -= 1
+            if _pin_depth == 0:
+                _pin_state[0]()
+                _pin_state = (None, False)

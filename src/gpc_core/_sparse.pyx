@@ -9,12 +9,15 @@
 # past the checks trusts the caller.
 
 from libc.math cimport isfinite, log1p, sqrt
+from libc.string cimport memcpy, memset
 from scipy.linalg.cython_blas cimport dgemm, dgemv, dsyrk, dtrmm
 from scipy.linalg.cython_lapack cimport dlauum, dtrti2
 
 from gpc._likelihoods cimport LikelihoodSpec, make_spec
 from gpc._site_rule cimport (site_update, site_log_z, check_codes, RULE_PL, SITE_NEGATIVE_CAVITY,
                              SITE_LIKELIHOOD_FAILED)
+
+import numpy as np
 
 
 cdef int _check_square(Py_ssize_t rows, Py_ssize_t cols, str name) except -1:
@@ -101,6 +104,47 @@ def lower_times(const double[:, ::1] L, double[:, ::1] B):
         dtrmm(&side, &uplo, &trans, &diag, &m, &m, &one, <double*> &L[0, 0], &m, &B[0, 0], &m)
 
 
+cdef void _lower_lower(const double* A, double* B, int n, int ld, double* work) noexcept nogil:
+    """B := A B for lower-triangular A and B (n x n blocks, C-ordered, leading dimension ld; B's
+    strict upper triangle zero and left so), recursively: with h = n/2,
+    [[A11, 0], [A21, A22]] [[B11, 0], [B21, B22]] = [[A11 B11, 0], [A21 B11 + A22 B21, A22 B22]],
+    the off-diagonal block by two dtrmm of h x h x h/2 each: n³/6 multiply-adds in all, where
+    one dtrmm of A with B treated as a full matrix takes n³/2.  ``work`` holds (n/2 + 1)² doubles."""
+    cdef int h, r, i, j
+    cdef char left = b'L', right = b'R', uplo = b'U', notrans = b'N', diag = b'N'
+    cdef double one = 1.0
+    if n <= 32:
+        # Fortran: (A B)^T = B^T A^T: B^T := B^T U from the right
+        dtrmm(&right, &uplo, &notrans, &diag, &n, &n, &one, <double*> A, &ld, B, &ld)
+        return
+    h = n // 2
+    r = n - h
+    # B21 (r x h) := A22 B21: Fortran B21^T := B21^T A22^T, from the right (h x r by r x r)
+    dtrmm(&right, &uplo, &notrans, &diag, &h, &r, &one, <double*> (A + h * ld + h), &ld,
+          B + h * ld, &ld)
+    # work (r x h, leading dimension h) := A21 B11: Fortran work^T := B11^T A21^T, from the left
+    for i in range(r):
+        memcpy(work + i * h, A + (h + i) * ld, <size_t> h * sizeof(double))
+    dtrmm(&left, &uplo, &notrans, &diag, &h, &r, &one, B, &ld, work, &h)
+    for i in range(r):
+        for j in range(h):
+            B[(h + i) * ld + j] += work[i * h + j]
+    _lower_lower(A, B, h, ld, work)
+    _lower_lower(A + h * ld + h, B + h * ld + h, r, ld, work)
+
+
+def lower_lower_times(const double[:, ::1] L, double[:, ::1] B):
+    """B (m x m) := L B for lower-triangular L and B (B's strict upper triangle must be zero; it
+    stays zero): M = L_old^-1 L_new in place, m³/6 multiply-adds (:func:`lower_times`: m³/2)."""
+    _check_square(L.shape[0], L.shape[1], "L")
+    _check_square(B.shape[0], B.shape[1], "B")
+    _check_columns(B.shape[1], L.shape[0], "B")
+    cdef int m = <int> L.shape[0]
+    cdef double[::1] work = np.empty((m // 2 + 1) ** 2)
+    with nogil:
+        _lower_lower(&L[0, 0], &B[0, 0], m, m, &work[0])
+
+
 def congruence(const double[:, ::1] M, double[:, ::1] S):
     """S (m x m, both triangles) := M^T S M for lower-triangular M (two dtrmm).
 
@@ -153,63 +197,84 @@ def add_weighted_gram(double[:, ::1] P, const double[:, ::1] A, const double[::1
     if work.shape[0] < A.shape[0] or work.shape[1] != A.shape[1]:
         raise ValueError(f"work must be at least {A.shape[0]} x {A.shape[1]}, got "
                          f"{work.shape[0]} x {work.shape[1]}")
-    cdef int m = <int> A.shape[1], k = <int> A.shape[0]
+    cdef int m = <int> A.shape[1], k = <int> A.shape[0], used
+    if k == 0:
+        return 0
+    with nogil:
+        used = _weighted_gram(&P[0, 0], &A[0, 0], &w[0], &work[0, 0], k, m)
+    return used
+
+
+cdef int _weighted_gram(double* P, const double* A, const double* w, double* work, int k, int m,
+                        double beta=1.0) noexcept nogil:
+    """P := beta P + A^T diag(w) A in its lower triangle: the loop and the two dsyrk of
+    :func:`add_weighted_gram` (P, work C-ordered, m x m and at least k x m); beta 0 writes P's
+    lower triangle without reading it.  Returns the rows used."""
     cdef int n_pos = 0, n_neg = 0, i, j
     cdef double root
     cdef char uplo = b'U', trans = b'N'
     cdef double one = 1.0, minus_one = -1.0
-    with nogil:
-        # positive rows from the top of work, negative rows from the bottom
-        for i in range(k):
-            if w[i] > 0:
-                root = sqrt(w[i])
-                for j in range(m):
-                    work[n_pos, j] = root * A[i, j]
-                n_pos += 1
-            elif w[i] < 0:
-                root = sqrt(-w[i])
-                n_neg += 1
-                for j in range(m):
-                    work[k - n_neg, j] = root * A[i, j]
-        # Fortran: the rows are columns of an (m x count) matrix W; P^T = P, 'U' is our lower
-        # triangle: P += W W^T ('N')
-        if n_pos > 0:
-            dsyrk(&uplo, &trans, &m, &n_pos, &one, &work[0, 0], &m, &one, &P[0, 0], &m)
-        if n_neg > 0:
-            dsyrk(&uplo, &trans, &m, &n_neg, &minus_one, &work[k - n_neg, 0], &m, &one, &P[0, 0],
-                  &m)
+    # positive rows from the top of work, negative rows from the bottom
+    for i in range(k):
+        if w[i] > 0:
+            root = sqrt(w[i])
+            for j in range(m):
+                work[n_pos * m + j] = root * A[i * m + j]
+            n_pos += 1
+        elif w[i] < 0:
+            root = sqrt(-w[i])
+            n_neg += 1
+            for j in range(m):
+                work[(k - n_neg) * m + j] = root * A[i * m + j]
+    # Fortran: the rows are columns of an (m x count) matrix W; P^T = P, 'U' is our lower
+    # triangle: P += W W^T ('N')
+    if n_pos > 0:
+        dsyrk(&uplo, &trans, &m, &n_pos, &one, work, &m, &beta, P, &m)
+        beta = 1.0
+    if n_neg > 0:
+        dsyrk(&uplo, &trans, &m, &n_neg, &minus_one, work + (k - n_neg) * m, &m, &beta, P, &m)
+        beta = 1.0
+    if beta == 0.0:
+        for i in range(m):
+            memset(P + i * m, 0, <size_t> (i + 1) * sizeof(double))
     return n_pos + n_neg
+
+
+cdef inline void _gemv(const double* A, const double* x, double* out, int k, int m,
+                       bint transpose, double beta) noexcept nogil:
+    """out (k,) := A x + beta out, or with ``transpose`` out (m,) := A^T x + beta out, for A
+    (k x m, C-ordered; dgemv)."""
+    # Fortran sees A^T (m x k): A x = (A^T)^T x ('T'), A^T x ('N')
+    cdef char trans = b'N' if transpose else b'T'
+    cdef int inc = 1
+    cdef double one = 1.0
+    if k > 0:
+        dgemv(&trans, &m, &k, &one, <double*> A, &m, <double*> x, &inc, &beta, out, &inc)
+
+
+cdef int _check_gemv(const double[:, ::1] A, Py_ssize_t x_len, Py_ssize_t out_len,
+                     bint transpose) except -1:
+    if (A.shape[0] if transpose else A.shape[1]) != x_len or \
+            out_len != (A.shape[1] if transpose else A.shape[0]):
+        raise ValueError(f"A is {A.shape[0]} x {A.shape[1]}, {'v' if transpose else 'x'} has "
+                         f"{x_len} entries, out {out_len}")
+    return 0
 
 
 def rows_dot(const double[:, ::1] A, const double[::1] x, double[::1] out):
     """out (k,) := A x for A (k x m) (dgemv)."""
-    if A.shape[1] != x.shape[0] or out.shape[0] != A.shape[0]:
-        raise ValueError(f"A is {A.shape[0]} x {A.shape[1]}, x has {x.shape[0]} entries, out "
-                         f"{out.shape[0]}")
-    cdef int m = <int> A.shape[1], k = <int> A.shape[0], inc = 1
-    cdef char trans = b'T'
-    cdef double one = 1.0, zero = 0.0
-    if k == 0:
-        return
-    # Fortran: A^T is (m x k); A x = (A^T)^T x ('T')
-    with nogil:
-        dgemv(&trans, &m, &k, &one, <double*> &A[0, 0], &m, <double*> &x[0], &inc, &zero,
-              &out[0], &inc)
+    _check_gemv(A, x.shape[0], out.shape[0], False)
+    if A.shape[0] > 0:
+        with nogil:
+            _gemv(&A[0, 0], &x[0], &out[0], <int> A.shape[0], <int> A.shape[1], False, 0.0)
 
 
 def add_transpose_dot(const double[:, ::1] A, const double[::1] v, double[::1] out):
     """out (m,) += A^T v for A (k x m) (dgemv)."""
-    if A.shape[0] != v.shape[0] or out.shape[0] != A.shape[1]:
-        raise ValueError(f"A is {A.shape[0]} x {A.shape[1]}, v has {v.shape[0]} entries, out "
-                         f"{out.shape[0]}")
-    cdef int m = <int> A.shape[1], k = <int> A.shape[0], inc = 1
-    cdef char trans = b'N'
-    cdef double one = 1.0
-    if k == 0:
-        return
-    with nogil:
-        dgemv(&trans, &m, &k, &one, <double*> &A[0, 0], &m, <double*> &v[0], &inc, &one,
-              &out[0], &inc)
+    _check_gemv(A, v.shape[0], out.shape[0], True)
+    if A.shape[0] > 0:
+        with nogil:
+            _gemv(&A[0, 0], &v[0], &out[0], <int> A.shape[0], <int> A.shape[1], True, 1.0)
 
 
 def mirror_lower(double[:, ::1] S):
@@ -265,6 +330,47 @@ cdef inline bint _cavity(double mean, double var, double tau, double nu, double*
     return isfinite(cmean[0]) and isfinite(cvar[0])
 
 
+cdef int _refine_loop(const LikelihoodSpec* spec, int rule, int on_negative, double damping,
+                      Py_ssize_t b, const double* y, const double* mean, const double* var,
+                      const double* s, const double* tau, const double* nu, double* tau_out,
+                      double* nu_out, const double* mean_old, const double* var_old,
+                      const double* cross, Py_ssize_t* index, double* value, long* n_fixed,
+                      int* failed) noexcept nogil:
+    """The loop of :func:`refine_rows` over b rows (``mean_old`` NULL: sites along a_i).  Returns
+    the status; ``index`` and ``value`` say where a cavity that is not a distribution stopped it."""
+    cdef Py_ssize_t i
+    cdef double t, v, m_in, v_in, keep, cmean, cvar, back
+    cdef int st
+    for i in range(b):
+        t = tau[i]
+        v = nu[i]
+        m_in = mean[i]
+        v_in = var[i]
+        if mean_old != NULL and rule != RULE_PL:
+            keep = 1.0 - t * var_old[i]
+            if keep > 0.0:
+                cvar = var[i] + t * cross[i] * cross[i] / keep
+                cmean = mean[i] + cross[i] * (t * mean_old[i] - v) / keep
+                back = 1.0 + t * cvar
+                v_in = cvar / back
+                m_in = (cmean + cvar * v) / back
+            else:
+                m_in = mean_old[i]
+                v_in = var_old[i]
+        st = site_update(spec, rule, on_negative, damping, y[i], m_in, v_in, s[i], &t, &v, value,
+                         n_fixed)
+        if st == SITE_NEGATIVE_CAVITY:
+            index[0] = i
+            return st
+        if st == SITE_LIKELIHOOD_FAILED or not (isfinite(t) and isfinite(v)):
+            t = tau[i]
+            v = nu[i]
+            failed[0] += 1
+        tau_out[i] = t
+        nu_out[i] = v
+    return 0
+
+
 def refine_rows(int kind, double eps, const double[::1] gh_nodes, const double[::1] gh_weights,
                 object py_likelihood, int rule, int on_negative, double damping,
                 const double[::1] y, const double[::1] mean, const double[::1] var,
@@ -295,7 +401,7 @@ def refine_rows(int kind, double eps, const double[::1] gh_nodes, const double[:
     not finite, which keep their sites.
     """
     cdef LikelihoodSpec spec
-    cdef Py_ssize_t b = y.shape[0], i, index = -1
+    cdef Py_ssize_t b = y.shape[0], index = -1
     cdef bint moved = mean_old is not None or var_old is not None or cross is not None
     _check_rows(b, (mean.shape[0], var.shape[0], s.shape[0], tau.shape[0], nu.shape[0],
                     tau_out.shape[0], nu_out.shape[0]))
@@ -307,39 +413,47 @@ def refine_rows(int kind, double eps, const double[::1] gh_nodes, const double[:
         raise ValueError(f"damping must be in (0, 1], got {damping}")
     check_codes(rule, on_negative)
     make_spec(&spec, kind, eps, gh_nodes, gh_weights, py_likelihood)
-    cdef double t, v, m_in, v_in, keep, cmean, cvar, back, value = 0.0
+    if b == 0:
+        return 0, -1, 0.0, 0, 0
+    cdef double value = 0.0
     cdef long n_fixed = 0
-    cdef int st, status = 0, failed = 0
+    cdef int status, failed = 0
     with nogil:
-        for i in range(b):
-            t = tau[i]
-            v = nu[i]
-            m_in = mean[i]
-            v_in = var[i]
-            if moved and rule != RULE_PL:
-                keep = 1.0 - t * var_old[i]
-                if keep > 0.0:
-                    cvar = var[i] + t * cross[i] * cross[i] / keep
-                    cmean = mean[i] + cross[i] * (t * mean_old[i] - v) / keep
-                    back = 1.0 + t * cvar
-                    v_in = cvar / back
-                    m_in = (cmean + cvar * v) / back
-                else:
-                    m_in = mean_old[i]
-                    v_in = var_old[i]
-            st = site_update(&spec, rule, on_negative, damping, y[i], m_in, v_in, s[i], &t, &v,
-                             &value, &n_fixed)
-            if st == SITE_NEGATIVE_CAVITY:
-                status = st
-                index = i
-                break
-            if st == SITE_LIKELIHOOD_FAILED or not (isfinite(t) and isfinite(v)):
-                t = tau[i]
-                v = nu[i]
-                failed += 1
-            tau_out[i] = t
-            nu_out[i] = v
+        status = _refine_loop(&spec, rule, on_negative, damping, b, &y[0], &mean[0], &var[0],
+                              &s[0], &tau[0], &nu[0], &tau_out[0], &nu_out[0],
+                              &mean_old[0] if moved else NULL, &var_old[0] if moved else NULL,
+                              &cross[0] if moved else NULL, &index, &value, &n_fixed, &failed)
     return status, index, value, n_fixed, failed
+
+
+cdef int _evidence_loop(const LikelihoodSpec* spec, int rule, Py_ssize_t b, const double* y,
+                        const double* mean, const double* var, const double* s, const double* tau,
+                        const double* nu, double* g_s, double* d1, double* e,
+                        double* total) noexcept nogil:
+    """The loop of :func:`evidence_rows`: adds Σ log Z̃_i to ``total`` in row order and returns the
+    rows left out."""
+    cdef Py_ssize_t i
+    cdef double cmean, cvar, ratio, log_z, a1, a2, gs
+    cdef int bad = 0
+    for i in range(b):
+        if (_cavity(mean[i], var[i], tau[i], nu[i], &cmean, &cvar, &ratio)
+                and site_log_z(spec, rule, y[i], cmean, cvar, s[i], tau[i], nu[i], &log_z,
+                               &a1, &a2) == 0):
+            # ½ log(1 + τv) = -½ log(1 - τσ²) and ½ (c²/v - μ²/σ²) = ½ (τμ² - 2μν + σ²ν²)
+            # / (1 - τσ²): the same terms without dividing by σ² (finite at σ² = 0)
+            total[0] += (log_z - 0.5 * log1p(-tau[i] * var[i])
+                         + 0.5 * (tau[i] * mean[i] * mean[i] - 2.0 * mean[i] * nu[i]
+                                  + var[i] * nu[i] * nu[i]) * ratio)
+            gs = 0.5 * (a1 * a1 + a2)
+            g_s[i] = gs
+            d1[i] = a1
+            e[i] = (a1 * (tau[i] * mean[i] - nu[i]) + 2.0 * gs) * ratio
+        else:
+            g_s[i] = 0.0
+            d1[i] = 0.0
+            e[i] = 0.0
+            bad += 1
+    return bad
 
 
 def evidence_rows(int kind, double eps, const double[::1] gh_nodes, const double[::1] gh_weights,
@@ -357,32 +471,18 @@ def evidence_rows(int kind, double eps, const double[::1] gh_nodes, const double
     proper cavity, or whose likelihood integral fails, is left out: its terms and weights are 0.
     """
     cdef LikelihoodSpec spec
-    cdef Py_ssize_t b = y.shape[0], i
+    cdef Py_ssize_t b = y.shape[0]
     _check_rows(b, (mean.shape[0], var.shape[0], s.shape[0], tau.shape[0], nu.shape[0],
                     g_s.shape[0], d1.shape[0], e.shape[0]))
     check_codes(rule, 0)
     make_spec(&spec, kind, eps, gh_nodes, gh_weights, py_likelihood)
-    cdef double cmean, cvar, ratio, log_z, a1, a2, gs, total = 0.0
+    cdef double total = 0.0
     cdef int bad = 0
+    if b == 0:
+        return total, bad
     with nogil:
-        for i in range(b):
-            if (_cavity(mean[i], var[i], tau[i], nu[i], &cmean, &cvar, &ratio)
-                    and site_log_z(&spec, rule, y[i], cmean, cvar, s[i], tau[i], nu[i], &log_z,
-                                   &a1, &a2) == 0):
-                # ½ log(1 + τv) = -½ log(1 - τσ²) and ½ (c²/v - μ²/σ²) = ½ (τμ² - 2μν + σ²ν²)
-                # / (1 - τσ²): the same terms without dividing by σ² (finite at σ² = 0)
-                total += (log_z - 0.5 * log1p(-tau[i] * var[i])
-                          + 0.5 * (tau[i] * mean[i] * mean[i] - 2.0 * mean[i] * nu[i]
-                                   + var[i] * nu[i] * nu[i]) * ratio)
-                gs = 0.5 * (a1 * a1 + a2)
-                g_s[i] = gs
-                d1[i] = a1
-                e[i] = (a1 * (tau[i] * mean[i] - nu[i]) + 2.0 * gs) * ratio
-            else:
-                g_s[i] = 0.0
-                d1[i] = 0.0
-                e[i] = 0.0
-                bad += 1
+        bad = _evidence_loop(&spec, rule, b, &y[0], &mean[0], &var[0], &s[0], &tau[0], &nu[0],
+                             &g_s[0], &d1[0], &e[0], &total)
     return total, bad
 
 
@@ -403,24 +503,48 @@ def row_dots(const double[:, ::1] A, const double[:, ::1] B, double[::1] out):
             out[i] = acc
 
 
+cdef void _site_rows_gradient(double* G, const double* A, const double* beta, const double* mu,
+                             const double* tau, const double* g_s, Py_ssize_t k,
+                             Py_ssize_t m) noexcept nogil:
+    cdef Py_ssize_t i, j
+    cdef double bi, ti, gi
+    for i in range(k):
+        bi = beta[i]
+        ti = tau[i]
+        gi = 2.0 * g_s[i]
+        for j in range(m):
+            G[i * m + j] = bi * mu[j] - ti * G[i * m + j] - gi * A[i * m + j]
+
+
 def site_rows_gradient(double[:, ::1] G, const double[:, ::1] A, const double[::1] beta,
                        const double[::1] mu, const double[::1] tau, const double[::1] g_s):
     """G (k x m, holding A Σ_w on entry) := β μ^T - diag(τ) A Σ_w - 2 diag(g_s) A, one pass:
     ∂ log Z_q/∂A for sites that follow their rows (R&W eq. (5.27) in whitened coordinates, see
     :func:`gpc.sparse.ep.block_evidence`)."""
-    cdef Py_ssize_t k = G.shape[0], m = G.shape[1], i, j
+    cdef Py_ssize_t k = G.shape[0], m = G.shape[1]
     if A.shape[0] != k or A.shape[1] != m:
         raise ValueError(f"A is {A.shape[0]} x {A.shape[1]}, G is {k} x {m}")
     if beta.shape[0] != k or tau.shape[0] != k or g_s.shape[0] != k or mu.shape[0] != m:
         raise ValueError("beta, tau, g_s need one entry per row and mu one per column")
-    cdef double bi, ti, gi
+    if k == 0 or m == 0:
+        return
     with nogil:
-        for i in range(k):
-            bi = beta[i]
-            ti = tau[i]
-            gi = 2.0 * g_s[i]
-            for j in range(m):
-                G[i, j] = bi * mu[j] - ti * G[i, j] - gi * A[i, j]
+        _site_rows_gradient(&G[0, 0], &A[0, 0], &beta[0], &mu[0], &tau[0], &g_s[0], k, m)
+
+
+cdef void _cavity_rows_gradient(double* G, double* Y, const double* A, const double* d1,
+                                const double* mu, const double* e, const double* g_s,
+                                Py_ssize_t k, Py_ssize_t m) noexcept nogil:
+    cdef Py_ssize_t i, j
+    cdef double di, ei, gi, v
+    for i in range(k):
+        di = d1[i]
+        ei = e[i]
+        gi = g_s[i]
+        for j in range(m):
+            v = di * mu[j] + ei * G[i * m + j] - 2.0 * gi * A[i * m + j]
+            G[i * m + j] = v
+            Y[i * m + j] = v + gi * A[i * m + j]
 
 
 def cavity_rows_gradient(double[:, ::1] G, double[:, ::1] Y, const double[:, ::1] A,
@@ -433,27 +557,21 @@ def cavity_rows_gradient(double[:, ::1] G, double[:, ::1] Y, const double[:, ::1
 
     See :func:`gpc.sparse.ep.block_evidence`.
     """
-    cdef Py_ssize_t k = G.shape[0], m = G.shape[1], i, j
+    cdef Py_ssize_t k = G.shape[0], m = G.shape[1]
     if A.shape[0] != k or A.shape[1] != m or Y.shape[0] != k or Y.shape[1] != m:
         raise ValueError(f"G, Y and A must have the same shape, got {k} x {m}, {Y.shape[0]} x "
                          f"{Y.shape[1]}, {A.shape[0]} x {A.shape[1]}")
     if d1.shape[0] != k or e.shape[0] != k or g_s.shape[0] != k or mu.shape[0] != m:
         raise ValueError("d1, e, g_s need one entry per row and mu one per column")
-    cdef double di, ei, gi, v
+    if k == 0 or m == 0:
+        return
     with nogil:
-        for i in range(k):
-            di = d1[i]
-            ei = e[i]
-            gi = g_s[i]
-            for j in range(m):
-                v = di * mu[j] + ei * G[i, j] - 2.0 * gi * A[i, j]
-                G[i, j] = v
-                Y[i, j] = v + gi * A[i, j]
+        _cavity_rows_gradient(&G[0, 0], &Y[0, 0], &A[0, 0], &d1[0], &mu[0], &e[0], &g_s[0], k, m)
 
 
 def hadamard_sums(double[:, ::1] G, const double[:, ::1] K, double[::1] rows, double[::1] cols):
     """G := G ∘ K (k x m) with its row sums in ``rows`` and column sums in ``cols``: the weights
-    W = G ∘ K of a squared-exponential contraction (gpc.sparse._inducing)."""
+    W = G ∘ K of the squared exponential's cross gradient (gpc.kernels.stationary)."""
     cdef Py_ssize_t k = G.shape[0], m = G.shape[1], i, j
     if K.shape[0] != k or K.shape[1] != m:
         raise ValueError(f"K is {K.shape[0]} x {K.shape[1]}, G is {k} x {m}")
@@ -506,3 +624,325 @@ def symmetric_from_upper(const double[:, ::1] X, double[:, ::1] out, double scal
                 v = scale * X[i, j]
                 out[i, j] = v
                 out[j, i] = v
+
+
+# -- one block of a step's rows ------------------------------------------------------------------
+#
+# A step's rows are cut into fixed blocks (gpc._parallel.row_blocks); each function below does one
+# block's work with the GIL released after its entry checks, so that gpc._parallel.over_blocks runs
+# blocks in threads.  A block writes its own rows of the step's arrays and its own m x m partial
+# sums, which sum_blocks adds in block order: the bits do not depend on how the blocks are shared
+# out among threads.
+
+cdef enum:
+    # refine_block's ``sums``: what its partial sums (dP, dh) of q's natural parameters hold
+    _SUMS_NEW = 0         # the new sites along a_i: Σ τ_new a aᵀ, Σ ν_new a
+    _SUMS_CHANGE = 1      # their change along a_i: Σ (τ_new - τ) a aᵀ, Σ (ν_new - ν) a
+    _SUMS_SWAP = 2        # the new along a_i less the old along a'_i (sites kept in u-space)
+
+SUMS_NEW, SUMS_CHANGE, SUMS_SWAP = _SUMS_NEW, _SUMS_CHANGE, _SUMS_SWAP
+
+
+cdef inline void _times_lower(const double* T, double* B, int k, int m,
+                              bint transpose) noexcept nogil:
+    """Each row b of B (k x m, C-ordered) := T b, or T^T b with ``transpose`` (T lower, m x m)."""
+    # Fortran sees U = T^T and B as the (m x k) matrix of the rows: T b = U^T b, T^T b = U b
+    cdef char side = b'L', uplo = b'U', diag = b'N'
+    cdef char trans = b'N' if transpose else b'T'
+    cdef double one = 1.0
+    if k > 0:
+        dtrmm(&side, &uplo, &trans, &diag, &m, &k, &one, <double*> T, &m, B, &m)
+
+
+cdef void _marginals(const double* Ri, const double* mu, const double* A, double* B, double* mean,
+                     double* var, int k, int m) noexcept nogil:
+    """B := rows R^-1 a_i of A, mean = A μ, var_i = |R^-1 a_i|² (the marginals of a_i^T w under
+    q = N(μ, R^-T R^-1))."""
+    cdef Py_ssize_t i, j
+    cdef double acc
+    memcpy(B, A, <size_t> k * m * sizeof(double))
+    _times_lower(Ri, B, k, m, False)
+    _gemv(A, mu, mean, k, m, False, 0.0)
+    for i in range(k):
+        acc = 0.0
+        for j in range(m):
+            acc = acc + B[i * m + j] * B[i * m + j]
+        var[i] = acc
+
+
+cdef int _check_block(Py_ssize_t k, Py_ssize_t m, str name, Py_ssize_t rows,
+                      Py_ssize_t cols) except -1:
+    if rows != k or cols != m:
+        raise ValueError(f"{name} is {rows} x {cols}, the block is {k} x {m}")
+    return 0
+
+
+def whiten_block(const double[:, ::1] Li, const double[:, ::1] K, double[:, ::1] A,
+                 const double[::1] kdiag, double[::1] s):
+    """A (k x m) := rows L^-1 k_i of K (A may be K itself) and s_i := max(kdiag_i - |a_i|², 0):
+    the whitened rows and FITC variances of SEP eq. (1) (gpc.sparse._inducing)."""
+    _check_square(Li.shape[0], Li.shape[1], "Li")
+    cdef Py_ssize_t k = K.shape[0], m = Li.shape[0], i, j
+    _check_block(k, m, "K", K.shape[0], K.shape[1])
+    _check_block(k, m, "A", A.shape[0], A.shape[1])
+    _check_rows(k, (kdiag.shape[0], s.shape[0]))
+    if k == 0:
+        return
+    cdef double acc
+    with nogil:
+        if &A[0, 0] != &K[0, 0]:
+            memcpy(&A[0, 0], &K[0, 0], <size_t> k * m * sizeof(double))
+        _times_lower(&Li[0, 0], &A[0, 0], <int> k, <int> m, False)
+        for i in range(k):
+            acc = 0.0
+            for j in range(m):
+                acc = acc + A[i, j] * A[i, j]
+            acc = kdiag[i] - acc
+            s[i] = acc if acc > 0.0 else 0.0
+
+
+def marginal_block(const double[:, ::1] Ri, const double[::1] mu, const double[:, ::1] A,
+                   double[:, ::1] B, double[::1] mean, double[::1] var, bint covariance=False):
+    """Marginals of a_i^T w under q = N(μ, R^-T R^-1) for the rows of A (k x m): B := rows
+    R^-1 a_i, mean = A μ, var_i = |R^-1 a_i|²; with ``covariance`` B then := rows Σ_w a_i."""
+    _check_square(Ri.shape[0], Ri.shape[1], "Ri")
+    cdef Py_ssize_t k = A.shape[0], m = Ri.shape[0]
+    _check_block(k, m, "A", A.shape[0], A.shape[1])
+    _check_block(k, m, "B", B.shape[0], B.shape[1])
+    _check_rows(k, (mean.shape[0], var.shape[0]))
+    if mu.shape[0] != m:
+        raise ValueError(f"mu has {mu.shape[0]} entries, q is {m}-dimensional")
+    if k == 0:
+        return
+    with nogil:
+        _marginals(&Ri[0, 0], &mu[0], &A[0, 0], &B[0, 0], &mean[0], &var[0], <int> k, <int> m)
+        if covariance:
+            _times_lower(&Ri[0, 0], &B[0, 0], <int> k, <int> m, True)
+
+
+def weighted_sums_block(const double[:, ::1] A, const double[::1] tau, const double[::1] nu,
+                        double[:, ::1] dP, double[::1] dh):
+    """A block's sums: dP (m x m, its lower triangle; the strict upper one is not written) :=
+    A^T diag(τ) A and dh := A^T ν, for weights of either sign (two dsyrk:
+    :func:`add_weighted_gram`)."""
+    cdef Py_ssize_t k = A.shape[0], m = A.shape[1]
+    _check_rows(k, (tau.shape[0], nu.shape[0]))
+    _check_square(dP.shape[0], dP.shape[1], "dP")
+    _check_columns(m, dP.shape[0], "A")
+    _check_rows(m, (dh.shape[0],))
+    cdef double[:, ::1] work = np.empty((max(k, 1), m))
+    with nogil:
+        memset(&dh[0], 0, <size_t> m * sizeof(double))
+        _weighted_gram(&dP[0, 0], &A[0, 0], &tau[0] if k > 0 else NULL, &work[0, 0], <int> k,
+                       <int> m, 0.0)
+        if k > 0:
+            _gemv(&A[0, 0], &nu[0], &dh[0], <int> k, <int> m, True, 1.0)
+
+
+def refine_block(int kind, double eps, const double[::1] gh_nodes, const double[::1] gh_weights,
+                 object py_likelihood, int rule, int on_negative, double damping, int sums,
+                 const double[::1] y, const double[:, ::1] A, const double[::1] s,
+                 const double[:, ::1] Ri, const double[::1] mu, const double[::1] tau,
+                 const double[::1] nu, double[::1] tau_out, double[::1] nu_out,
+                 double[:, ::1] dP, double[::1] dh, const float[:, ::1] V_old=None,
+                 const double[:, ::1] L=None, const double[:, ::1] Li=None,
+                 float[:, ::1] V_out=None):
+    """One block's sites refined against q = N(μ, R^-T R^-1) (SEP §2.2; ``rule``, ``on_negative``,
+    ``damping`` as in :func:`refine_rows`) and the block's sums of q's natural parameters.
+
+    The marginals of a_i^T w come from one triangular product with R^-1 (``Ri``).  ``sums`` says
+    what dP (m x m, its lower triangle; the strict upper one is not written) and dh hold: SUMS_NEW Σ τ_new a aᵀ and Σ ν_new a,
+    SUMS_CHANGE Σ (τ_new - τ) a aᵀ and Σ (ν_new - ν) a, SUMS_SWAP the new sites less the old ones,
+    which q holds along the rows' kept u-space directions v_i (``V_old``, float32; zero rows for
+    rows without a site): a'_i = L^T v_i, their cavities by Sherman-Morrison (:func:`refine_rows`),
+    Σ τ_new a aᵀ - Σ τ a' a'ᵀ and Σ ν_new a - Σ ν a'.  A block without old sites skips a'.  With
+    ``Li`` and ``V_out`` the rows' new directions v_i = L^-T a_i go to V_out (float32).
+
+    Returns (status, index, value, n_fixed, n_failed) as :func:`refine_rows`; dP and dh are not
+    written when status is not 0.
+    """
+    cdef LikelihoodSpec spec
+    cdef Py_ssize_t k = y.shape[0], m = A.shape[1], i, j, index = -1
+    cdef bint swap = sums == _SUMS_SWAP, change = sums == _SUMS_CHANGE, moved = False
+    cdef bint directions = V_out is not None
+    if sums not in (_SUMS_NEW, _SUMS_CHANGE, _SUMS_SWAP):
+        raise ValueError(f"sums must be SUMS_NEW, SUMS_CHANGE or SUMS_SWAP, got {sums}")
+    _check_square(Ri.shape[0], Ri.shape[1], "Ri")
+    _check_columns(m, Ri.shape[0], "A")
+    _check_block(k, m, "A", A.shape[0], A.shape[1])
+    _check_rows(k, (s.shape[0], tau.shape[0], nu.shape[0], tau_out.shape[0], nu_out.shape[0]))
+    _check_square(dP.shape[0], dP.shape[1], "dP")
+    _check_columns(m, dP.shape[0], "A")
+    _check_rows(m, (mu.shape[0], dh.shape[0]))
+    if swap:
+        if V_old is None or L is None:
+            raise ValueError("SUMS_SWAP needs V_old and L")
+        _check_square(L.shape[0], L.shape[1], "L")
+        _check_columns(m, L.shape[0], "A")
+        _check_block(k, m, "V_old", V_old.shape[0], V_old.shape[1])
+    if (Li is None) != (V_out is None):
+        raise ValueError("Li and V_out go together")
+    if directions:
+        _check_square(Li.shape[0], Li.shape[1], "Li")
+        _check_columns(m, Li.shape[0], "A")
+        _check_block(k, m, "V_out", V_out.shape[0], V_out.shape[1])
+    if not (0.0 < damping <= 1.0):
+        raise ValueError(f"damping must be in (0, 1], got {damping}")
+    check_codes(rule, on_negative)
+    make_spec(&spec, kind, eps, gh_nodes, gh_weights, py_likelihood)
+    cdef int kk = <int> k, mm = <int> m
+    cdef double[:, ::1] B = np.empty((max(k, 1), m))
+    cdef double[:, ::1] A_old = np.empty((max(k, 1), m)) if swap else None
+    cdef double[:, ::1] B_old = np.empty((max(k, 1), m)) if swap else None
+    cdef double[:, ::1] work = np.empty((max(k, 1), m))
+    cdef double[:, ::1] rows = np.empty((6, max(k, 1)))   # mean, var, mean', var', ξ; weights
+    cdef double value = 0.0, w
+    cdef long n_fixed = 0
+    cdef int status = 0, failed = 0
+    with nogil:
+        if k > 0:
+            _marginals(&Ri[0, 0], &mu[0], &A[0, 0], &B[0, 0], &rows[0, 0], &rows[1, 0], kk, mm)
+        if swap:
+            for i in range(k):
+                if tau[i] != 0.0 or nu[i] != 0.0:
+                    moved = True
+                    break
+        if moved:
+            for i in range(k):
+                for j in range(m):
+                    A_old[i, j] = V_old[i, j]
+            _times_lower(&L[0, 0], &A_old[0, 0], kk, mm, True)                 # a' = L^T v
+            _marginals(&Ri[0, 0], &mu[0], &A_old[0, 0], &B_old[0, 0], &rows[2, 0], &rows[3, 0],
+                       kk, mm)
+            for i in range(k):
+                w = 0.0
+                for j in range(m):
+                    w = w + B[i, j] * B_old[i, j]
+                rows[4, i] = w                                                 # a^T Σ a'
+        if k > 0:
+            status = _refine_loop(&spec, rule, on_negative, damping, k, &y[0], &rows[0, 0],
+                                  &rows[1, 0], &s[0], &tau[0], &nu[0], &tau_out[0], &nu_out[0],
+                                  &rows[2, 0] if moved else NULL, &rows[3, 0] if moved else NULL,
+                                  &rows[4, 0] if moved else NULL, &index, &value, &n_fixed,
+                                  &failed)
+        if status == 0:
+            memset(&dh[0], 0, <size_t> m * sizeof(double))
+            for i in range(k):                       # the new sites (or their change) along a
+                rows[5, i] = tau_out[i] - tau[i] if change else tau_out[i]
+                rows[2, i] = nu_out[i] - nu[i] if change else nu_out[i]
+            _weighted_gram(&dP[0, 0], &A[0, 0] if k > 0 else NULL, &rows[5, 0], &work[0, 0], kk,
+                           mm, 0.0)
+            if k > 0:
+                _gemv(&A[0, 0], &rows[2, 0], &dh[0], kk, mm, True, 1.0)
+            if moved:                                # less the old ones along a'
+                for i in range(k):
+                    rows[5, i] = -tau[i]
+                    rows[2, i] = -nu[i]
+                _weighted_gram(&dP[0, 0], &A_old[0, 0], &rows[5, 0], &work[0, 0], kk, mm)
+                _gemv(&A_old[0, 0], &rows[2, 0], &dh[0], kk, mm, True, 1.0)
+            if directions and k > 0:
+                memcpy(&B[0, 0], &A[0, 0], <size_t> k * m * sizeof(double))
+                _times_lower(&Li[0, 0], &B[0, 0], kk, mm, True)                # v = L^-T a
+                for i in range(k):
+                    for j in range(m):
+                        V_out[i, j] = <float> B[i, j]
+    return status, index, value, n_fixed, failed
+
+
+def evidence_block(int kind, double eps, const double[::1] gh_nodes, const double[::1] gh_weights,
+                   object py_likelihood, int rule, bint cavity, const double[::1] y,
+                   const double[:, ::1] A, const double[::1] s, const double[:, ::1] Ri,
+                   const double[::1] mu, const double[::1] tau, const double[::1] nu,
+                   double[::1] g_s, double[:, ::1] G=None, double[:, ::1] AtG=None,
+                   const double[:, ::1] Li=None):
+    """One block's Σ log Z̃_i (SEP eq. (3), :func:`evidence_rows`) at q = N(μ, R^-T R^-1), with
+    g_s = ∂ log Z_i/∂s_i; returns (total, rows left out).
+
+    With G (k x m) and AtG (m x m) also the rows' gradient parts (:func:`gpc.sparse.ep.block_evidence`):
+    G := ∂F/∂A, in the form with the sites following their rows (``cavity`` False: β μ^T -
+    diag(τ) A Σ_w - 2 diag(g_s) A, :func:`site_rows_gradient`; AtG := A^T G) or with the
+    cavities held (:func:`cavity_rows_gradient`; AtG := -Y^T A).  With ``Li``, G := G L^-1
+    afterwards, the K_bu part ∂F/∂K_bu.
+    """
+    cdef LikelihoodSpec spec
+    cdef Py_ssize_t k = y.shape[0], m = A.shape[1], i
+    cdef bint gradient = G is not None, to_kernel = Li is not None
+    _check_square(Ri.shape[0], Ri.shape[1], "Ri")
+    _check_columns(m, Ri.shape[0], "A")
+    _check_block(k, m, "A", A.shape[0], A.shape[1])
+    _check_rows(k, (s.shape[0], tau.shape[0], nu.shape[0], g_s.shape[0]))
+    _check_rows(m, (mu.shape[0],))
+    if (AtG is None) != (G is None):
+        raise ValueError("G and AtG go together")
+    if gradient:
+        _check_block(k, m, "G", G.shape[0], G.shape[1])
+        _check_square(AtG.shape[0], AtG.shape[1], "AtG")
+        _check_columns(m, AtG.shape[0], "A")
+    if to_kernel:
+        _check_square(Li.shape[0], Li.shape[1], "Li")
+        _check_columns(m, Li.shape[0], "A")
+    check_codes(rule, 0)
+    make_spec(&spec, kind, eps, gh_nodes, gh_weights, py_likelihood)
+    cdef double total = 0.0
+    cdef int bad = 0, kk = <int> k, mm = <int> m
+    cdef double[:, ::1] B = G if gradient and k > 0 else np.empty((max(k, 1), m))
+    cdef double[:, ::1] Y = np.empty((max(k, 1), m)) if gradient and cavity else None
+    cdef double[:, ::1] rows = np.empty((4, max(k, 1)))    # mean, var, d1, e
+    cdef char notrans = b'N', trans = b'T'
+    cdef double one = 1.0, minus_one = -1.0, zero = 0.0
+    with nogil:
+        if k > 0:
+            _marginals(&Ri[0, 0], &mu[0], &A[0, 0], &B[0, 0], &rows[0, 0], &rows[1, 0], kk, mm)
+            bad = _evidence_loop(&spec, rule, k, &y[0], &rows[0, 0], &rows[1, 0], &s[0], &tau[0],
+                                 &nu[0], &g_s[0], &rows[2, 0], &rows[3, 0], &total)
+        if gradient and k == 0:
+            memset(&AtG[0, 0], 0, <size_t> m * m * sizeof(double))
+        elif gradient:
+            _times_lower(&Ri[0, 0], &B[0, 0], kk, mm, True)                 # rows Σ_w a_i
+            # Fortran holds X^T (m x k) for each (k x m) X: (X^T Z)^T = Z^T X is Z_F X_F^T
+            if cavity:
+                _cavity_rows_gradient(&G[0, 0], &Y[0, 0], &A[0, 0], &rows[2, 0], &mu[0],
+                                      &rows[3, 0], &g_s[0], k, m)
+                dgemm(&notrans, &trans, &mm, &mm, &kk, &minus_one, <double*> &A[0, 0], &mm,
+                      &Y[0, 0], &mm, &zero, &AtG[0, 0], &mm)                # -Y^T A
+            else:
+                for i in range(k):                                           # β = ν - T μ
+                    rows[2, i] = nu[i] - tau[i] * rows[0, i]
+                _site_rows_gradient(&G[0, 0], &A[0, 0], &rows[2, 0], &mu[0], &tau[0], &g_s[0],
+                                    k, m)
+                dgemm(&notrans, &trans, &mm, &mm, &kk, &one, &G[0, 0], &mm,
+                      <double*> &A[0, 0], &mm, &zero, &AtG[0, 0], &mm)     # A^T G
+            if to_kernel:
+                _times_lower(&Li[0, 0], &G[0, 0], kk, mm, True)             # G L^-1
+    return total, bad
+
+
+def sum_blocks(const double[:, :, ::1] parts, double[:, ::1] out, Py_ssize_t start,
+               Py_ssize_t stop, bint lower=False):
+    """Rows start:stop of out (m x m) += Σ_j parts[j] in block order j = 0, 1, ... (with ``lower``
+    only their lower triangle, the diagonal included): one stripe of the blocks' m x m sums."""
+    _check_square(out.shape[0], out.shape[1], "out")
+    cdef Py_ssize_t nb = parts.shape[0], m = out.shape[0], i, j, c, width
+    if parts.shape[1] != m or parts.shape[2] != m:
+        raise ValueError(f"parts are {parts.shape[1]} x {parts.shape[2]}, out is {m} x {m}")
+    if not (0 <= start <= stop <= m):
+        raise ValueError(f"rows {start}:{stop} are not inside 0:{m}")
+    with nogil:
+        for i in range(start, stop):
+            width = i + 1 if lower else m
+            for j in range(nb):
+                for c in range(width):
+                    out[i, c] += parts[j, i, c]
+
+
+def scale_rows(const double[:, ::1] A, const double[::1] w, double[:, ::1] S):
+    """S (k x m) := diag(w) A."""
+    cdef Py_ssize_t k = A.shape[0], m = A.shape[1], i, j
+    _check_block(k, m, "S", S.shape[0], S.shape[1])
+    _check_rows(k, (w.shape[0],))
+    cdef double wi
+    with nogil:
+        for i in range(k):
+            wi = w[i]
+            for j in range(m):
+                S[i, j] = wi * A[i, j]

@@ -25,9 +25,12 @@ One step on a block of rows (derivation §10):
     (gpc.sparse.ep.rows_gradient) and the kernel's contraction, and one Adadelta step on every
     class's log θ and Z and on log ε.
 
-Steps (a), (d) and (e) run the C classes as independent tasks, and (b) and (e)'s compiled pass
-split the block's points into fixed ranges: a :class:`Tasks` pool of ``n_jobs`` threads runs them
-(BLAS pinned to one thread meanwhile), and every sum is taken in a fixed order, so the bits do not
+The work runs on the threads of gpc._parallel.block_threads(n_jobs), which the trainers and the
+estimator's prediction enter (BLAS on one thread per call meanwhile), through
+gpc._parallel.over_blocks: the marginals and the site sums of (a) and (d) as every class's fixed
+row blocks at once (class blocks × row blocks, one nogil call each), the whitening, the minibatch
+swap and the gradient of (e) as one task per class (:class:`Tasks`), and the compiled passes of
+(b) and (e) over fixed ranges of points.  Every sum is taken in a fixed order, so the bits do not
 depend on the number of threads.  Row blocks follow one another.
 
 The state and its steps keep the interfaces of the binary SEP trainers (gpc.sparse._train,
@@ -38,12 +41,11 @@ baseline with the same likelihood and a Gaussian q(u_k) per class can reuse :cla
 """
 
 import math
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from scipy.special import betaln, expit
 
-from .. import _lapack, _sparse
+from .. import _lapack, _parallel, _sparse
 from .._estimator import BLOCK_ROWS
 from .._multiclass import refine_outlier_prior
 from .._sparse_multiclass import evidence_block, local_ep_block, refine_block
@@ -52,7 +54,7 @@ from ..sparse._inducing import InducingFactor
 from ..sparse._passes import as_block, block_ranges, finish_evidence
 from ..sparse._train import Adadelta, SEPState, site_directions
 from ..sparse._trainer import SEPBatch, SEPMinibatch, SEPTied, TrainingRows
-from ..sparse.ep import NaturalPosterior, rows_gradient, transform_natural, whitened_sums
+from ..sparse.ep import NaturalPosterior, rows_gradient, transform_natural, whitened_sums_blocks
 from .ep import _Sites
 
 NOISES = ("beta", "fixed", "none")
@@ -86,29 +88,19 @@ class ArgmaxLikelihood:
 
 
 class Tasks:
-    """``n_threads`` threads over a fit's independent tasks (class blocks, ranges of points).
+    """A fit's independent tasks (class blocks, ranges of points) on the threads of the caller's
+    gpc._parallel.block_threads context (one thread outside one), through
+    gpc._parallel.over_blocks: each thread takes the next task when done with one.
 
     ``map`` returns the results in the order of its items, so a sum over them is the same whatever
-    the number of threads; with one thread it runs them in the calling thread."""
-
-    def __init__(self, n_threads=1):
-        self.n_threads = max(1, int(n_threads))
-        self.pool = ThreadPoolExecutor(self.n_threads, thread_name_prefix="gpc-classes") \
-            if self.n_threads > 1 else None
+    the number of threads; the binary engine's blocks inside a task run in that task's thread."""
 
     def map(self, fn, items):
         items = list(items)
-        if self.pool is None or len(items) < 2:
-            return [fn(x) for x in items]
-        return list(self.pool.map(fn, items))
-
-    def close(self):
-        if self.pool is not None:
-            self.pool.shutdown()
-            self.pool = None
+        return _parallel.over_blocks(lambda j: fn(items[j]), len(items))
 
 
-SERIAL = Tasks(1)
+SERIAL = Tasks()
 
 
 # -- blocks of rows --------------------------------------------------------------------------------
@@ -145,11 +137,11 @@ class RowBlock:
 
 def class_marginals(block, qs, tasks=SERIAL, moments=False):
     """The marginals of a_ikᵀw_k under every q_k: means and variances (b, C), and with ``moments``
-    the rows A_k Σ_k (one b x m array per class) for the gradient."""
-    if moments:
-        out = tasks.map(lambda k: qs[k].moments(block.A[k]), range(len(qs)))
-    else:
-        out = tasks.map(lambda k: qs[k].marginals(block.A[k]), range(len(qs)))
+    the rows A_k Σ_k (one b x m array per class) for the gradient; every class's fixed row blocks
+    as one set of tasks (``tasks`` is not needed: the caller's threads run them)."""
+    plans = [qs[k].moments_blocks(block.A[k], covariance=moments) for k in range(len(qs))]
+    _parallel.over_calls([call for calls, _ in plans for call in calls])
+    out = [result for _, result in plans]
     means = np.ascontiguousarray(np.column_stack([o[0] for o in out]))
     varis = np.ascontiguousarray(np.column_stack([o[1] for o in out]))
     return (means, varis, [o[2] for o in out]) if moments else (means, varis)
@@ -206,8 +198,16 @@ def class_sums(block, bs, tasks=SERIAL):
     """Per class the block's share of (P_k − I, h_k) for its sites with the current factor:
     (A_kᵀ diag(Λ) A_k, A_kᵀ v) with the row totals (Λ, v) of RMGPC eq. (17)."""
     tau, eta = bs.class_sites()
-    return tasks.map(lambda k: whitened_sums(block.A[k], tau[:, k], eta[:, k]),
-                     range(tau.shape[1]))
+    return whitened_class_sums(block, tau, eta)
+
+
+def whitened_class_sums(block, tau, eta):
+    """Per class (A_kᵀ diag(τ_k) A_k, A_kᵀ η_k) (τ, η: (b, C)), every class's fixed row blocks as
+    one set of tasks on the caller's threads, each class's partials added in block order."""
+    plans = [whitened_sums_blocks(block.A[k], tau[:, k].copy(), eta[:, k].copy(),
+                                  scratch=f"class_sums_{k}") for k in range(tau.shape[1])]
+    _parallel.over_calls([call for calls, _ in plans for call in calls])
+    return [finish() for _, finish in plans]
 
 
 # -- the evidence's parts ------------------------------------------------------------------------
@@ -798,8 +798,7 @@ def tied_block(block, y, cavities, qs, model, state, gradient, tasks=SERIAL):
     loc = local_ep(block, y, cavities, model, state.prior_log_odds if model.robust else 0.0,
                    tasks, moments=gradient)
     C = len(cavities)
-    sums = tasks.map(lambda k: whitened_sums(block.A[k], loc["site_tau"][:, k].copy(),
-                                             loc["site_eta"][:, k].copy()), range(C))
+    sums = whitened_class_sums(block, loc["site_tau"], loc["site_eta"])
     if qs is None:
         return sums, None
     b = len(y)

@@ -5,6 +5,7 @@ import warnings
 
 import numpy as np
 
+from .. import _parallel
 from .._estimator import BLOCK_ROWS, GPCEstimator, check_n_jobs
 from .._validation import check_positive_float, check_positive_int
 from ..kernels import as_kernel, user_kernel
@@ -12,7 +13,6 @@ from ..sparse._passes import as_block, block_ranges
 from ..sparse.estimator import (SparseGaussianProcessClassifier, _check_theta_in_bounds,
                                 default_kernel, initial_inducing)
 from ._sparse_distributed import EngineClassRows, MultiClassShards
-from .ep import blas_threads
 from .estimator import LABEL_NOISE_BOUNDS, check_label_noise, check_label_noise_classes
 from .predict import argmax_probabilities
 from .sparse import (ArgmaxLikelihood, MultiClassBatch, MultiClassMinibatch, MultiClassRows,
@@ -75,8 +75,8 @@ class SparseMultiClassGPC(GPCEstimator):
         The Beta prior of ρ (label_noise="beta"; RMGPC's suggestion).
     batch_size : int, None or "auto", default "auto"
         None: batch training (parallel site passes over all rows, one inner step per pass); an int
-        below n: minibatches of that many rows (SEP eq. (6), data terms scaled by (rows q holds)
-        / |M|).  "auto": batch below 10,000 rows, minibatches of 2,000 from there on.
+        below n: minibatches of that many rows (SEP eq. (6), data terms scaled by ``(rows q
+        holds) / |M|``).  "auto": batch below 10,000 rows, minibatches of 2,000 from there on.
     max_iter : int or "auto", default "auto"
         Epochs; "auto" as in :class:`gpc.SparseGaussianProcessClassifier` (100 in batch).
     learning_rate : float, default 1.0
@@ -112,9 +112,10 @@ class SparseMultiClassGPC(GPCEstimator):
         ``gpc.distributed.InProcessEngine(n_shards=K)`` runs the shards in this process.
     n_jobs : int or None, default None
         Threads over the classes' blocks and the ranges of points of each step, with joblib's
-        convention (None: as many as BLAS may use).  BLAS runs on one thread while the estimator
-        trains or predicts, and every sum is taken in a fixed order, so the results do not depend
-        on n_jobs.
+        convention (None: as many as BLAS may use; -1 every core, -2 all but one, k > 0 exactly
+        k).  BLAS runs on one thread per call while the estimator trains or predicts
+        (gpc._parallel.block_threads), and every sum is taken in a fixed order, so the fitted
+        model and its predictions are the same bits for every n_jobs.
 
     Attributes
     ----------
@@ -375,16 +376,17 @@ class SparseMultiClassGPC(GPCEstimator):
         if state.y is not None and not np.array_equal(state.y, y_index):
             raise ValueError("partial_fit continues the fit of the same labelled rows (their sites "
                              "are per row): the labels differ from the first fit's")
-        tasks = Tasks(self._n_jobs())
+        # the trainer trains inside gpc._parallel.block_threads(n_jobs): BLAS on one thread per
+        # call, the classes' blocks and the ranges of points on n_jobs threads
+        self._trainer.n_jobs = self._n_jobs()
         rows, bar, interrupted = None, None, False
         try:
-            with blas_threads(1):
-                if self.client is None:
-                    rows = MultiClassRows(X, y_index, tasks)
-                else:
-                    rows = EngineClassRows(MultiClassShards(self.client, X, y_index, state))
-                bar = self._progress_bar(epochs, self._trainer.steps_per_epoch(rows))
-                self._trainer.train(rows, epochs, bar.update, self._record)
+            if self.client is None:
+                rows = MultiClassRows(X, y_index, Tasks())
+            else:
+                rows = EngineClassRows(MultiClassShards(self.client, X, y_index, state))
+            bar = self._progress_bar(epochs, self._trainer.steps_per_epoch(rows))
+            self._trainer.train(rows, epochs, bar.update, self._record)
         except KeyboardInterrupt:
             interrupted = True
         finally:
@@ -392,7 +394,6 @@ class SparseMultiClassGPC(GPCEstimator):
                 bar.close()
             if rows is not None:
                 self._sites_home = rows.close([state], interrupted)
-            tasks.close()
         if interrupted:
             warnings.warn("fit interrupted: the model keeps its last completed step"
                           + ("" if self._sites_home else ", but the cluster kept its sites: "
@@ -444,15 +445,12 @@ class SparseMultiClassGPC(GPCEstimator):
 
     # -- prediction ------------------------------------------------------------------------------
     def _blocks(self, X, fn):
-        """fn over row blocks of X (checked), with BLAS on one thread and n_jobs threads."""
+        """fn over row blocks of X (checked) inside gpc._parallel.block_threads(n_jobs): BLAS on
+        one thread per call, each block's classes and ranges of points on n_jobs threads."""
         X = self._check_X(X, fitting=False)
-        tasks = Tasks(self._n_jobs())
-        try:
-            with blas_threads(1):
-                return [fn(as_block(X, a, b), (a, b), tasks)
-                        for a, b in block_ranges(X.shape[0], BLOCK_ROWS)]
-        finally:
-            tasks.close()
+        with _parallel.block_threads(self._n_jobs()):
+            return [fn(as_block(X, a, b), (a, b), Tasks())
+                    for a, b in block_ranges(X.shape[0], BLOCK_ROWS)]
 
     def predict_latent(self, X):
         """Latent predictive means and variances of every f_k at X, (n, C) each (derivation §8):

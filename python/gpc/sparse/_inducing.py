@@ -11,12 +11,28 @@ derivative with respect to the kernel's log hyperparameters and to Z.  The kerne
 blocks itself: ``_cross`` (K_bu), ``_cross_gradient`` (b x m contractions in θ and Z; the squared
 exponential, alone or times a constant, runs its compiled path) and ``_contract`` for K_uu, so no
 n x m x p tensor is formed and nothing here depends on the kernel's kind.
+
+Threads: the kernel is called on fixed chunks of rows (:func:`kernel_chunks`, at least
+KERNEL_ROWS rows: each call holds the GIL for its Python) and the whitening runs by fixed blocks
+of rows (gpc.sparse.ep.row_blocks), both on the threads of the caller's
+gpc._parallel.block_threads context; chunk sums are added in chunk order.
 """
 
 import numpy as np
 
-from .. import _lapack, _sparse
+from .. import _lapack, _parallel, _sparse
 from .._linalg import cholesky_lower
+
+#: rows of one call to the kernel at least (a call holds the GIL for tens of microseconds of
+#: Python, worth it from about this many rows on)
+KERNEL_ROWS = 512
+#: calls to the kernel per pass at most (their Python queues for the GIL)
+KERNEL_CHUNKS = 8
+
+
+def kernel_chunks(b):
+    """The fixed chunks of b rows that the kernel is called on (they depend on b only)."""
+    return _parallel.row_blocks(b, _parallel.BLOCK_WORK / KERNEL_ROWS, KERNEL_CHUNKS)
 
 
 class _KernelAtTheta:
@@ -71,8 +87,17 @@ class InducingFactor:
         return self.L.shape[0]
 
     def cross(self, Xb):
-        """K_bu (b x m)."""
-        return self.kernel._cross(Xb, self.Z)
+        """K_bu (b x m), the kernel called on fixed chunks of rows (:func:`kernel_chunks`)."""
+        chunks = kernel_chunks(Xb.shape[0])
+        if len(chunks) <= 1:
+            return self.kernel._cross(Xb, self.Z)
+        K = np.empty((Xb.shape[0], self.m))
+
+        def chunk(j):
+            a, c = chunks[j]
+            K[a:c] = self.kernel._cross(Xb[a:c], self.Z)
+        _parallel.over_blocks(chunk, len(chunks))
+        return K
 
     def diag(self, Xb):
         """diag K_bb."""
@@ -82,11 +107,17 @@ class InducingFactor:
         """(A_b, s_b): A_b = K_bu L⁻ᵀ and s_b = diag K_bb - rowsum(A_b²), clipped at 0 (rounding).
 
         With ``keep_cross`` also K_bu, which :meth:`block_gradient` can reuse."""
-        Kbu = self.cross(Xb)
-        A = Kbu.copy() if keep_cross else Kbu
-        _lapack.multiply_triangular_rows(self.Li, A, False)   # rows a_i = L⁻¹ k_i
-        s = self.diag(Xb) - np.einsum("ij,ij->i", A, A)
-        np.maximum(s, 0.0, out=s)
+        Kbu = np.ascontiguousarray(self.cross(Xb), dtype=np.float64)
+        kdiag = np.ascontiguousarray(self.diag(Xb), dtype=np.float64)
+        b, m = Kbu.shape
+        A = np.empty_like(Kbu) if keep_cross else Kbu
+        s = np.empty(b)
+        blocks = _parallel.row_blocks(b, m * m)
+
+        def block(j):
+            a, c = blocks[j]
+            _sparse.whiten_block(self.Li, Kbu[a:c], A[a:c], kdiag[a:c], s[a:c])
+        _parallel.over_blocks(block, len(blocks))
         return (A, s, Kbu) if keep_cross else (A, s)
 
     def block_gradient(self, Xb, G_A, g_s, Kbu=None, overwrite=False):
@@ -100,9 +131,32 @@ class InducingFactor:
         Returns (g_theta (p,), g_Z (m, d)).
         """
         G_bu = G_A if overwrite else np.array(G_A, dtype=np.float64, order="C")
-        _lapack.multiply_triangular_rows(self.Li, G_bu, True)   # G_A L⁻¹
-        g_theta, g_Z, _ = self.kernel._cross_gradient(Xb, self.Z, G_bu, g_s, Kbu, overwrite=True)
-        return g_theta, _inputs_or_zero(g_Z, self.Z)
+        blocks = _parallel.row_blocks(*G_bu.shape[:1], self.m * self.m)
+        _parallel.over_blocks(
+            lambda j: _lapack.multiply_triangular_rows(self.Li, G_bu[slice(*blocks[j])], True),
+            len(blocks))                                        # G_A L⁻¹
+        return self.kernel_gradient(Xb, G_bu, g_s, Kbu)
+
+    def kernel_gradient(self, Xb, G_bu, g_s, Kbu=None):
+        """Kernel and Z gradient of F's K_bu and diag K_bb parts from ∂F/∂K_bu (``G_bu``, b x m,
+        C-contiguous, used as scratch) and ∂F/∂k_ii (``g_s``): the kernel's b x m contraction
+        (``_cross_gradient``) on fixed chunks of rows, summed in chunk order.
+
+        Returns (g_theta (p,), g_Z (m, d))."""
+        chunks = kernel_chunks(Xb.shape[0])
+
+        def chunk(j):
+            a, c = chunks[j]
+            g_theta, g_Z, _ = self.kernel._cross_gradient(
+                Xb[a:c], self.Z, G_bu[a:c], None if g_s is None else g_s[a:c],
+                None if Kbu is None else Kbu[a:c], overwrite=True)
+            return g_theta, _inputs_or_zero(g_Z, self.Z)
+        parts = _parallel.over_blocks(chunk, len(chunks))
+        g_theta, g_Z = parts[0]
+        for gt, gz in parts[1:]:
+            g_theta = g_theta + gt
+            g_Z = g_Z + gz
+        return g_theta, g_Z
 
     def uu_gradient(self, AtG):
         """Kernel and Z gradient of the K_uu part, given Σ_b A_bᵀ G_A,b (m x m) at fixed K_bu.

@@ -3,7 +3,8 @@
 The rows come from any array with row slicing (NumPy, ``np.memmap``, a Dask array): a block is read
 with ``X[start:stop]`` and converted to a float64 NumPy array, so only one block is in memory.
 Every pass returns sums over its rows only (O(m²)), taken in row order; that is what a shard of a
-distributed fit sends back (:mod:`gpc.sparse._distributed`).
+distributed fit sends back (:mod:`gpc.sparse._distributed`).  Within a block the work runs on the
+caller's threads (gpc.sparse.ep, gpc._parallel.block_threads).
 """
 
 import numpy as np
@@ -71,10 +72,11 @@ def block_parts(likelihood, Xb, y, A, s, factor, q, tau, nu, gradient=True, Kbu=
                 held="sites", rule=EP):
     """One block's share of log Z_q and of its gradient: (log_z, g_theta, g_Z, AtG, n_bad);
     ``held`` and ``rule`` as in :func:`ep.block_evidence`."""
-    ev = block_evidence(likelihood, y, A, s, q, tau, nu, gradient=gradient, held=held, rule=rule)
+    ev = block_evidence(likelihood, y, A, s, q, tau, nu, gradient=gradient, held=held, rule=rule,
+                        to_kernel=factor.Li if gradient else None)
     if not gradient:
         return ev.log_z, None, None, None, ev.n_bad
-    g_theta, g_Z = factor.block_gradient(Xb, ev.G_A, ev.g_s, Kbu, overwrite=True)
+    g_theta, g_Z = factor.kernel_gradient(Xb, ev.G_A, ev.g_s, Kbu)
     return ev.log_z, g_theta, g_Z, ev.AtG, ev.n_bad
 
 

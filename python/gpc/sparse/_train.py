@@ -13,11 +13,12 @@ worth at b = m (docs/sparse.md, "One minibatch step").
 
 import numpy as np
 
-from .. import _lapack, _sparse
+from .. import _parallel, _sparse
 from ..exceptions import NotPositiveDefiniteError, NumericalError
 from ._inducing import InducingFactor
 from ._passes import as_block, block_parts, block_ranges, evidence_parts, finish_evidence, site_pass
-from .ep import (DEFAULT_ON_NEGATIVE, EP, NaturalPosterior, Rule, refine_rows, refine_sites,
+from .ep import (DEFAULT_ON_NEGATIVE, EP, NaturalPosterior, Rule, _rows, add_blocks, add_vectors,
+                 check_refined, partials, refine_sites, row_blocks, times_lower_rows,
                  transform_natural, update_sites, whitened_sums)
 
 
@@ -176,8 +177,7 @@ def site_directions(X, factor, tau, nu, block_rows, P, h):
         dP, dh = whitened_sums(A, tau[start:stop], nu[start:stop])
         P += dP
         h += dh
-        _lapack.multiply_triangular_rows(factor.Li, A, True)   # v_i = L⁻ᵀ a_i
-        V[start:stop] = A
+        V[start:stop] = times_lower_rows(factor.Li, A, True)   # v_i = L⁻ᵀ a_i
     return V
 
 
@@ -384,49 +384,45 @@ def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P
     """A minibatch block's sites refined along SEP eq. (6) and swapped into (P, h), in place.
 
     ``A`` (b x m) holds the rows' current directions a_i = L⁻¹k_i, ``V_old`` their kept u-space
-    directions v_i (zero rows for rows without a site).  The old site lies along a'_i = Lᵀv_i; the
-    cavity removes it there (:func:`gpc._sparse.refine_rows` with the old directions' marginals;
-    a block without old sites refines against q itself), the site rule ``rule`` refits it, and
-    (P, h) gains Σ τ_new a aᵀ - Σ τ_old a'a'ᵀ, Σ ν_new a - Σ ν_old a' (P's lower triangle
-    mirrored).  ``workspace(name, shape)`` gives scratch arrays (:meth:`SEPState.workspace`).  The
-    same code serves the in-process step (P, h a copy of q's) and a shard's share of a minibatch
-    ((P, h) zero: the shard's sums).  ``first_row``: the block's first row, for the error of a
-    cavity that is not a distribution under on_negative="raise".
+    directions v_i (float32, zero rows for rows without a site).  The old site lies along
+    a'_i = Lᵀv_i; the cavity removes it there (:func:`gpc._sparse.refine_rows` with the old
+    directions' marginals; a block without old sites refines against q itself), the site rule
+    ``rule`` refits it, and (P, h) gains Σ τ_new a aᵀ - Σ τ_old a'a'ᵀ, Σ ν_new a - Σ ν_old a'
+    (P's lower triangle mirrored).  ``workspace(name, shape)`` gives scratch arrays
+    (:meth:`SEPState.workspace`).  The same code serves the in-process step (P, h a copy of q's)
+    and a shard's share of a minibatch ((P, h) zero: the shard's sums).  ``first_row``: the
+    block's first row, for the error of a cavity that is not a distribution under
+    on_negative="raise".
 
-    Returns (τ_new, ν_new, V_new, n_fresh, n_fixed): V_new (b x m, scratch memory) holds the rows'
-    new directions v_i = L⁻ᵀa_i, n_fresh the rows that had no site, n_fixed the updates the
-    rule's on_negative policy handled.
+    The rows run by fixed sub-blocks (gpc._sparse.refine_block: marginals, old directions, the
+    site rule, the sub-block's sums and new directions) on the caller's threads, the sub-blocks'
+    sums added in block order (:func:`ep.add_blocks`).
+
+    Returns (τ_new, ν_new, V_new, n_fresh, n_fixed): V_new (b x m, float32) holds the rows' new
+    directions v_i = L⁻ᵀa_i, n_fresh the rows that had no site, n_fixed the updates the rule's
+    on_negative policy handled.
     """
     b, m = A.shape
-    fresh = (tau == 0.0) & (nu == 0.0)
-    n_fresh = int(np.count_nonzero(fresh))
-    W = workspace("rows", (2 * b, m))              # [A; A'], the new and the old directions
-    W[:b] = A
-    B = workspace("solved", (b, m))
-    mean, var = q.marginals(A, out=B)
-    moved = None
-    if n_fresh < b:                                # old sites: the cavity removes them along a'
-        A_old = W[b:]
-        np.copyto(A_old, V_old)
-        _lapack.multiply_triangular_rows(factor.L, A_old, True)   # a'_i = Lᵀ v_i
-        B_old = workspace("solved_old", (b, m))
-        mean_old, var_old = q.marginals(A_old, out=B_old)
-        cross = np.empty(b)
-        _sparse.row_dots(B, B_old, cross)                              # a_iᵀ Σ a'_i
-        moved = (mean_old, var_old, cross)
-    t_new, n_new, _, n_fixed = refine_rows(likelihood, yb, mean, var, s, tau, nu, damping, rule,
-                                           moved=moved, first_row=first_row)
-    if moved is None:
-        weights, rows_used, dh = t_new, W[:b], n_new
-    else:
-        weights, rows_used = np.concatenate([t_new, -tau]), W
-        dh = np.concatenate([n_new, -nu])
+    yb, s, tau, nu = (np.ascontiguousarray(x, dtype=np.float64) for x in (yb, s, tau, nu))
+    V_old = np.ascontiguousarray(V_old, dtype=np.float32)
+    n_fresh = int(np.count_nonzero((tau == 0.0) & (nu == 0.0)))
+    t_new, n_new = np.empty(b), np.empty(b)
+    V_new = np.empty((b, m), dtype=np.float32)
+    spec, codes = likelihood.compiled_spec(), rule.codes
+    blocks = row_blocks(b, m)
+    dPs, dhs = partials("sums", len(blocks), m), np.empty((len(blocks), m))
+    results = _parallel.over_blocks(
+        lambda j: _sparse.refine_block(*spec, *codes, float(damping), _sparse.SUMS_SWAP,
+                                       *_rows(blocks[j], yb, A, s), q.Ri, q.mean,
+                                       *_rows(blocks[j], tau, nu, t_new, n_new), dPs[j], dhs[j],
+                                       _rows(blocks[j], V_old)[0], factor.L, factor.Li,
+                                       _rows(blocks[j], V_new)[0]),
+        len(blocks))
+    _, n_fixed = check_refined(results, blocks, first_row)
     # P + Σ τ_new a aᵀ - Σ τ_old a'a'ᵀ, h + Σ ν_new a - Σ ν_old a'
-    _sparse.add_weighted_gram(P, rows_used, weights, workspace("scaled", rows_used.shape))
+    add_blocks(dPs, P, lower=True)
     _sparse.mirror_lower(P)
-    _sparse.add_transpose_dot(rows_used, dh, h)
-    V_new = W[:b]                                                      # A' is no longer needed
-    _lapack.multiply_triangular_rows(factor.Li, V_new, True)   # v_i = L⁻ᵀ a_i
+    add_vectors(dhs, h)
     return t_new, n_new, V_new, n_fresh, n_fixed
 
 

@@ -14,6 +14,9 @@ the rows in this process (:class:`InProcessRows`) or their shards on an engine (
 * :class:`SVIMinibatch`: Adadelta on the minibatch estimate of SVI's bound (SEP eq. (8)).
 * :class:`LBFGSTrainer` (GFITC; SVI in batch): L-BFGS-B on the problems' objectives together,
   one evaluation per epoch, ending on the best point it evaluated.
+
+Every trainer trains inside ``threads()``, gpc._parallel.block_threads(n_jobs): the engine's
+blocks of rows and column panels on ``n_jobs`` threads, BLAS on one thread per call.
 """
 
 import warnings
@@ -22,6 +25,7 @@ from abc import ABC, abstractmethod
 import numpy as np
 from scipy.optimize import minimize
 
+from .. import _parallel
 from .._estimator import BLOCK_ROWS
 from ..exceptions import ConvergenceWarning, NumericalError
 from ..optimize import stop_message
@@ -137,6 +141,9 @@ class Trainer(ABC):
     states : list, one state per binary problem (``SEPState``, ``SVIState`` or ``GFITCState``)
     likelihood : gpc.likelihoods.Likelihood
     rng : numpy Generator, the order of the minibatches
+    n_jobs : int, default 1
+        Threads of the engine's blocks (:meth:`threads`); the estimator gives its resolved
+        ``n_jobs``.
     """
 
     #: ``partial_fit`` may bring rows that ``fit`` never saw (no per-row state)
@@ -144,8 +151,14 @@ class Trainer(ABC):
     #: epochs one ``partial_fit`` call runs
     partial_epochs = 1
 
-    def __init__(self, states, likelihood, rng):
+    def __init__(self, states, likelihood, rng, n_jobs=1):
         self.states, self.likelihood, self.rng = states, likelihood, rng
+        self.n_jobs = n_jobs
+
+    def threads(self):
+        """The context a training runs in: the sparse engine's blocks of rows and column panels on
+        ``n_jobs`` threads, BLAS on one thread per call (gpc._parallel.block_threads)."""
+        return _parallel.block_threads(self.n_jobs)
 
     @abstractmethod
     def steps_per_epoch(self, rows):
@@ -163,8 +176,9 @@ class StepTrainer(Trainer):
     is one ``record``)."""
 
     def train(self, rows, epochs, tick, record):
-        for _ in range(epochs):
-            record(sum(self.epoch(rows, k, state, tick) for k, state in enumerate(self.states)))
+        with self.threads():
+            for _ in range(epochs):
+                record(sum(self.epoch(rows, k, state, tick) for k, state in enumerate(self.states)))
 
     @abstractmethod
     def epoch(self, rows, k, state, tick):
@@ -174,8 +188,8 @@ class StepTrainer(Trainer):
 class SEPBatch(StepTrainer):
     """Batch SEP: every site refined from the same q, then one inner step (SEP §2.3)."""
 
-    def __init__(self, states, likelihood, rng, damping):
-        super().__init__(states, likelihood, rng)
+    def __init__(self, states, likelihood, rng, damping, n_jobs=1):
+        super().__init__(states, likelihood, rng, n_jobs)
         self.damping = damping
 
     def iterate(self, state, rows, damping):
@@ -196,8 +210,8 @@ class _Minibatches(StepTrainer):
     """A step per minibatch of ``batch_size`` rows, the minibatches in a random order each epoch;
     the epoch's objective is the mean of its steps' estimates."""
 
-    def __init__(self, states, likelihood, rng, batch_size):
-        super().__init__(states, likelihood, rng)
+    def __init__(self, states, likelihood, rng, batch_size, n_jobs=1):
+        super().__init__(states, likelihood, rng, n_jobs)
         self.batch_size = batch_size
 
     def steps_per_epoch(self, rows):
@@ -223,8 +237,8 @@ class _Minibatches(StepTrainer):
 class SEPMinibatch(_Minibatches):
     """Minibatch SEP (SEP eq. (6)): each site kept with its direction, swapped in q along it."""
 
-    def __init__(self, states, likelihood, rng, batch_size, damping):
-        super().__init__(states, likelihood, rng, batch_size)
+    def __init__(self, states, likelihood, rng, batch_size, damping, n_jobs=1):
+        super().__init__(states, likelihood, rng, batch_size, n_jobs)
         self.damping = damping
 
     iterate = SEPBatch.iterate
@@ -241,13 +255,13 @@ class SEPTied(_Minibatches):
 
     streams = True
 
+    def __init__(self, states, likelihood, rng, batch_size, damping, n_jobs=1):
+        super().__init__(states, likelihood, rng, batch_size, n_jobs)
+        self.damping = damping
+
     def iterate(self, state, rows, damping):
         """The step, gpc.sparse._train.tied_iteration (or a model's own)."""
         return tied_iteration(state, rows, damping)
-
-    def __init__(self, states, likelihood, rng, batch_size, damping):
-        super().__init__(states, likelihood, rng, batch_size)
-        self.damping = damping
 
     def step(self, rows, k, state, batch):
         return self.iterate(state, rows.batch_rows(k, state, self.likelihood, batch, sites=False),
@@ -257,8 +271,8 @@ class SEPTied(_Minibatches):
 class SVIMinibatch(_Minibatches):
     """SVI's bound (8) by Adadelta on minibatch estimates (data terms scaled by n/|M|)."""
 
-    def __init__(self, states, likelihood, rng, batch_size, learning_rate):
-        super().__init__(states, likelihood, rng, batch_size)
+    def __init__(self, states, likelihood, rng, batch_size, learning_rate, n_jobs=1):
+        super().__init__(states, likelihood, rng, batch_size, n_jobs)
         self.learning_rate = learning_rate
 
     def step(self, rows, k, state, batch):
@@ -322,21 +336,26 @@ class LBFGSTrainer(Trainer):
 
         p0 = np.concatenate([s.params() for s in self.states])
         try:
-            if len(p0) == 0:      # everything fixed: GFITC's EP alone (SVI has μ, L_q, never empty)
-                fun(p0)
-                return
-            bounds = [b for s in self.states for b in s.bounds()]
-            res = minimize(fun, p0, jac=True, method="L-BFGS-B", bounds=bounds,
-                           options={"maxfun": epochs, "maxiter": epochs})
-            if res.status == 2:   # a failed line search (a spent budget ends in _BudgetSpent)
-                warnings.warn(stop_message(res, f"of {self.states[0].name}'s objective after "
-                                                f"{spent[0]} evaluations",
-                                           "method='ep' (its steps need no line search), "
-                                           "standardised X, or fewer inducing points if K_uu is "
-                                           "near singular"), ConvergenceWarning, stacklevel=4)
+            with self.threads():
+                self._minimise(fun, p0, epochs, spent)
         except _BudgetSpent:
             pass
         finally:
             if best:              # end on the best point evaluated (also after an interruption)
                 for state, snapshot in zip(self.states, best["states"]):
                     state.restore(snapshot)
+
+    def _minimise(self, fun, p0, epochs, spent):
+        """L-BFGS-B on ``fun`` from p0 for at most ``epochs`` evaluations."""
+        if len(p0) == 0:          # everything fixed: GFITC's EP alone (SVI has μ, L_q, never empty)
+            fun(p0)
+            return
+        bounds = [b for s in self.states for b in s.bounds()]
+        res = minimize(fun, p0, jac=True, method="L-BFGS-B", bounds=bounds,
+                       options={"maxfun": epochs, "maxiter": epochs})
+        if res.status == 2:       # a failed line search (a spent budget ends in _BudgetSpent)
+            warnings.warn(stop_message(res, f"of {self.states[0].name}'s objective after "
+                                            f"{spent[0]} evaluations",
+                                       "method='ep' (its steps need no line search), "
+                                       "standardised X, or fewer inducing points if K_uu is "
+                                       "near singular"), ConvergenceWarning, stacklevel=5)

@@ -20,10 +20,12 @@ scaled by n/|M|.
 
 import numpy as np
 
+from .. import _lapack, _parallel, _sparse
 from ..exceptions import NotPositiveDefiniteError, NumericalError
 from ._inducing import InducingFactor
 from ._passes import add_parts, as_block, block_parts, block_ranges, finish_evidence
-from .ep import DEFAULT_ON_NEGATIVE, NaturalPosterior, Posterior, Rule, update_sites, whitened_sums
+from .ep import (DEFAULT_ON_NEGATIVE, NaturalPosterior, Posterior, Rule, _rows, add_blocks,
+                 partials, row_blocks, update_sites, whitened_sums)
 
 
 def _pack(kernel, Z, optimize_inducing, extra=()):
@@ -196,12 +198,50 @@ def svi_block(likelihood, y, A, s, mean, Lq):
     ∂/∂A = e_μ μᵀ + 2 e_σ² (A L_q L_qᵀ - A) (s_i = k_ii - |a_i|² included), ∂/∂k_ii = e_σ²,
     ∂/∂μ = Aᵀ e_μ and ∂/∂L_q = 2 Aᵀ diag(e_σ²) A L_q.
     Returns (e_sum, G_A, e_var, AtG, g_mean, G_L).
+
+    The rows and their m x k x m products run by fixed sub-blocks on the caller's threads, the
+    sub-blocks' sums added in block order (gpc.sparse.ep); L_q is lower triangular, so A L_q and
+    A L_q L_qᵀ are triangular products.
     """
-    AL = A @ Lq
-    var = s + np.einsum("ij,ij->i", AL, AL)
-    e, e_m, e_v = likelihood.expected_log_prob(y, A @ mean, var)
-    G_A = np.outer(e_m, mean) + 2.0 * e_v[:, None] * (AL @ Lq.T - A)
-    return float(np.sum(e)), G_A, e_v, A.T @ G_A, A.T @ e_m, 2.0 * (A.T * e_v) @ AL
+    A = np.ascontiguousarray(A, dtype=np.float64)
+    b, m = A.shape
+    y, s = np.ascontiguousarray(y, dtype=np.float64), np.ascontiguousarray(s, dtype=np.float64)
+    Lq = np.ascontiguousarray(Lq, dtype=np.float64)
+    AL, G_A = np.empty((b, m)), np.empty((b, m))
+    e_m, e_v = np.empty(b), np.empty(b)
+    mean = np.ascontiguousarray(mean, dtype=np.float64)
+    blocks = row_blocks(b, m)
+    AtGs, GLs = partials("svi_AtG", len(blocks), m), partials("svi_GL", len(blocks), m)
+
+    def block(j):
+        Ab, ALb, Gb, yb, sb, em, ev = _rows(blocks[j], A, AL, G_A, y, s, e_m, e_v)
+        np.copyto(ALb, Ab)
+        _lapack.multiply_triangular_rows(Lq, ALb, True)           # rows L_qᵀ a_i: A L_q
+        var = np.empty(len(Ab))
+        _sparse.row_dots(ALb, ALb, var)
+        var += sb
+        mu = np.empty(len(Ab))
+        _sparse.rows_dot(Ab, mean, mu)
+        e, em[:], ev[:] = likelihood.expected_log_prob(yb, mu, var)
+        np.copyto(Gb, ALb)
+        _lapack.multiply_triangular_rows(Lq, Gb, False)            # A L_q L_qᵀ
+        Gb -= Ab
+        Gb *= (2.0 * ev)[:, None]
+        Gb += np.multiply.outer(em, mean)
+        _sparse.transpose_times(Ab, Gb, AtGs[j])                   # A_bᵀ G_A
+        S = np.empty_like(Ab)
+        _sparse.scale_rows(Ab, ev, S)
+        _sparse.transpose_times(S, ALb, GLs[j])                    # A_bᵀ diag(e_σ²) A_b L_q
+        return float(np.sum(e))
+    parts = _parallel.over_blocks(block, len(blocks))
+    e_sum = 0.0
+    for part in parts:
+        e_sum += part
+    g_mean = np.zeros(m)
+    _sparse.add_transpose_dot(A, e_m, g_mean)
+    G_L = add_blocks(GLs, np.zeros((m, m)))
+    G_L *= 2.0
+    return e_sum, G_A, e_v, add_blocks(AtGs, np.zeros((m, m))), g_mean, G_L
 
 
 def svi_parts(likelihood, X, y, factor, mean, Lq, block_rows):

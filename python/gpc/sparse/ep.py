@@ -30,15 +30,23 @@ under f ~ N(μ, σ² + s); PL eq. (15)-(16)), and its evidence is PL eq. (18) fo
 (docs/derivations-ep-pl.md, "Sparse PL").
 
 The functions below are pure: a block of rows, the posterior q, the factor of K_uu and the rows'
-sites in; new sites, their sums, and the block's log Z and gradient parts out (sums taken in row
-order), so that a distributed engine can call them per shard and add the parts.
+sites in; new sites, their sums, and the block's log Z and gradient parts out, so that a
+distributed engine can call them per shard and add the parts.
+
+Threads: a block's rows are cut into fixed sub-blocks (:func:`row_blocks`), each one compiled call
+of gpc._sparse with the GIL released, run by gpc._parallel.over_blocks on the threads of the
+caller's gpc._parallel.block_threads context (one thread outside one).  A sub-block writes its own
+rows and its own m x m partial sums, added in block order (:func:`add_blocks`), so the results are
+the same bits whatever the threads.
 """
 
+import threading
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
-from .. import _lapack, _sparse
+from .. import _lapack, _parallel, _sparse
 from ..exceptions import NegativeVarianceError, NotPositiveDefiniteError
 from ..inference._sites import ON_NEGATIVE, RULES
 from ..inference.ep import DEFAULT_ON_NEGATIVE  # the exact EP's default, shared by the sparse EP
@@ -89,8 +97,18 @@ class Posterior:
     cov: np.ndarray
 
     def marginals(self, A):
-        """Mean and variance of a_iᵀw for the rows a_i of A."""
-        return A @ self.mean, np.einsum("ij,ij->i", A @ self.cov, A)
+        """Mean and variance of a_iᵀw for the rows a_i of A (by blocks of rows on the caller's
+        threads)."""
+        A = np.ascontiguousarray(A, dtype=np.float64)
+        mean, var = np.empty(len(A)), np.empty(len(A))
+        blocks = row_blocks(*A.shape)
+
+        def block(j):
+            Ab, mb, vb = _rows(blocks[j], A, mean, var)
+            np.matmul(Ab, self.mean, out=mb)
+            np.einsum("ij,ij->i", Ab @ self.cov, Ab, out=vb)
+        _parallel.over_blocks(block, len(blocks))
+        return mean, var
 
 
 class NaturalPosterior:
@@ -129,28 +147,32 @@ class NaturalPosterior:
             out = np.array(A, dtype=np.float64, order="C")
         elif out is not A:
             np.copyto(out, A)
-        _lapack.multiply_triangular_rows(self.Ri, out, False)
-        return out
+        return times_lower_rows(self.Ri, out, False)
 
     def marginals(self, A, out=None):
         """Mean and variance of a_iᵀw for the rows a_i of A (one triangular product; ``out``,
         b x m, is scratch)."""
-        B = self.solve_rows(A, out)
-        mean, var = np.empty(len(B)), np.empty(len(B))
-        _sparse.rows_dot(A, self.mean, mean)
-        _sparse.row_dots(B, B, var)
-        return mean, var
+        return self.moments(A, out, covariance=False)[:2]
 
-    def moments(self, A, out=None):
+    def moments(self, A, out=None, covariance=True):
         """(marginal means, variances, A Σ_w) for the rows of A: two triangular products
-        (``out``, b x m, may hold A Σ_w)."""
-        B = self.solve_rows(A, out)
-        mean, var = np.empty(len(B)), np.empty(len(B))
-        _sparse.rows_dot(A, self.mean, mean)
-        _sparse.row_dots(B, B, var)
-        _lapack.multiply_triangular_rows(self.Ri, B, True)   # rows R⁻ᵀ R⁻¹ a_i = Σ_w a_i
-        return mean, var, B
+        (``out``, b x m, may hold A Σ_w; without ``covariance`` one product, and B = A R⁻ᵀ)."""
+        calls, result = self.moments_blocks(A, out, covariance)
+        _parallel.over_calls(calls)
+        return result
 
+    def moments_blocks(self, A, out=None, covariance=True):
+        """:meth:`moments` as (calls, (mean, var, B)): ``calls[j]()`` fills the results' rows of
+        fixed block j (one nogil call of gpc._sparse.marginal_block), for a caller that runs them
+        together with other blocks (gpc._parallel.over_calls)."""
+        A = np.ascontiguousarray(A, dtype=np.float64)
+        b, m = A.shape
+        B = np.empty((b, m)) if out is None else out
+        mean, var = np.empty(b), np.empty(b)
+        calls = [partial(_sparse.marginal_block, self.Ri, self.mean,
+                         *_rows(block, A, B, mean, var), covariance)
+                 for block in row_blocks(b, m)]
+        return calls, (mean, var, B)
     @property
     def cov(self):
         """Σ_w = P⁻¹ = R⁻ᵀ R⁻¹ (formed on demand, a new array: the prior term of the gradient)."""
@@ -164,28 +186,100 @@ class NaturalPosterior:
         return 0.5 * float(self.h @ self.mean) - 0.5 * self.logdet
 
 
+def row_blocks(b, m):
+    """The fixed blocks of b rows against m inducing points that a pass shares out among threads
+    (gpc._parallel.row_blocks with a row's work m², about what its whitening and marginals cost)."""
+    return _parallel.row_blocks(b, m * m)
+
+
+def _rows(block, *arrays):
+    """Rows ``block`` = (start, stop) of each array (C-contiguous views)."""
+    a, c = block
+    return tuple(x[a:c] for x in arrays)
+
+
+def times_lower_rows(T, B, transpose):
+    """Each row b of B := T b, or Tᵀ b with ``transpose`` (T lower triangular, m x m), in place:
+    the rows' triangular products (dtrmm) by blocks of rows on the caller's threads."""
+    blocks = row_blocks(*B.shape)
+    _parallel.over_blocks(
+        lambda j: _lapack.multiply_triangular_rows(T, _rows(blocks[j], B)[0], transpose),
+        len(blocks))
+    return B
+
+
+_scratch = threading.local()
+
+
+def partials(name, n, m):
+    """Scratch for n blocks' m x m partial sums (n x m x m), kept per thread and per ``name``
+    between calls (a fresh one would be paged in at every step)."""
+    key = f"parts_{name}"
+    buf = getattr(_scratch, key, None)
+    if buf is None or buf.shape[0] < n or buf.shape[1] != m:
+        buf = np.empty((n, m, m))
+        setattr(_scratch, key, buf)
+    return buf[:n]
+
+
+def add_blocks(parts, out, lower=False):
+    """out (m x m) += Σ_j parts[j], the blocks' partial sums added in block order, by fixed row
+    stripes on the caller's threads (gpc._sparse.sum_blocks); with ``lower`` the lower triangles
+    only.  Returns out."""
+    nb, m, _ = parts.shape
+    stripes = _parallel.row_stripes(m, nb * m * (m + 1) / (2 if lower else 1), lower)
+    _parallel.over_blocks(lambda j: _sparse.sum_blocks(parts, out, *stripes[j], lower),
+                          len(stripes))
+    return out
+
+
+def add_vectors(parts, out):
+    """out += Σ_j parts[j] (rows of ``parts``) in block order."""
+    for part in parts:
+        out += part
+    return out
+
+
 def whitened_sums(A, tau, nu, work=None):
-    """(Aᵀ diag(τ) A, Aᵀ ν): a block's share of (P - I, h) (two dsyrk, by the sign of τ)."""
-    m = A.shape[1]
-    dP = np.zeros((m, m))
-    _sparse.add_weighted_gram(dP, A, np.ascontiguousarray(tau, dtype=np.float64),
-                              np.empty_like(A) if work is None else work)
-    _sparse.mirror_lower(dP)
-    dh = np.zeros(m)
-    _sparse.add_transpose_dot(A, np.ascontiguousarray(nu, dtype=np.float64), dh)
-    return dP, dh
+    """(Aᵀ diag(τ) A, Aᵀ ν): a block's share of (P - I, h), its rows by fixed sub-blocks (two
+    dsyrk each, by the sign of τ: gpc._sparse.weighted_sums_block) on the caller's threads;
+    ``work`` is not needed (kept for callers that pass scratch)."""
+    calls, finish = whitened_sums_blocks(A, tau, nu)
+    _parallel.over_calls(calls)
+    return finish()
+
+
+def whitened_sums_blocks(A, tau, nu, scratch="sums"):
+    """:func:`whitened_sums` as (calls, finish): ``calls[j]()`` writes fixed block j's partial
+    sums (one nogil call), ``finish()`` adds them in block order and returns (dP, dh).  Callers
+    that run several such sets at once give each its own ``scratch`` name (:func:`partials`)."""
+    A = np.ascontiguousarray(A, dtype=np.float64)
+    b, m = A.shape
+    tau, nu = _vector(tau), _vector(nu)
+    blocks = row_blocks(b, m)
+    dPs, dhs = partials(scratch, len(blocks), m), np.empty((len(blocks), m))
+    calls = [partial(_sparse.weighted_sums_block, *_rows(block, A, tau, nu), dPs[j], dhs[j])
+             for j, block in enumerate(blocks)]
+
+    def finish():
+        dP = add_blocks(dPs, np.zeros((m, m)), lower=True)
+        _sparse.mirror_lower(dP)
+        return dP, add_vectors(dhs, np.zeros(m))
+    return calls, finish
 
 
 def transform_natural(P, h, Li_old, L_new):
     """(P', h') for the same sites seen from a new factor L' of K_uu (after a θ or Z step).
 
     The sites are fixed in u-space (S2 = L⁻ᵀ(P - I)L⁻¹, S1 = L⁻ᵀh), so with M = L⁻¹L'
-    (lower triangular) P' = I + Mᵀ(P - I)M and h' = Mᵀh: three triangular multiplies (dtrmm)
-    with the explicit L⁻¹ (``Li_old``), O(m³), no solve.
+    (lower triangular) P' = I + Mᵀ(P - I)M and h' = Mᵀh: a product of two triangles (m³/6
+    multiply-adds) and two triangular multiplies (dtrmm) with the explicit L⁻¹ (``Li_old``), no
+    solve.  ``L_new`` is lower triangular with a zero strict upper triangle (a factor of
+    :class:`InducingFactor`).
     """
     m = P.shape[0]
     M = np.array(L_new, dtype=np.float64, order="C")
-    _sparse.lower_times(Li_old, M)                             # M = L⁻¹ L'
+    _sparse.lower_lower_times(Li_old, M)                       # M = L⁻¹ L'
     S = np.array(P, dtype=np.float64, order="C")
     S.flat[:: m + 1] -= 1.0
     _sparse.congruence(M, S)
@@ -274,14 +368,43 @@ def update_sites(likelihood, y, A, s, q, tau, nu, damping, sums="change", rule=E
         the current factor (a batch pass sums these into q afresh: :func:`_passes.site_pass`).
     rule : Rule, default EP with the exact EP's on_negative
     first_row : int, the block's first row in the data (named by a NegativeVarianceError)
+
+    The rows' marginals, the site rule and the sums run by fixed sub-blocks
+    (gpc._sparse.refine_block) on the caller's threads, their partial sums added in block order.
     """
-    t_new, n_new, skipped, n_fixed = refine_sites(likelihood, y, A, s, q, tau, nu, damping, rule,
-                                                  first_row)
-    if sums == "new":
-        dP, dh = whitened_sums(A, t_new, n_new)
-    else:
-        dP, dh = whitened_sums(A, t_new - tau, n_new - nu)
-    return SiteUpdate(tau=t_new, nu=n_new, dP=dP, dh=dh, n_skipped=skipped, n_fixed=n_fixed)
+    if sums not in ("change", "new"):
+        raise ValueError(f"sums must be 'change' or 'new', got {sums!r}")
+    A = np.ascontiguousarray(A, dtype=np.float64)
+    b, m = A.shape
+    y, s, tau, nu = _vector(y), _vector(s), _vector(tau), _vector(nu)
+    t_new, n_new = np.empty(b), np.empty(b)
+    spec, codes = likelihood.compiled_spec(), rule.codes
+    mode = _sparse.SUMS_CHANGE if sums == "change" else _sparse.SUMS_NEW
+    blocks = row_blocks(b, m)
+    dPs, dhs = partials("sums", len(blocks), m), np.empty((len(blocks), m))
+    results = _parallel.over_blocks(
+        lambda j: _sparse.refine_block(*spec, *codes, float(damping), mode,
+                                       *_rows(blocks[j], y, A, s), q.Ri, q.mean,
+                                       *_rows(blocks[j], tau, nu, t_new, n_new), dPs[j], dhs[j]),
+        len(blocks))
+    skipped, n_fixed = check_refined(results, blocks, first_row)
+    dP = add_blocks(dPs, np.zeros((m, m)), lower=True)
+    _sparse.mirror_lower(dP)
+    return SiteUpdate(tau=t_new, nu=n_new, dP=dP, dh=add_vectors(dhs, np.zeros(m)),
+                      n_skipped=skipped, n_fixed=n_fixed)
+
+
+def check_refined(results, blocks, first_row=0):
+    """(n_failed, n_fixed) over the blocks' results of gpc._sparse.refine_block; the first block
+    (in row order) that stopped at a cavity that is not a distribution raises
+    NegativeVarianceError naming its row."""
+    failed = fixed = 0
+    for (status, index, value, n_fixed, n_failed), (a, _) in zip(results, blocks):
+        if status:
+            raise NegativeVarianceError(first_row + a + index, value)
+        failed += n_failed
+        fixed += n_fixed
+    return failed, fixed
 
 
 def linearisation(likelihood, y, A, s, q):
@@ -309,12 +432,14 @@ class BlockEvidence:
 
     log_z: float          # Σ_b log Z̃_i
     G_A: np.ndarray       # the K_bu part, ∂/∂A_b (b x m), for InducingFactor.block_gradient
+                          # (with block_evidence's to_kernel: ∂/∂K_bu, for kernel_gradient)
     g_s: np.ndarray       # ∂/∂s_b
     AtG: np.ndarray       # the K_uu part (m x m), summed over blocks (see block_evidence)
     n_bad: int            # rows with a non-positive cavity (their terms are left out)
 
 
-def block_evidence(likelihood, y, A, s, q, tau, nu, gradient=True, held="sites", rule=EP):
+def block_evidence(likelihood, y, A, s, q, tau, nu, gradient=True, held="sites", rule=EP,
+                   to_kernel=None):
     """Σ_b log Z̃_i of SEP eq. (3) and the block's parts of its gradient, eq. (4).
 
     Under ``rule`` PL the same sum is PL eq. (18) for the sparse model (log p̂(D) plus the
@@ -359,23 +484,36 @@ def block_evidence(likelihood, y, A, s, q, tau, nu, gradient=True, held="sites",
     rows (the "sites" form weighted them by their fresh sites: the mean over minibatches was +550
     in log c where the converged gradient was +20, and the amplitude ran away).
 
-    Either form costs A Σ_w (two triangular products with R⁻¹) and one m x b x m product.
+    Either form costs A Σ_w (two triangular products with R⁻¹) and one m x b x m product.  With
+    ``to_kernel`` (the factor's L⁻¹) G_A is returned as G_A L⁻¹ = ∂F/∂K_bu, what the kernel's
+    contraction takes (:meth:`InducingFactor.kernel_gradient`).  The rows and their m x k x m
+    products run by fixed sub-blocks (gpc._sparse.evidence_block) on the caller's threads, the
+    blocks' sums added in block order.
     """
     if held not in ("sites", "cavity"):
         raise ValueError(f"held must be 'sites' or 'cavity', got {held!r}")
-    if gradient:
-        mean, var, G_A = q.moments(A)
-    else:
-        mean, var = q.marginals(A)
-    b = len(y)
-    tau, nu = _vector(tau), _vector(nu)
-    g_s, d1, e = np.empty(b), np.empty(b), np.empty(b)
-    total, n_bad = _sparse.evidence_rows(*likelihood.compiled_spec(), rule.codes[0], _vector(y),
-                                         mean, var, _vector(s), tau, nu, g_s, d1, e)
+    A = np.ascontiguousarray(A, dtype=np.float64)
+    b, m = A.shape
+    y, s, tau, nu = _vector(y), _vector(s), _vector(tau), _vector(nu)
+    g_s = np.empty(b)
+    G = np.empty((b, m)) if gradient else None
+    spec = likelihood.compiled_spec()
+    blocks = row_blocks(b, m)
+    AtGs = partials("evidence", len(blocks), m) if gradient else None
+
+    def block(j):
+        grads = (_rows(blocks[j], G)[0], AtGs[j]) if gradient else (None, None)
+        return _sparse.evidence_block(*spec, rule.codes[0], held == "cavity",
+                                      *_rows(blocks[j], y, A, s), q.Ri, q.mean,
+                                      *_rows(blocks[j], tau, nu, g_s), *grads, to_kernel)
+    parts = _parallel.over_blocks(block, len(blocks))
+    total = 0.0
+    for part, _ in parts:
+        total += part
+    n_bad = sum(bad for _, bad in parts)
     if not gradient:
         return BlockEvidence(total, None, None, None, n_bad)
-    AtG = rows_gradient(A, q, G_A, mean, tau, nu, g_s, d1, e, held)
-    return BlockEvidence(total, G_A, g_s, AtG, n_bad)
+    return BlockEvidence(total, G, g_s, add_blocks(AtGs, np.zeros((m, m))), n_bad)
 
 
 def rows_gradient(A, q, G_A, mean, tau, nu, g_s, d1, e, held):

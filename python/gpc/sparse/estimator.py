@@ -12,6 +12,7 @@ import warnings
 import numpy as np
 from scipy.cluster.vq import kmeans2
 
+from .. import _parallel
 from .._estimator import GPCEstimator, _scale_of, as_rows, check_n_jobs, median_length_scale
 from .._validation import check_positive_float, check_positive_int
 from ..kernels import RBF, ConstantKernel, as_kernel, user_kernel
@@ -222,10 +223,15 @@ class SparseGaussianProcessClassifier(GPCEstimator):
         ``distributed`` extra (``pip install "gpc[distributed]"``).  Clones share the client; a
         pickled model drops it (``client=None`` after unpickling).
     n_jobs : int or None, default None
-        Workers of the fit, with joblib's convention: None as many as BLAS may use (threadpoolctl's
-        limit, else OMP_NUM_THREADS / OPENBLAS_NUM_THREADS, else every core), -1 every core, -2 all
-        but one, k > 0 exactly k.  Stored and checked; the sparse engine's BLAS calls use BLAS's
-        own threads.
+        Threads of the fit and of prediction, with joblib's convention: None as many as BLAS may
+        use (threadpoolctl's limit, else OMP_NUM_THREADS / OPENBLAS_NUM_THREADS, else every core),
+        -1 every core, -2 all but one, k > 0 exactly k.  Each minibatch, and each block of a
+        batch pass or of prediction, is cut into fixed blocks of rows (their sizes depend on the
+        rows and m only) that run on these threads, while every BLAS library runs on one thread
+        per call for the duration (threadpoolctl when installed, else OpenBLAS's own
+        ``openblas_set_num_threads``; with another BLAS and neither, the blocks run in one
+        thread); the m x m work of a step runs once.  The blocks' sums are added in block order,
+        so the fitted model and its predictions are the same bits for every ``n_jobs``.
 
     Attributes
     ----------
@@ -383,7 +389,7 @@ class SparseGaussianProcessClassifier(GPCEstimator):
                              "gpc kernel)")
         n = X.shape[0]
         self._batch = self._minibatch_rows(n)
-        self._threads = self._n_jobs()   # stored for the engines; training does not use it yet
+        self._threads = self._n_jobs()
         states = [self._new_state(kernel, Z, n) for _ in range(1 if len(classes) == 2 else len(classes))]
         self._trainer = self._new_trainer(states, likelihood, rng)
         self._problems = [(_BinarySparse(state, likelihood), None) for state in states]
@@ -403,17 +409,18 @@ class SparseGaussianProcessClassifier(GPCEstimator):
 
     def _new_trainer(self, states, likelihood, rng):
         """The trainer of ``method`` (:mod:`gpc.sparse._trainer`)."""
-        batch = self._batch
+        batch, n_jobs = self._batch, self._threads
         if self.tied_sites:
-            return SEPTied(states, likelihood, rng, batch or BLOCK_ROWS, self._damping(False))
+            return SEPTied(states, likelihood, rng, batch or BLOCK_ROWS, self._damping(False),
+                           n_jobs=n_jobs)
         sep = self.method in ("ep", "pl")     # EP's or PL's rank-one sites, SEP's training
         if sep and batch is None:
-            return SEPBatch(states, likelihood, rng, self._damping(False))
+            return SEPBatch(states, likelihood, rng, self._damping(False), n_jobs=n_jobs)
         if sep:
-            return SEPMinibatch(states, likelihood, rng, batch, self._damping(True))
+            return SEPMinibatch(states, likelihood, rng, batch, self._damping(True), n_jobs=n_jobs)
         if self.method == "svi" and batch is not None:
-            return SVIMinibatch(states, likelihood, rng, batch, self.learning_rate)
-        return LBFGSTrainer(states, likelihood, rng)
+            return SVIMinibatch(states, likelihood, rng, batch, self.learning_rate, n_jobs=n_jobs)
+        return LBFGSTrainer(states, likelihood, rng, n_jobs=n_jobs)
 
     def partial_fit(self, X, y, classes=None):
         """One more epoch over (X, y), continuing from the current state.
@@ -465,12 +472,14 @@ class SparseGaussianProcessClassifier(GPCEstimator):
         return [np.where(y == c, 1.0, -1.0) for c in self.classes_]
 
     def _train(self, X, y, epochs):
+        self._threads = self._trainer.n_jobs = self._n_jobs()
         targets = self._targets(y)
         self._problems = [(model, t) for (model, _), t in zip(self._problems, targets)]
         states = self._trainer.states
         rows = None
         interrupted = False
         bar = None
+        self._training = True
         try:
             if self.client is None:
                 rows = InProcessRows(X, targets)
@@ -482,6 +491,7 @@ class SparseGaussianProcessClassifier(GPCEstimator):
         except KeyboardInterrupt:
             interrupted = True
         finally:
+            self._training = False
             if bar is not None:
                 bar.close()
             if rows is not None:
@@ -550,8 +560,13 @@ class SparseGaussianProcessClassifier(GPCEstimator):
 
     # -- prediction ------------------------------------------------------------------------------
     def _latent_blocks(self, X, fn):
+        """``fn`` of each block of BLOCK_ROWS rows of X, each on ``n_jobs`` threads (during
+        training, the training's; :mod:`gpc._parallel`'s fixed blocks: the same bits whatever
+        ``n_jobs``)."""
         X = self._check_X(X, fitting=False)
-        return [fn(as_block(X, a, b)) for a, b in block_ranges(X.shape[0], BLOCK_ROWS)]
+        threads = self._threads if getattr(self, "_training", False) else self._n_jobs()
+        with _parallel.block_threads(threads):
+            return [fn(as_block(X, a, b)) for a, b in block_ranges(X.shape[0], BLOCK_ROWS)]
 
     def predict_latent(self, X):
         """Latent predictive mean and variance (SEP eq. (5) before the likelihood integral).

@@ -1,0 +1,345 @@
+"""The sparse engine on threads (gpc._parallel's blocks): the same bits whatever ``n_jobs``, the
+threads really used, BLAS on one thread inside them, and the blocks' algebra against NumPy."""
+
+import threading
+
+import numpy as np
+import pytest
+
+from gpc import SparseGaussianProcessClassifier, _parallel, _sparse
+from gpc._estimator import available_cores
+from gpc.kernels import RBF, ConstantKernel
+from gpc.likelihoods import get_likelihood
+from gpc.sparse.ep import NaturalPosterior, add_blocks, whitened_sums
+
+
+def _problem(n=3000, d=4, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, d))
+    f = np.sin(X[:, 0]) + X[:, 1] * X[:, 2]
+    y = np.where(f + 0.3 * rng.standard_normal(n) > 0, 1, 0)
+    return X, y
+
+
+X, Y = _problem()
+X_TEST, _ = _problem(500, seed=1)
+
+# every trainer and site form: per-row sites (EP, PL) in minibatches and in batch, tied sites,
+# SVI in minibatches and in batch (L-BFGS-B), GFITC; three classes one-vs-rest once
+CASES = {
+    "ep minibatch": dict(batch_size=400, max_iter=2),
+    "ep batch": dict(batch_size=None, max_iter=3),
+    "pl minibatch": dict(method="pl", batch_size=400, max_iter=2),
+    "ep tied": dict(tied_sites=True, batch_size=400, max_iter=2),
+    "svi minibatch": dict(method="svi", batch_size=400, max_iter=2),
+    "svi batch": dict(method="svi", batch_size=None, max_iter=3),
+    "gfitc": dict(method="gfitc", batch_size=None, max_iter=2, on_negative="skip"),
+}
+
+
+def _fit(n_jobs, y=Y, **options):
+    options.setdefault("n_inducing", 60)
+    clf = SparseGaussianProcessClassifier(random_state=0, progress=False, n_jobs=n_jobs, **options)
+    return clf.fit(X, y)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_predictions_are_the_same_bits_for_every_n_jobs(case):
+    # fixed blocks and panels, sums in row order: 2 and 3 threads give one thread's bits exactly
+    # (not merely to rounding); the latent moments and the fitted θ too
+    fits = [_fit(n_jobs, **CASES[case]) for n_jobs in (1, 2, 3)]
+    base = fits[0].predict_latent(X_TEST)
+    for clf in fits[1:]:
+        for a, b in zip(clf.predict_latent(X_TEST), base):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(clf.kernel_.theta, fits[0].kernel_.theta)
+        assert clf.log_marginal_likelihood_value_ == fits[0].log_marginal_likelihood_value_
+
+
+def test_one_vs_rest_and_partial_fit_after_a_threaded_fit_match_one_thread():
+    y3 = np.digitize(X[:, 0] + 0.5 * X[:, 1], [-0.5, 0.5])
+    runs = []
+    for n_jobs in (1, 2):
+        clf = _fit(n_jobs, y=y3, batch_size=500, max_iter=1)
+        clf.partial_fit(X, y3)
+        runs.append(clf.predict_proba(X_TEST))
+        assert clf.n_iter_ == 2
+    np.testing.assert_array_equal(runs[0], runs[1])
+
+
+def test_predictions_do_not_depend_on_n_jobs_at_predict_time():
+    clf = _fit(1, batch_size=400, max_iter=1)
+    p1 = clf.predict_proba(X_TEST)
+    clf.set_params(n_jobs=3)
+    np.testing.assert_array_equal(clf.predict_proba(X_TEST), p1)
+
+
+class _Spy:
+    """Wraps gpc._parallel.over_blocks: records each pass's blocks, the threads it was given, the
+    threads its blocks ran on and the BLAS threads seen inside a block."""
+
+    def __init__(self, monkeypatch):
+        self.calls = []
+        original = _parallel.over_blocks
+        info = _blas_threads_probe()
+
+        def spy(fn, n_blocks):
+            ran, blas = set(), []
+
+            def block(j):
+                ran.add(threading.get_ident())
+                blas.append(info())
+                return fn(j)
+            out = original(block, n_blocks)
+            self.calls.append((n_blocks, _parallel.threads_now(), ran, blas))
+            return out
+        monkeypatch.setattr(_parallel, "over_blocks", spy)
+
+
+def _blas_threads_probe():
+    """A function returning the threads of every BLAS library loaded (threadpoolctl when
+    installed, else OpenBLAS's own getter by ctypes)."""
+    how, what = _parallel._blas_libraries()
+    if how == "threadpoolctl":
+        def probe():
+            return max(lib.num_threads for lib in what.lib_controllers if lib.user_api == "blas")
+        return probe
+    assert how == "openblas", "no way to read BLAS's threads: neither threadpoolctl nor OpenBLAS"
+    return lambda: max(getter() for _, getter in what)
+
+
+def test_the_blocks_go_to_the_threads_with_blas_pinned_inside(monkeypatch):
+    spy = _Spy(monkeypatch)
+    before = _blas_threads_probe()()
+    _fit(2, batch_size=750, max_iter=1, n_inducing=150)
+    # every minibatch step shares its rows out (750 rows x 150² is 8 blocks of
+    # gpc._parallel.BLOCK_WORK): the whitening, the site update with its sums and the evidence
+    # with its gradient are passes of more than one block, on 2 threads
+    shared = [c for c in spy.calls if c[0] > 1 and c[1] == 2]
+    assert len(shared) >= 3 * (3000 // 750)
+    # the pool's thread took blocks (its blocks ran on a thread other than the caller's)
+    callers = {threading.get_ident()}
+    assert any(ran - callers for _, _, ran, _ in shared)
+    # inside every block BLAS ran on one thread; outside the fit BLAS has its threads back
+    assert all(b == 1 for _, _, _, blas in spy.calls for b in blas)
+    assert _blas_threads_probe()() == before
+
+
+def test_one_thread_runs_every_block_in_the_caller(monkeypatch):
+    spy = _Spy(monkeypatch)
+    _fit(1, batch_size=800, max_iter=1)
+    assert spy.calls and all(ran == {threading.get_ident()} for _, _, ran, _ in spy.calls)
+    assert all(threads == 1 for _, threads, _, _ in spy.calls)
+
+
+def test_n_jobs_none_follows_blas_limits():
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    with threadpoolctl.threadpool_limits(limits=1, user_api="blas"):
+        clf = _fit(None, batch_size=800, max_iter=1)
+    assert clf._trainer.n_jobs == 1
+    assert _fit(-1, batch_size=800, max_iter=1)._trainer.n_jobs == available_cores()
+    assert _fit(3, batch_size=800, max_iter=1)._trainer.n_jobs == 3
+
+
+def test_pinning_without_threadpoolctl_uses_openblas_calls(monkeypatch):
+    # the ctypes fallback finds scipy's and NumPy's OpenBLAS (this environment's wheels bundle
+    # it), pins every one to a single thread and restores their counts afterwards
+    calls = _parallel._openblas_calls()
+    if not calls:
+        pytest.skip("no OpenBLAS library is loaded in this process (another BLAS)")
+    monkeypatch.setattr(_parallel, "_blas_libraries", lambda: ("openblas", calls))
+    before = [getter() for _, getter in calls]
+    with _parallel.block_threads(3) as threads:
+        assert threads == 3
+        assert all(getter() == 1 for _, getter in calls)
+        with _parallel.pinned_blas() as pinned:          # nested: one pin, kept
+            assert pinned
+        assert all(getter() == 1 for _, getter in calls)
+    assert [getter() for _, getter in calls] == before
+
+
+def test_no_way_to_pin_blas_means_one_thread(monkeypatch):
+    monkeypatch.setattr(_parallel, "_blas_libraries", lambda: (None, None))
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    with _parallel.block_threads(4) as threads:
+        assert threads == 1 and _parallel.threads_now() == 1
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
+    with _parallel.block_threads(4) as threads:
+        assert threads == 4
+
+
+# -- the runner and the fixed cuts ---------------------------------------------------------------
+def test_over_blocks_returns_in_order_and_raises_the_first_error():
+    with _parallel.block_threads(3):
+        assert _parallel.over_blocks(lambda j: j * j, 20) == [j * j for j in range(20)]
+
+        def fail(j):
+            if j in (5, 11):
+                raise ValueError(f"block {j}")
+            return j
+        with pytest.raises(ValueError, match="block 5"):
+            _parallel.over_blocks(fail, 20)
+        # a block runs its nested passes in its own thread
+        assert _parallel.over_blocks(lambda j: _parallel.threads_now(), 4) == [1] * 4
+    assert _parallel.threads_now() == 1
+
+
+@pytest.mark.parametrize("n, work", [(1, 10**9), (200, 40_000), (2000, 40_000), (20_000, 40_000),
+                                     (4096, 400), (7, 1)])
+def test_row_blocks_cover_the_rows_in_at_most_max_blocks(n, work):
+    blocks = _parallel.row_blocks(n, work)
+    assert blocks[0][0] == 0 and blocks[-1][1] == n
+    assert all(a < b and b == c for (a, b), (c, _) in zip(blocks, blocks[1:] + [(n, n)]))
+    assert 1 <= len(blocks) <= _parallel.MAX_BLOCKS
+    sizes = [b - a for a, b in blocks]
+    assert max(sizes) - min(sizes) <= 1
+    assert _parallel.row_blocks(0, work) == []
+
+
+@pytest.mark.parametrize("lower", [False, True])
+@pytest.mark.parametrize("m, work", [(200, 1.3e6), (200, 10), (37, 1e9), (3, 1e9)])
+def test_row_stripes_cover_the_rows(m, work, lower):
+    stripes = _parallel.row_stripes(m, work, lower)
+    assert stripes[0][0] == 0 and stripes[-1][1] == m
+    assert all(b == c and a < b for (a, b), (c, _) in zip(stripes, stripes[1:] + [(m, m)]))
+    assert len(stripes) <= _parallel.MAX_BLOCKS
+
+
+# -- the blocks' algebra against NumPy -------------------------------------------------------------
+RNG = np.random.default_rng(3)
+
+
+def _rows(k, m):
+    return np.ascontiguousarray(RNG.standard_normal((k, m)))
+
+
+@pytest.mark.parametrize("lower", [False, True])
+def test_add_blocks_adds_in_block_order(lower):
+    parts = RNG.standard_normal((7, 30, 30))
+    out = np.ones((30, 30))
+    with _parallel.block_threads(3):
+        add_blocks(parts, out, lower)
+    expect = np.ones((30, 30))
+    for part in parts:                       # block by block: the same additions, the same bits
+        expect += part
+    mask = np.tril(np.ones((30, 30), bool)) if lower else np.ones((30, 30), bool)
+    np.testing.assert_array_equal(out[mask], expect[mask])
+    np.testing.assert_array_equal(out[~mask], 1.0)
+
+
+def test_whitened_sums_keep_signs_of_the_weights():
+    A = _rows(500, 40)
+    tau = RNG.standard_normal(500)          # negative sites too (EP's "keep")
+    nu = RNG.standard_normal(500)
+    dP, dh = whitened_sums(A, tau, nu)
+    np.testing.assert_allclose(dP, A.T @ (tau[:, None] * A), rtol=0, atol=1e-11)
+    np.testing.assert_allclose(dh, A.T @ nu, rtol=0, atol=1e-11)
+
+
+def _posterior(m):
+    S = _rows(m, m)
+    return NaturalPosterior(np.eye(m) + S @ S.T / m, RNG.standard_normal(m))
+
+
+def test_marginals_by_blocks_match_numpy():
+    q = _posterior(30)
+    A = _rows(3000, 30)
+    Sigma = np.linalg.inv(q.P)
+    with _parallel.block_threads(2):
+        mean, var, B = q.moments(A)
+    np.testing.assert_allclose(mean, A @ np.linalg.solve(q.P, q.h), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(var, np.einsum("ij,jk,ik->i", A, Sigma, A), rtol=1e-10)
+    np.testing.assert_allclose(B, A @ Sigma, rtol=1e-9, atol=1e-12)
+
+
+def _block_problem(m, k):
+    """A refine_block problem: the probit likelihood, q, k rows A, labels y and a factor L."""
+    A = _rows(k, m)
+    y = np.where(RNG.random(k) > 0.5, 1.0, -1.0)
+    L = np.linalg.cholesky(np.eye(m) + 0.1 * np.ones((m, m)))
+    return get_likelihood("probit"), _posterior(m), A, y, L
+
+
+def test_refine_block_sums_match_numpy_and_fresh_rows_swap_as_new_sites():
+    # the block's sums against NumPy; and a block whose rows have no site yet gives the same bits
+    # in SUMS_SWAP (old sites removed along a') as in SUMS_NEW, so blocks may take either path
+    m, k = 12, 50
+    lik, q, A, y, L = _block_problem(m, k)
+    s = RNG.random(k)
+    zero = np.zeros(k)
+    out = {}
+    for mode in (_sparse.SUMS_NEW, _sparse.SUMS_SWAP):
+        t, n, dP, dh = np.empty(k), np.empty(k), np.full((m, m), np.nan), np.empty(m)
+        extra = (np.zeros((k, m), np.float32), L) if mode == _sparse.SUMS_SWAP else ()
+        status = _sparse.refine_block(*lik.compiled_spec(), 0, 4, 1.0, mode, y, A, s, q.Ri,
+                                      q.mean, zero, zero, t, n, dP, dh, *extra)
+        assert status[0] == 0
+        out[mode] = (t, n, np.tril(dP), dh)
+    for a, b in zip(out[_sparse.SUMS_NEW], out[_sparse.SUMS_SWAP]):
+        np.testing.assert_array_equal(a, b)
+    t, n, dP, dh = out[_sparse.SUMS_NEW]
+    # 50 rows of terms of size ~1: rounding far below 1e-12
+    np.testing.assert_allclose(dP, np.tril(A.T @ (t[:, None] * A)), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(dh, A.T @ n, rtol=0, atol=1e-12)
+
+
+def test_refine_block_swap_removes_the_old_sites_along_their_directions():
+    m, k = 10, 40
+    lik, q, A, y, L = _block_problem(m, k)
+    tau, nu = RNG.random(k), RNG.standard_normal(k)
+    V = RNG.standard_normal((k, m)).astype(np.float32)
+    Li = np.ascontiguousarray(np.linalg.inv(L))
+    t, n, dP, dh = np.empty(k), np.empty(k), np.empty((m, m)), np.empty(m)
+    V_new = np.empty((k, m), np.float32)
+    status = _sparse.refine_block(*lik.compiled_spec(), 0, 4, 1.0, _sparse.SUMS_SWAP, y, A,
+                                  RNG.random(k), q.Ri, q.mean, tau, nu, t, n, dP, dh, V, L, Li,
+                                  V_new)
+    assert status[0] == 0
+    A_old = V.astype(np.float64) @ L                            # rows a'_i = Lᵀ v_i
+    expect = A.T @ (t[:, None] * A) - A_old.T @ (tau[:, None] * A_old)
+    # sums of 80 terms of size ~10: rounding ~1e-13
+    np.testing.assert_allclose(np.tril(dP), np.tril(expect), rtol=0, atol=1e-11)
+    np.testing.assert_allclose(dh, A.T @ n - A_old.T @ nu, rtol=0, atol=1e-11)
+    # the new directions v_i = L⁻ᵀ a_i in float32 (7 digits)
+    np.testing.assert_allclose(V_new, A @ Li, rtol=1e-6, atol=1e-6)
+
+
+def test_block_entry_checks_name_the_problem():
+    lik = get_likelihood("probit")
+    q = _posterior(5)
+    ones = np.ones(4)
+    with pytest.raises(ValueError, match="the block is 4 x 5"):
+        _sparse.refine_block(*lik.compiled_spec(), 0, 4, 1.0, _sparse.SUMS_SWAP, ones,
+                             np.ones((4, 5)), ones, q.Ri, q.mean, ones, ones, np.empty(4),
+                             np.empty(4), np.empty((5, 5)), np.empty(5),
+                             np.zeros((3, 5), np.float32), np.eye(5))
+    with pytest.raises(ValueError, match="SUMS_SWAP needs"):
+        _sparse.refine_block(*lik.compiled_spec(), 0, 4, 1.0, _sparse.SUMS_SWAP, ones,
+                             np.ones((4, 5)), ones, q.Ri, q.mean, ones, ones, np.empty(4),
+                             np.empty(4), np.empty((5, 5)), np.empty(5))
+    with pytest.raises(ValueError, match="rows 3:9 are not inside 0:5"):
+        _sparse.sum_blocks(np.ones((2, 5, 5)), np.eye(5), 3, 9)
+    with pytest.raises(ValueError, match="G and AtG go together"):
+        _sparse.evidence_block(*lik.compiled_spec(), 0, True, ones, np.ones((4, 5)), ones, q.Ri,
+                               q.mean, ones, ones, np.empty(4), np.empty((4, 5)))
+
+
+def test_the_kernel_is_called_on_fixed_chunks(monkeypatch):
+    from gpc.sparse import _inducing
+
+    sizes = []
+    kernel = ConstantKernel(1.5) * RBF(1.2)
+    original = type(kernel)._cross
+
+    def cross(self, Xb, Z, *args):
+        sizes.append(len(Xb))
+        return original(self, Xb, Z, *args)
+    monkeypatch.setattr(type(kernel), "_cross", cross)
+    factor = _inducing.InducingFactor(kernel, X[:40])
+    with _parallel.block_threads(2):
+        K2 = factor.cross(X)
+    expect = [b - a for a, b in _inducing.kernel_chunks(len(X))]
+    assert sorted(sizes[-len(expect):]) == sorted(expect) and len(expect) > 1
+    np.testing.assert_array_equal(K2, np.concatenate([original(kernel, X[a:b], factor.Z)
+                                                      for a, b in _inducing.kernel_chunks(len(X))]))
