@@ -20,7 +20,6 @@ shard the two are the same).  Minibatches and tied sites train in process only.
 
 import numpy as np
 
-from ..distributed import DistributedError
 from ..sparse._distributed import _light
 from ..sparse._trainer import TrainingRows
 from .._estimator import BLOCK_ROWS
@@ -109,15 +108,11 @@ class MultiClassShards:
     def finish(self, state, interrupted=False):
         """Bring the sites home into ``state`` and release the shards; whether they came home (an
         interrupted fit waits a few seconds and does not recover lost workers)."""
-        from ..sparse._distributed import INTERRUPTED_WAIT
+        from ..sparse._distributed import sites_home
 
         try:
-            try:
-                shards = self.engine.sites(_home, **({"timeout": INTERRUPTED_WAIT, "recover": False}
-                                                     if interrupted else {}))
-            except DistributedError:
-                if not interrupted:
-                    raise
+            shards = sites_home(self.engine, _home, interrupted)
+            if shards is None:
                 return False
             bounds = self.engine.bounds
             parts = [self.initial[lo:hi] if s is None else s

@@ -91,6 +91,20 @@ class ShardSites:
 INTERRUPTED_WAIT = 10.0
 
 
+def sites_home(engine, home, interrupted):
+    """Every shard's ``home(sites)`` (``engine.sites``), or None when the fit was interrupted and
+    the cluster did not answer within INTERRUPTED_WAIT seconds: after a Ctrl-C nothing is
+    recovered, because a Ctrl-C in the terminal of a LocalCluster reaches its workers too and
+    rebuilding their shards would wait for workers that are gone."""
+    try:
+        return engine.sites(home, **({"timeout": INTERRUPTED_WAIT, "recover": False}
+                                     if interrupted else {}))
+    except DistributedError:
+        if not interrupted:
+            raise
+        return None
+
+
 def _no_sites(n_rows):
     """The engine's first sites: None, meaning the sharded initial columns T0, N0."""
     return None
@@ -382,19 +396,14 @@ class DistributedFit:
         them afresh from the sites (``SEPState.start_minibatches``).
 
         After an interruption (``interrupted``) the cluster is given INTERRUPTED_WAIT seconds and
-        no recovery: a Ctrl-C in the terminal of a LocalCluster reaches its workers too, and
-        rebuilding their shards would wait for workers that are gone.  The sites then stay where
-        they were and False is returned."""
+        no recovery (:func:`sites_home`); the sites then stay where they were and False is
+        returned."""
         try:
             with_sites = [k for k, state in enumerate(states) if getattr(state, "tau", None) is not None]
             if not with_sites:                 # SVI and tied sites keep none per row
                 return True
-            try:
-                shards = self.engine.sites(_home, **({"timeout": INTERRUPTED_WAIT, "recover": False}
-                                                     if interrupted else {}))
-            except DistributedError:
-                if not interrupted:
-                    raise
+            shards = sites_home(self.engine, _home, interrupted)
+            if shards is None:
                 return False
             bounds = self.engine.bounds
             for k in with_sites:
