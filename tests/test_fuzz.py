@@ -1,4 +1,4 @@
-"""Property-based checks of gpc.exceptions' policy (hypothesis) over infer() and the three
+"""Property-based checks of gpc.exceptions' policy (hypothesis) over infer() and the four
 estimators.
 
 Every run either returns a usable result or raises an exception of the policy: ValueError /
@@ -10,15 +10,16 @@ NegativeSitesWarning (NumPy's RuntimeWarning least of all).
   singular; a usable result is finite, with log evidence ≤ 0 and non-negative variances.
 - GaussianProcessClassifier: 2-3 classes, one-vs-rest and one-vs-one, fixed kernels; probabilities
   in [0, 1] whose rows sum to 1.
-- SparseGaussianProcessClassifier and MultiClassGPC: random data sets (n up to 40, d 1-5, scales
-  1e-9 to 1e8, duplicate rows, constant columns, int / float32 / Fortran / list input, labels as
-  ints, strings, floats and bools) under every parameter, and every kind of bad input, each of
-  which must raise its ValueError / TypeError.  A usable model predicts finite probabilities in
+- SparseGaussianProcessClassifier, MultiClassGPC and SparseMultiClassGPC (per-row and tied sites):
+  random data sets (n up to 40, d 1-5, scales 1e-9 to 1e8, duplicate rows, constant columns,
+  int / float32 / Fortran / list input, labels as ints, strings, floats and bools) under every
+  parameter, and every kind of bad input, each of which must raise its ValueError / TypeError.  A usable model predicts finite probabilities in
   [0, 1], rows summing to 1, and predict is their argmax.
 
-CI runs a few hundred derandomised examples in all (about 20 s); ``-m slow`` runs thousands
+CI runs a few hundred derandomised examples in all (about 30 s); ``-m slow`` runs thousands
 (``-s`` prints the outcome counts; docs/reliability.md has the last run's).  The slow runs of the
-two estimators go on past an example outside the policy and list every one at the end.
+estimators' valid input go on past an example outside the policy and list every one at the end;
+each is a test of its own, so ``-k`` can run them apart (in parallel processes).
 """
 
 import collections
