@@ -1,4 +1,4 @@
-"""Property-based checks of gpc.exceptions' policy (hypothesis) over infer() and the three
+"""Property-based checks of gpc.exceptions' policy (hypothesis) over infer() and the four
 estimators.
 
 Every run either returns a usable result or raises an exception of the policy: ValueError /
@@ -10,15 +10,16 @@ NegativeSitesWarning (NumPy's RuntimeWarning least of all).
   singular; a usable result is finite, with log evidence ≤ 0 and non-negative variances.
 - GaussianProcessClassifier: 2-3 classes, one-vs-rest and one-vs-one, fixed kernels; probabilities
   in [0, 1] whose rows sum to 1.
-- SparseGaussianProcessClassifier and MultiClassGPC: random data sets (n up to 40, d 1-5, scales
-  1e-9 to 1e8, duplicate rows, constant columns, int / float32 / Fortran / list input, labels as
-  ints, strings, floats and bools) under every parameter, and every kind of bad input, each of
-  which must raise its ValueError / TypeError.  A usable model predicts finite probabilities in
+- SparseGaussianProcessClassifier, MultiClassGPC and SparseMultiClassGPC (per-row and tied sites):
+  random data sets (n up to 40, d 1-5, scales 1e-9 to 1e8, duplicate rows, constant columns,
+  int / float32 / Fortran / list input, labels as ints, strings, floats and bools) under every
+  parameter, and every kind of bad input, each of which must raise its ValueError / TypeError.  A usable model predicts finite probabilities in
   [0, 1], rows summing to 1, and predict is their argmax.
 
-CI runs a few hundred derandomised examples in all (about 20 s); ``-m slow`` runs thousands
+CI runs a few hundred derandomised examples in all (about 30 s); ``-m slow`` runs thousands
 (``-s`` prints the outcome counts; docs/reliability.md has the last run's).  The slow runs of the
-two estimators go on past an example outside the policy and list every one at the end.
+estimators' valid input go on past an example outside the policy and list every one at the end;
+each is a test of its own, so ``-k`` can run them apart (in parallel processes).
 """
 
 import collections
@@ -289,6 +290,16 @@ BAD_DATA = ["NaN in X", "inf in X", "X 1-D", "X 3-D", "y too short", "y 2-D", "o
             "predict before fit"]
 
 
+def _fitter(make, X, y):
+    """A function that fits a fresh estimator to (X, y), its ConvergenceWarnings silenced: the
+    setup of a piece of bad input at predict or partial_fit."""
+    def fitted():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            return make().fit(X, y)
+    return fitted
+
+
 def _bad_data(kind, make, X, y, X_test):
     """(call, exception, pattern) for one kind of bad data; ``make()`` is a fresh estimator."""
     X = np.asarray(X, dtype=np.float64)
@@ -332,10 +343,7 @@ def _bad_data(kind, make, X, y, X_test):
         from gpc._estimator import NotFittedError
         return (lambda: make().predict_proba(Xt)), NotFittedError, "not fitted"
 
-    def fitted():
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            return make().fit(X, y)
+    fitted = _fitter(make, X, y)
     if kind == "predict: other features":
         wider = np.column_stack([Xt, Xt[:, :1]])
         return (lambda: fitted().predict(wider)), ValueError, "features"
@@ -433,21 +441,6 @@ sparse_bad_problems = st.fixed_dictionaries({
 #: every kind of bad input of the sparse estimator (each test runs all of them)
 SPARSE_BAD = BAD_DATA + SPARSE_BAD_FIT + [f"{name}={value!r}" for name, value, _ in SPARSE_BAD_PARAMS]
 
-#: kinds of bad input that are not rejected yet, each the record of an open failure (strict: the
-#: test fails once it is fixed, and the entry goes); the fix is outside this suite's files
-OPEN_FAILURES = {
-    "validation_data='labels outside the classes'": (
-        "sparse/estimator.py does not check validation_data's labels against classes_ (see "
-        "tests/test_sparse_estimator.py::test_validation_labels_outside_the_classes_raise)"),
-}
-
-
-def _kinds(kinds):
-    """The kinds as pytest parameters, the open failures marked xfail(strict=True)."""
-    return [pytest.param(k, marks=pytest.mark.xfail(strict=True, reason=OPEN_FAILURES[k]))
-            if k in OPEN_FAILURES else k for k in kinds]
-
-
 def _sparse_kernel(which, X):
     from gpc.kernels import RBF, ConstantKernel
     if which == "default":
@@ -491,27 +484,41 @@ def _check_sparse(p):
     model = SparseGaussianProcessClassifier(**params)
 
     def fit_and_check():
-        if p["fit"] == "partial_fit":
-            model.partial_fit(X, y, classes=classes)
-        else:
-            model.fit(X, y)
-        if p["fit"] == "fit, partial_fit" and params["tied_sites"]:
-            model.partial_fit(X[::2], y[::2])      # tied sites take any rows: a stream
-        elif p["fit"] == "fit, partial_fit":
-            model.partial_fit(X, y)
-        _check_model(model, X_test, classes)
-        assert len(model.history_) == model.n_iter_ >= 1
-        assert np.isfinite(model.log_marginal_likelihood_value_)
-        for entry in model.history_:
-            assert np.isfinite(entry["objective"])
-            if p["validation"]:
-                assert 0.0 <= entry["val_error"] <= 1.0 and np.isfinite(entry["val_nll"])
-                assert entry["val_nll"] >= 0.0
-        mean, var = model.predict_latent(X_test)
-        assert np.all(np.isfinite(mean)) and np.all(np.isfinite(var)) and np.all(var >= 0.0)
+        _fit_sparse(model, p, X, y, classes, params["tied_sites"])
+        _check_sparse_fit(model, p, X_test, classes)
 
     allowed = (ConvergenceWarning, NegativeSitesWarning)
     _run("sparse", allowed, fit_and_check, p["method"])
+
+
+def _fit_sparse(model, p, X, y, classes, tied_sites):
+    """``fit``, ``fit`` then ``partial_fit``, or ``partial_fit(classes=...)`` on the unfitted
+    model, as example p says (both sparse estimators)."""
+    if p["fit"] == "partial_fit":
+        model.partial_fit(X, y, classes=classes)
+    else:
+        model.fit(X, y)
+    if p["fit"] == "fit, partial_fit" and tied_sites:
+        model.partial_fit(X[::2], y[::2])      # tied sites take any rows: a stream
+    elif p["fit"] == "fit, partial_fit":
+        model.partial_fit(X, y)
+
+
+def _check_sparse_fit(model, p, X_test, classes):
+    """A usable sparse fit (both sparse estimators): _check_model, a finite history (and
+    validation scores) and finite latent moments with variances ≥ 0; returns them."""
+    _check_model(model, X_test, classes)
+    assert len(model.history_) == model.n_iter_ >= 1
+    assert np.isfinite(model.log_marginal_likelihood_value_)
+    for entry in model.history_:
+        assert np.isfinite(entry["objective"])
+        if p["validation"]:
+            assert 0.0 <= entry["val_error"] <= 1.0 and np.isfinite(entry["val_nll"])
+            assert entry["val_nll"] >= 0.0
+    mean, var = model.predict_latent(X_test)
+    assert mean.shape == var.shape and len(mean) == len(X_test)
+    assert np.all(np.isfinite(mean)) and np.all(np.isfinite(var)) and np.all(var >= 0.0)
+    return mean, var
 
 
 def _check_sparse_bad(p, kind):
@@ -563,10 +570,7 @@ def _sparse_bad_value(name, value, X, y, method):
 
 def _sparse_bad_fit(kind, make, X, y, classes):
     """partial_fit misuse: (call, exception, pattern)."""
-    def fitted():
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            return make().fit(X, y)
+    fitted = _fitter(make, X, y)
     if kind == "partial_fit: unseen label":
         other = np.array(["never seen"] * len(y)) if classes.dtype.kind == "U" else np.full(len(y), 99)
         return (lambda: fitted().partial_fit(X, other)), ValueError, "not in classes_"
@@ -585,7 +589,7 @@ def test_sparse_estimator_obeys_the_exception_policy(p):
     _check_sparse(p)
 
 
-@pytest.mark.parametrize("kind", _kinds(SPARSE_BAD))
+@pytest.mark.parametrize("kind", SPARSE_BAD)
 @_examples(2)
 @given(sparse_bad_problems)
 def test_sparse_estimator_rejects_bad_input(kind, p):
@@ -598,7 +602,7 @@ def test_sparse_estimator_obeys_the_exception_policy_many():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", _kinds(SPARSE_BAD))
+@pytest.mark.parametrize("kind", SPARSE_BAD)
 @_examples(25)
 @given(sparse_bad_problems)
 def test_sparse_estimator_rejects_bad_input_many(kind, p):
@@ -745,7 +749,7 @@ def test_multiclass_estimator_obeys_the_exception_policy(p):
     _check_multiclass(p)
 
 
-@pytest.mark.parametrize("kind", _kinds(MULTICLASS_BAD))
+@pytest.mark.parametrize("kind", MULTICLASS_BAD)
 @_examples(2)
 @given(multiclass_bad_problems)
 def test_multiclass_estimator_rejects_bad_input(kind, p):
@@ -758,8 +762,284 @@ def test_multiclass_estimator_obeys_the_exception_policy_many():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", _kinds(MULTICLASS_BAD))
+@pytest.mark.parametrize("kind", MULTICLASS_BAD)
 @_examples(25)
 @given(multiclass_bad_problems)
 def test_multiclass_estimator_rejects_bad_input_many(kind, p):
     _check_multiclass_bad(p, kind)
+
+
+# -- SparseMultiClassGPC ---------------------------------------------------------------------------
+
+def _sparse_multiclass_problems(tied_sites):
+    """The valid input of the sparse multi-class estimator, with per-row or tied sites (tied only
+    where they apply: label_noise=ε or model="standard")."""
+    return st.fixed_dictionaries({**_SPARSE_MULTICLASS, "tied_sites": st.just(tied_sites)})
+
+
+_SPARSE_MULTICLASS = {
+    **data_problems,
+    "n": st.integers(2, 40),
+    "n_classes": st.integers(2, 5),
+    "model": st.sampled_from(["robust", "standard"]),
+    "label_noise": st.one_of(st.just("beta"), st.floats(0.01, 0.95)),   # ε as a share of (l − 1)/l
+    "learn_label_noise": st.booleans(),
+    "a0": _log_uniform(1e-2, 1e3),
+    "b0": _log_uniform(1e-2, 1e3),
+    "shared_kernel": st.booleans(),
+    "shared_inducing": st.booleans(),
+    "batch_size": st.one_of(st.none(), st.just("auto"), st.integers(1, 45)),
+    "max_iter": st.integers(1, 4),
+    "learning_rate": _log_uniform(1e-3, 10.0),
+    "damping": st.one_of(st.none(), st.floats(0.05, 1.0)),
+    "optimize_inducing": st.booleans(),
+    "inducing_points": st.sampled_from(["kmeans", "random", "array"]),
+    "n_inducing": st.integers(1, 8),
+    "jitter": st.sampled_from([0.0, 1e-8, 1e-4]),
+    "validation": st.booleans(),
+    "n_jobs": st.sampled_from([None, 1, 2, -1]),
+    "random_state": st.one_of(st.none(), st.integers(0, 2**16)),
+    "fit": st.sampled_from(["fit", "fit, partial_fit", "partial_fit"]),
+    "kernel": st.sampled_from(["default", "C * RBF(1)", "fixed RBF at the data's scale",
+                               "a list, one per class"]),
+}
+
+
+def _sparse_multiclass_params(p, X, n_classes):
+    """The estimator's parameters for example p (valid ones: ε only for the robust model, below
+    (l − 1)/l and inside its bounds when learnt; tied sites only without the Beta treatment; m at
+    most n for "kmeans" and "random")."""
+    from gpc.kernels import RBF, ConstantKernel
+    model = p["model"]
+    if p["tied_sites"] and model == "robust" and p["label_noise"] == "beta":
+        p = {**p, "label_noise": 0.1}       # tied sites need ε (or model="standard")
+    params = dict(model=model, a0=p["a0"], b0=p["b0"], shared_kernel=p["shared_kernel"],
+                  shared_inducing=p["shared_inducing"], batch_size=p["batch_size"],
+                  max_iter=p["max_iter"], learning_rate=p["learning_rate"], damping=p["damping"],
+                  optimize_inducing=p["optimize_inducing"], n_inducing=p["n_inducing"],
+                  jitter=p["jitter"], n_jobs=p["n_jobs"], random_state=p["random_state"],
+                  progress=False)
+    if model == "robust" and p["label_noise"] != "beta":
+        top = (n_classes - 1) / n_classes
+        if p["learn_label_noise"]:      # a start inside the default bounds (1e-6, 0.4)
+            params["label_noise"] = min(p["label_noise"] * top, 0.4)
+        else:
+            params["label_noise"], params["label_noise_bounds"] = p["label_noise"] * top, "fixed"
+    params["tied_sites"] = p["tied_sites"] and (model == "standard" or "label_noise" in params)
+    Xf = np.asarray(X, dtype=np.float64)
+    if p["inducing_points"] == "array":
+        rng = np.random.default_rng(p["seed"] + 1)
+        rows = Xf[rng.integers(0, len(Xf), size=p["n_inducing"])]
+        params["inducing_points"] = rows + 0.1 * rng.standard_normal(rows.shape) * Xf.std(axis=0)
+    else:
+        params["inducing_points"] = p["inducing_points"]
+        params["n_inducing"] = min(p["n_inducing"], len(Xf))
+    spread = float(np.std(Xf))
+    kernel = p["kernel"]
+    if kernel == "a list, one per class":
+        params["shared_kernel"] = False
+        params["kernel"] = [ConstantKernel(1.0) * RBF(1.0 + k) for k in range(n_classes)]
+    else:
+        params["kernel"] = _sparse_kernel(kernel, X)
+    if kernel == "fixed RBF at the data's scale" and spread == 0:
+        params["kernel"] = RBF(1.0, "fixed")
+    return params
+
+
+def _check_sparse_multiclass(p):
+    from gpc import SparseMultiClassGPC
+    n_classes = min(p["n_classes"], p["n"])
+    X, y, X_test, classes = _make_data(p, p["n"], n_classes)
+    params = _sparse_multiclass_params(p, X, n_classes)
+    if p["validation"]:
+        params["validation_data"] = (X_test, np.resize(y, len(X_test)))
+    model = SparseMultiClassGPC(**params)
+
+    def fit_and_check():
+        _fit_sparse(model, p, X, y, classes, params["tied_sites"])
+        mean, _ = _check_sparse_fit(model, p, X_test, classes)
+        assert mean.shape == (len(X_test), n_classes)
+        assert 0.0 <= model.outlier_rate_ <= 1.0
+        if model.label_noise_ is not None:
+            assert 0.0 < model.label_noise_ < (n_classes - 1) / n_classes
+        rho = (model.outlier_probability(X, y) if params["tied_sites"]
+               else model.outlier_probability_)
+        assert rho.shape == (len(y),) and np.all((rho >= 0.0) & (rho <= 1.0))
+        if p["model"] == "standard":
+            assert np.all(rho == 0.0) and model.outlier_rate_ == 0.0
+        assert len(model.kernels_) == n_classes
+
+    _run("sparse multiclass" + (", tied sites" if params["tied_sites"] else ""),
+         (ConvergenceWarning,), fit_and_check, p["model"])
+
+
+#: bad parameters of the sparse multi-class estimator: (parameter, value, pattern of the message)
+SPARSE_MULTICLASS_BAD_PARAMS = [
+    ("model", "heavy-tailed", "model"), ("shared_kernel", "no", "shared_kernel"),
+    ("shared_inducing", 1, "shared_inducing"), ("optimize_inducing", None, "optimize_inducing"),
+    ("tied_sites", "yes", "tied_sites"), ("n_inducing", 0, "n_inducing"),
+    ("n_inducing", 2.5, "n_inducing"), ("n_inducing", "m > n", "n_inducing"),
+    ("inducing_points", "grid", "inducing_points"),
+    ("inducing_points", "wrong shape", "inducing_points"),
+    ("inducing_points", "NaN", "inducing_points"),
+    ("batch_size", 0, "batch_size"), ("batch_size", "all", "batch_size"),
+    ("batch_size", True, "batch_size"), ("max_iter", 0, "max_iter"), ("max_iter", 1.5, "max_iter"),
+    ("max_iter", True, "max_iter"), ("learning_rate", 0.0, "learning_rate"),
+    ("learning_rate", np.nan, "learning_rate"), ("damping", 0.0, "damping"),
+    ("damping", 1.5, "damping"), ("jitter", -1e-8, "jitter"), ("jitter", np.inf, "jitter"),
+    ("a0", 0.0, "a0"), ("b0", np.inf, "b0"), ("label_noise", "gamma", "label_noise"),
+    ("label_noise", -0.1, "label_noise"), ("label_noise", "(l - 1)/l", "label_noise"),
+    ("label_noise", "0.1 with model='standard'", "label_noise"),
+    ("label_noise", "0.3 outside learnt bounds (1e-6, 0.2)", "label_noise"),
+    ("label_noise_bounds", (0.3, 0.1), "label_noise_bounds"),
+    ("label_noise_bounds", "free", "label_noise_bounds"),
+    ("tied_sites", "with label_noise='beta'", "tied_sites"),
+    ("shared_kernel", "True with a list of kernels", "shared_kernel"),
+    ("kernel", "a list of the wrong length", "kernel"),
+    ("kernel", "start outside its bounds", "bounds"),
+    ("n_jobs", 0, "n_jobs"), ("n_jobs", 1.5, "n_jobs"), ("random_state", "seed", "random_state"),
+    ("validation_data", "one array", "validation_data"),
+    ("validation_data", "other features", "validation_data"),
+    ("validation_data", "NaN", "validation_data"),
+    ("validation_data", "labels outside the classes", "validation_data"),
+]
+
+SPARSE_MULTICLASS_BAD_FIT = SPARSE_BAD_FIT + ["partial_fit: other labels",
+                                              "outlier_probability: unseen label"]
+
+sparse_multiclass_bad_problems = st.fixed_dictionaries({
+    **data_problems,
+    "n": st.integers(4, 20),
+    "n_classes": st.integers(2, 4),
+    "model": st.sampled_from(["robust", "standard"]),
+    "tied_sites": st.booleans(),
+})
+
+#: every kind of bad input of the sparse multi-class estimator
+SPARSE_MULTICLASS_BAD = (BAD_DATA + SPARSE_MULTICLASS_BAD_FIT
+                         + [f"{name}={value!r}" for name, value, _ in SPARSE_MULTICLASS_BAD_PARAMS])
+
+
+def _sparse_multiclass_bad_value(name, value, X, y, n_classes):
+    """The bad value itself, and other parameters that it needs, for
+    SPARSE_MULTICLASS_BAD_PARAMS."""
+    from gpc.kernels import RBF
+    if name == "n_inducing" and value == "m > n":
+        return len(y) + 1, {}
+    if name in ("inducing_points", "validation_data"):
+        return _sparse_bad_value(name, value, X, y, "ep")
+    if name == "label_noise" and value == "(l - 1)/l":
+        return (n_classes - 1) / n_classes, {"model": "robust", "label_noise_bounds": "fixed"}
+    if name == "label_noise" and isinstance(value, str) and "standard" in value:
+        return 0.1, {"model": "standard"}
+    if name == "label_noise" and isinstance(value, str) and "outside" in value:
+        return 0.3, {"model": "robust", "label_noise_bounds": (1e-6, 0.2)}
+    if name == "label_noise":
+        return value, {"model": "robust"}
+    if name == "label_noise_bounds":
+        return value, {"model": "robust", "label_noise": 0.1}
+    if name == "tied_sites" and "beta" in str(value):
+        return True, {"model": "robust", "label_noise": "beta"}
+    if name == "shared_kernel" and "list" in str(value):
+        return True, {"kernel": [RBF(1.0)] * n_classes}
+    if name == "kernel" and value == "a list of the wrong length":
+        return [RBF(1.0)] * (n_classes + 1), {}
+    if name == "kernel":
+        return RBF(1.0, length_scale_bounds=(10.0, 100.0)), {}
+    return value, {}
+
+
+def _sparse_multiclass_bad_fit(kind, make, X, y, classes):
+    """partial_fit and outlier_probability misuse: (call, exception, pattern)."""
+    fitted = _fitter(make, X, y)
+    if kind in SPARSE_BAD_FIT:
+        return _sparse_bad_fit(kind, make, X, y, classes)
+    if kind == "partial_fit: other labels":       # the same rows, their labels shifted by one
+        shifted = classes[(np.searchsorted(classes, y) + 1) % len(classes)]
+        return (lambda: fitted().partial_fit(X, shifted)), ValueError, "labels"
+    other = np.array(["never seen"] * len(y)) if classes.dtype.kind == "U" else np.full(len(y), 99)
+    return (lambda: fitted().outlier_probability(X, other)), ValueError, "not in classes_"
+
+
+def _check_sparse_multiclass_bad(p, kind):
+    from gpc import SparseMultiClassGPC
+    X, y, X_test, classes = _make_data(p, p["n"], p["n_classes"])
+    if kind in ("partial_fit: other labels", "partial_fit: other rows"):
+        p = {**p, "tied_sites": False}    # tied sites keep no per-row state: any rows are a stream
+    tied = dict(tied_sites=True, label_noise=0.1) if p["tied_sites"] else {}
+    base = dict(model=p["model"], max_iter=1, n_inducing=3, progress=False, random_state=0,
+                **(tied if p["model"] == "robust" else dict(tied_sites=p["tied_sites"])))
+    make = lambda **kw: SparseMultiClassGPC(**{**base, **kw})   # noqa: E731
+    if kind in BAD_DATA:
+        call, exc, match = _bad_data(kind, make, X, y, X_test)
+    elif kind in SPARSE_MULTICLASS_BAD_FIT:
+        call, exc, match = _sparse_multiclass_bad_fit(kind, make, X, y, classes)
+    else:
+        name, value, match = SPARSE_MULTICLASS_BAD_PARAMS[
+            SPARSE_MULTICLASS_BAD.index(kind) - len(BAD_DATA) - len(SPARSE_MULTICLASS_BAD_FIT)]
+        value, extra = _sparse_multiclass_bad_value(name, value, X, y, p["n_classes"])
+        if "label_noise" in extra or "label_noise" == name or "tied_sites" in extra:
+            base.pop("label_noise", None)
+        call, exc = (lambda: make(**{**extra, name: value}).fit(X, y)), ValueError
+    _expect_bad("sparse multiclass", call, exc, match)
+
+
+@_examples(30)    # derandomised
+@given(_sparse_multiclass_problems(tied_sites=False))
+def test_sparse_multiclass_estimator_obeys_the_exception_policy(p):
+    _check_sparse_multiclass(p)
+
+
+#: tied sites on rows far from every inducing point of a class (a_ik = 0): the local EP's cavity
+#: variances v_c are 0 or underflow, where its precision-form cavities and derivatives were 0/0 (a
+#: NaN log evidence, and a NaN gradient that reached the kernel as "invalid value in matmul")
+TIED_FAR_ROWS = [
+    # RBF(1) on rows ~1e3 apart: every a_ik = 0, the local EP's cavity variances v_c are 0
+    dict(seed=5468, d=3, log10_scale=3.554, columns="same scale", duplicates="none",
+         constant_columns=2, container="float32", labels="bool", n=9, n_classes=4,
+         model="standard", label_noise="beta", learn_label_noise=False, a0=1.6, b0=1.0,
+         shared_kernel=False, shared_inducing=False, batch_size="auto", max_iter=3,
+         tied_sites=True, learning_rate=3.8, damping=0.685, optimize_inducing=True,
+         inducing_points="array", n_inducing=4, jitter=1e-8, validation=True, n_jobs=None,
+         random_state=None, fit="fit", kernel="C * RBF(1)"),
+    # three rows: the first Adadelta step shrinks the length scales until v_c underflows (1e-165)
+    dict(seed=0, d=1, log10_scale=-3.0, columns="same scale", duplicates="none",
+         constant_columns=0, container="float64", labels="int", n=3, n_classes=2,
+         model="standard", label_noise="beta", learn_label_noise=False, a0=1.0, b0=1.0,
+         shared_kernel=False, shared_inducing=False, batch_size=None, max_iter=2, tied_sites=True,
+         learning_rate=1.0, damping=None, optimize_inducing=True, inducing_points="kmeans",
+         n_inducing=1, jitter=0.0, validation=False, n_jobs=None, random_state=1, fit="fit",
+         kernel="default"),
+]
+
+
+@pytest.mark.parametrize("example", range(len(TIED_FAR_ROWS)))
+def test_sparse_multiclass_tied_sites_on_rows_far_from_the_inducing_points(example):
+    _check_sparse_multiclass(TIED_FAR_ROWS[example])
+
+
+@pytest.mark.parametrize("kind", SPARSE_MULTICLASS_BAD)
+@_examples(2)
+@given(sparse_multiclass_bad_problems)
+def test_sparse_multiclass_estimator_rejects_bad_input(kind, p):
+    _check_sparse_multiclass_bad(p, kind)
+
+
+@pytest.mark.slow
+def test_sparse_multiclass_estimator_obeys_the_exception_policy_many():
+    _survey("sparse multiclass", _sparse_multiclass_problems(tied_sites=False),
+            _check_sparse_multiclass, 1000)
+
+
+@pytest.mark.slow
+def test_sparse_multiclass_tied_sites_obey_the_exception_policy_many():
+    _survey("sparse multiclass, tied sites", _sparse_multiclass_problems(tied_sites=True),
+            _check_sparse_multiclass, 600)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", SPARSE_MULTICLASS_BAD)
+@_examples(25)
+@given(sparse_multiclass_bad_problems)
+def test_sparse_multiclass_estimator_rejects_bad_input_many(kind, p):
+    _check_sparse_multiclass_bad(p, kind)

@@ -92,6 +92,29 @@ def test_pair_moments_match_quadrature(p):
     assert bad == 1 and np.isnan(mom["g"][1]) and np.isfinite(mom["g"][0])
 
 
+def test_pair_sites_at_a_cavity_of_variance_zero_are_the_limit():
+    """A cavity N(m, 0) (a sparse row far from every inducing point, a = 0) is a point mass: its
+    moments stay put and its site is the limit v → 0 of tilted / cavity, -h and g - m h; the
+    variance form gives it where 1/var_t - 1/v_t was 0/0."""
+    from gpc._multiclass import pair_moments, pair_sites
+
+    log_c = -np.log(3) / 2
+    m_t, m_o, v_o, lz = np.array([0.3]), np.array([-0.2]), np.array([0.7]), np.array([-2.0])
+    at_zero = pair_sites(m_t, np.zeros(1), m_o, v_o, lz, log_c)
+    near = pair_sites(m_t, np.full(1, 1e-9), m_o, v_o, lz, log_c)
+    assert at_zero[-1] == -1
+    # the sites are smooth in v_t with O(1) slopes: 1e-9 away they differ by ~1e-9 (tolerance
+    # 1e-7 relative / 1e-8 absolute: a hundredfold margin)
+    np.testing.assert_allclose(np.concatenate(at_zero[:-1]), np.concatenate(near[:-1]),
+                               rtol=1e-7, atol=1e-8)
+    mom, bad = pair_moments(m_t, np.zeros(1), m_o, v_o, lz, log_c)
+    assert bad == -1 and mom["mean_t"][0] == m_t[0] and mom["var_t"][0] == 0.0
+    np.testing.assert_allclose(at_zero[0], -mom["h"], rtol=1e-15)
+    np.testing.assert_allclose(at_zero[1], mom["g"] - m_t * mom["h"], rtol=1e-14)
+    # both cavities point masses and no FITC variance: the step has no width, no moments
+    assert pair_moments(m_t, np.zeros(1), m_o, np.zeros(1), lz, log_c)[1] == 0
+
+
 @pytest.mark.parametrize("robust", [True, False])
 def test_fixed_point_matches_tilted_moments(robust):
     X, y = _problem()

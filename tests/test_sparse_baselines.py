@@ -127,10 +127,11 @@ class _Quadratic(_LBFGSState):
     name = "quadratic"
     _model = ("p", "log_z")
 
-    def __init__(self):
+    def __init__(self, nan_gradient=False):
         self.p = np.zeros(1)
         self.log_z = np.nan
         self.calls = []
+        self.nan_gradient = nan_gradient
 
     def params(self):
         return self.p.copy()
@@ -140,6 +141,9 @@ class _Quadratic(_LBFGSState):
 
     def objective(self, likelihood, X, y, p, block_rows):
         self.calls.append(float(p[0]))
+        if p[0] > 2.0 and self.nan_gradient:    # a finite value, a NaN gradient, the state moved
+            self.p, self.log_z = p.copy(), -float((p[0] - 3.0) ** 2)
+            return self.log_z, np.full_like(p, np.nan)
         if p[0] > 2.0:
             return -np.inf, np.zeros_like(p)
         self.p, self.log_z = p.copy(), -float((p[0] - 3.0) ** 2)
@@ -160,8 +164,9 @@ def _lbfgs(state, evaluations, recorded):
     return len(ticks)
 
 
-def test_lbfgs_backtracks_from_a_point_it_cannot_evaluate():
-    state = _Quadratic()
+@pytest.mark.parametrize("nan_gradient", [False, True])
+def test_lbfgs_backtracks_from_a_point_it_cannot_evaluate(nan_gradient):
+    state = _Quadratic(nan_gradient)
     recorded = []
     _lbfgs(state, 40, recorded)
     # an infinite value ended L-BFGS-B at its first infeasible trial (after 2 evaluations);
@@ -169,6 +174,9 @@ def test_lbfgs_backtracks_from_a_point_it_cannot_evaluate():
     assert any(c > 2.0 for c in state.calls) and len(recorded) > 4
     assert state.log_z > -1.0 - 1e-3                       # -(2 - 3)² = -1 at the edge
     assert max(recorded) == state.log_z
+    # no point beyond the edge was taken (its value, -(p - 3)² > -1, would be the best recorded),
+    # and the state ends inside, not where it was last moved
+    assert state.p[0] <= 2.0
 
 
 def test_lbfgs_refuses_a_start_it_cannot_evaluate():
@@ -178,57 +186,74 @@ def test_lbfgs_refuses_a_start_it_cannot_evaluate():
         _lbfgs(state, 10, [])
 
 
-# -- records of open failures (tests/test_fuzz.py found them; the fix belongs in baselines.py or
-# _trainer.py).  Each is the plain reproducer of a fuzz example, strict: it fails loudly once fixed.
+# -- cases that tests/test_fuzz.py found --------------------------------------------------------
 
-def _usable_or_numerical_error(model, X, y):
-    """Fit with every warning recorded: a usable model (finite probabilities in [0, 1] summing to
-    1) or a NumericalError, and no warning but ConvergenceWarning."""
+def _fit_in_policy(model, X, y):
+    """Fit with every warning recorded: no warning but ConvergenceWarning, and either a usable
+    model (finite probabilities in [0, 1] summing to 1; returns None) or a NumericalError
+    (returned)."""
     import warnings
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             model.fit(X, y)
-        except NumericalError:
-            proba = None
+        except NumericalError as exc:
+            error, proba = exc, None
         else:
-            proba = model.predict_proba(X)
+            error, proba = None, model.predict_proba(X)
     stray = [f"{w.category.__name__}: {w.message}" for w in caught
              if not issubclass(w.category, gpc.exceptions.ConvergenceWarning)]
     assert not stray
     if proba is not None:
         assert np.all(np.isfinite(proba)) and np.all((proba >= 0.0) & (proba <= 1.0))
         np.testing.assert_allclose(proba.sum(axis=1), 1.0, atol=1e-12)   # two terms: rounding
+    return error
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "GFITC hands L-BFGS-B a finite evidence with a NaN gradient: ten equal rows with both labels, "
-    "noisy threshold, one inducing point on them and jitter 0 give FITC variances 0, EP's site "
-    "precisions grow to ~1e161 in its 200 passes, the gradient overflows to NaN, L-BFGS-B steps to "
-    "θ = NaN and clone_with_theta raises 'theta must be finite' (with optimize_inducing, Z = NaN "
-    "and 'X contains NaN'); LBFGSTrainer should treat a non-finite gradient as a failed point"))
 @pytest.mark.parametrize("optimize_inducing", [False, True])
-def test_gfitc_with_a_nan_gradient_stays_in_the_policy(optimize_inducing):
+def test_gfitc_sites_that_diverge_are_a_numerical_error(optimize_inducing):
     X, y = np.zeros((10, 1)), np.arange(10) % 2
     model = SparseGaussianProcessClassifier(method="gfitc", likelihood="noisy_threshold",
                                             n_inducing=1, jitter=0.0, max_iter=3, progress=False,
                                             optimize_inducing=optimize_inducing, random_state=0)
-    _usable_or_numerical_error(model, X, y)
+    # the noisy threshold on one value with both labels and FITC variance 0: against a cavity
+    # N(0, v) the matched site precision is c/v with c > 1, so EP has no fixed point and its
+    # site precisions grow geometrically (to ~1e161, where the gradient overflowed to NaN and
+    # L-BFGS-B stepped to θ = NaN: "theta must be finite", a ValueError on valid input)
+    error = _fit_in_policy(model, X, y)
+    assert isinstance(error, NumericalError) and "initial" in str(error)
+    assert isinstance(error.__cause__, gpc.exceptions.DivergenceError)
+    assert "sites diverge" in str(error.__cause__) and error.__cause__.value > 2.0 ** 52
 
 
-@pytest.mark.xfail(strict=True, raises=(AssertionError, ValueError), reason=(
-    "batch SVI: with balanced labels on equal rows the bound's gradient points along L_q's "
-    "diagonal only, and L-BFGS-B's first step (unit length along it) lands on L_q = 0 exactly: "
-    "the KL's log|diag L_q| and 1/diag L_q (baselines.py svi_finish) leak 'divide by zero' "
-    "RuntimeWarnings, and with jitter 0 (FITC variance 0) the predictive variance is 0 and "
-    "expected_log_prob raises 'var must be > 0' (a ValueError on valid input); such a point "
-    "should be a failed evaluation (-inf, no warning)"))
 @pytest.mark.parametrize("jitter", [0.0, 1e-8])
-def test_svi_step_onto_a_singular_lq_stays_in_the_policy(jitter):
+def test_svi_step_onto_a_singular_lq_is_a_failed_evaluation(jitter):
+    # balanced labels on equal rows: the bound's gradient points along L_q's diagonal only, and
+    # L-BFGS-B's first (unit) step lands on L_q = 0 exactly, where the bound is -inf (log|S|)
     X, y = np.zeros((4, 1)), np.array([0, 1, 1, 0])
     model = SparseGaussianProcessClassifier(kernel=ConstantKernel(1.0, "fixed") * RBF(1.0, "fixed"),
                                             method="svi", n_inducing=1, jitter=jitter,
                                             batch_size=None, max_iter=2, optimize_inducing=False,
                                             progress=False, random_state=0)
-    _usable_or_numerical_error(model, X, y)
+    assert _fit_in_policy(model, X, y) is None
+    state = model._trainer.states[0]
+    assert state.reverted == 1 and "singular" in str(state.failure)
+    assert np.all(np.diag(state.Lq) != 0.0) and np.isfinite(state.log_z)
+
+
+def test_svi_objective_at_a_singular_lq_leaves_the_state():
+    import warnings
+
+    X, y = np.zeros((4, 1)), np.array([-1.0, 1.0, 1.0, -1.0])
+    kernel = ConstantKernel(1.0, "fixed") * RBF(1.0, "fixed")
+    state = SVIState(kernel, np.zeros((1, 1)), 4, 0.0, False)
+    lik = get_likelihood("probit")
+    value, grad = state.objective(lik, X, y, state.params(), 4)
+    p = state.params()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")        # no "divide by zero" on the way
+        for lq in (0.0, 1e-320):              # L_q = 0, and 1/L_q overflowing
+            bad, g = state.objective(lik, X, y, np.array([0.0, lq]), 4)
+            assert bad == -np.inf and np.all(g == 0.0)
+    assert np.array_equal(state.params(), p) and state.log_z == value and state.reverted == 2

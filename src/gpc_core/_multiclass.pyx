@@ -166,8 +166,11 @@ cdef int argmax_pair_moments_s(double m_t, double v_t, double m_o, double v_o, d
     (the FITC variances s_y + s_k of a sparse model; formulas in gpc/_multiclass.pxd).  With
     s_extra = 0 this is argmax_pair_moments, bit for bit."""
     cdef double s, alpha, log_cdf, log_p, log_1mp, w, r
-    if not (v_t > 0 and v_o > 0 and s_extra >= 0 and isfinite(v_t) and isfinite(v_o)
-            and isfinite(s_extra) and isfinite(m_t) and isfinite(m_o)) or isnan(lz_cav):
+    # a cavity of variance 0 (a sparse row far from every inducing point) is a point mass: its
+    # moments stay put, and the step needs only v_t + v_o + s_extra > 0
+    if not (v_t >= 0 and v_o >= 0 and s_extra >= 0 and v_t + v_o + s_extra > 0
+            and isfinite(v_t) and isfinite(v_o) and isfinite(s_extra) and isfinite(m_t)
+            and isfinite(m_o)) or isnan(lz_cav):
         return 1
     s = sqrt(v_t + v_o + s_extra)
     alpha = (m_t - m_o) / s
@@ -208,12 +211,16 @@ cdef int argmax_pair_site_s(double m_t, double v_t, double m_o, double v_o, doub
     cdef int status = argmax_pair_moments_s(m_t, v_t, m_o, v_o, s_extra, lz_cav, log_c, mom)
     if status != 0:
         return status
-    if not (mom.var_t > 0 and mom.var_o > 0):
+    # tilted / cavity with mean_t = m_t + v_t g, var_t = v_t (1 + v_t h) (and the competitor's
+    # with -g): tau_t = 1/var_t - 1/v_t = -h/(1 + v_t h), eta_t = (g - m_t h)/(1 + v_t h), finite
+    # at v_t = 0 (its limit there); var_t > 0 iff 1 + v_t h > 0
+    cdef double d_t = 1.0 + v_t * mom.h, d_o = 1.0 + v_o * mom.h
+    if not (d_t > 0 and d_o > 0):
         return 2
-    tau_t[0] = 1.0 / mom.var_t - 1.0 / v_t
-    eta_t[0] = mom.mean_t / mom.var_t - m_t / v_t
-    tau_o[0] = 1.0 / mom.var_o - 1.0 / v_o
-    eta_o[0] = mom.mean_o / mom.var_o - m_o / v_o
+    tau_t[0] = -mom.h / d_t
+    eta_t[0] = (mom.g - m_t * mom.h) / d_t
+    tau_o[0] = -mom.h / d_o
+    eta_o[0] = (-mom.g - m_o * mom.h) / d_o
     return 0
 
 
@@ -407,18 +414,21 @@ cdef double refine_pair_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t
             if gap > mismatch:
                 mismatch = gap
             if fixed_precisions:    # Δη = Δm / v moves the marginal mean to the tilted mean
+                # (mean_t - m_y)/v_y = (tt0 m_y - et0 + g)/(1 - tt0 v_y) by pair_cavity's v_t, m_t
                 tt = tt0
                 to = to0
-                et = et0 + e * (mom.mean_t - m_y) / v_y
-                eo = eo0 + e * (mom.mean_o - m_k) / v_k
+                et = et0 + e * (tt0 * m_y - et0 + mom.g) / (1.0 - tt0 * v_y)
+                eo = eo0 + e * (to0 * m_k - eo0 - mom.g) / (1.0 - to0 * v_k)
             else:                   # site = tilted / cavity, damped
                 tt = e * tt + (1 - e) * tt0
                 et = e * et + (1 - e) * et0
                 to = e * to + (1 - e) * to0
                 eo = e * eo + (1 - e) * eo0
-            prec = 1.0 / v_y + tt - tt0         # the target marginal moves with its site
-            m_y = (m_y / v_y + et - et0) / prec
-            v_y = 1.0 / prec
+            # the target marginal moves with its site: precision 1/v_y + tt - tt0, in variance
+            # form (finite at v_y = 0, where it stays the point mass)
+            prec = 1.0 + (tt - tt0) * v_y
+            m_y = (m_y + (et - et0) * v_y) / prec
+            v_y = v_y / prec
             tau_t[i, k] = tt
             eta_t[i, k] = et
             tau_o[i, k] = to

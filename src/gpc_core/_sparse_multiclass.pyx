@@ -60,9 +60,12 @@ cdef inline tuple _shape(const double[:, ::1] a):
 
 
 cdef inline double _site_mass(double tau, double eta, double m, double v) noexcept nogil:
-    """log ∫ exp(−½ τ t² + η t) N(t | m, v) dt (needs 1 + τ v > 0)."""
+    """log ∫ exp(−½ τ t² + η t) N(t | m, v) dt (needs 1 + τ v > 0):
+    −½ log(1 + τv) + (m + ηv)²/(2v(1 + τv)) − m²/(2v), its two m²/(2v) terms cancelled,
+    = −½ log(1 + τv) + (2mη + η²v − τm²)/(2(1 + τv)), which is finite at v = 0 (the point mass
+    at m: the site's value there)."""
     cdef double s = 1.0 + tau * v
-    return -0.5 * log(s) + (m + eta * v) * (m + eta * v) / (2.0 * v * s) - m * m / (2.0 * v)
+    return -0.5 * log(s) + (2.0 * m * eta + eta * eta * v - tau * m * m) / (2.0 * s)
 
 
 def refine_block(const Py_ssize_t[::1] y, const Py_ssize_t[:, ::1] others,
@@ -167,10 +170,11 @@ cdef int _point_evidence(Py_ssize_t i, const Py_ssize_t[::1] y, const Py_ssize_t
         g = mom.g
         gs = 0.5 * (g * g + mom.h)           # ∂ log Z/∂S² = ½ (g² + h)
         d1[i, t] += g
-        e[i, t] += (g * (tau_t[i, k] * m_y - eta_t[i, k]) + 2.0 * gs) * v_t / v_y
+        # v_t/v_y = 1/(1 − τ_t v_y) (pair_cavity), which is 1 at v_y = 0
+        e[i, t] += (g * (tau_t[i, k] * m_y - eta_t[i, k]) + 2.0 * gs) / (1.0 - tau_t[i, k] * v_y)
         g_s[i, t] += gs
         d1[i, k] -= g
-        e[i, k] += (-g * (tau_o[i, k] * m_k - eta_o[i, k]) + 2.0 * gs) * v_o / v_k
+        e[i, k] += (-g * (tau_o[i, k] * m_k - eta_o[i, k]) + 2.0 * gs) / (1.0 - tau_o[i, k] * v_k)
         g_s[i, k] += gs
     if robust:          # log Dᵢ: the point's Bernoulli factors summed over zᵢ (RMGPC eq. (17))
         for j in range(l - 1):
@@ -303,9 +307,10 @@ def local_ep_block(const Py_ssize_t[::1] y, const Py_ssize_t[:, ::1] others,
                         loc = eta_o[i, k]
                     site_tau[i, k] = prec
                     site_eta[i, k] = loc
-                    prec += 1.0 / v_c[i, k]
-                    varis[i, k] = 1.0 / prec
-                    means[i, k] = (m_c[i, k] / v_c[i, k] + loc) / prec
+                    # cavity × site in variance form (the point mass m_c stays at v_c = 0)
+                    prec = 1.0 + prec * v_c[i, k]
+                    varis[i, k] = v_c[i, k] / prec
+                    means[i, k] = (m_c[i, k] + loc * v_c[i, k]) / prec
                 if change < tol:
                     break
             if not change < tol:
@@ -318,8 +323,11 @@ def local_ep_block(const Py_ssize_t[::1] y, const Py_ssize_t[:, ::1] others,
                                    varis, s, robust, log_c, &total, d_m, d_v, d_s)
             for k in range(l):
                 total += _site_mass(site_tau[i, k], site_eta[i, k], m_c[i, k], v_c[i, k])
-                dm = (means[i, k] - m_c[i, k]) / v_c[i, k]
+                # (μ − m_c)/v_c = (η − τ m_c)/(1 + τ v_c) and (σ² − v_c)/v_c² = −τ/(1 + τ v_c)
+                # for μ, σ² above: finite at v_c = 0 and where v_c² underflows
+                prec = 1.0 + site_tau[i, k] * v_c[i, k]
+                dm = (site_eta[i, k] - site_tau[i, k] * m_c[i, k]) / prec
                 d_m[i, k] = dm
-                d_v[i, k] = 0.5 * (dm * dm + (varis[i, k] - v_c[i, k]) / (v_c[i, k] * v_c[i, k]))
+                d_v[i, k] = 0.5 * (dm * dm - site_tau[i, k] / prec)
             log_z[i] = total
     return bad, unconverged

@@ -207,6 +207,9 @@ class SparseMultiClassGPC(GPCEstimator):
         """Checks every parameter; returns the likelihood's noise treatment."""
         if self.model not in MODELS:
             raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
+        for name in ("shared_kernel", "shared_inducing", "optimize_inducing", "tied_sites"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         check_positive_int(self.n_inducing, "n_inducing")
         if not (isinstance(self.max_iter, str) and self.max_iter == "auto"):
             check_positive_int(self.max_iter, "max_iter")

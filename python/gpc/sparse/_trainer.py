@@ -291,8 +291,9 @@ class LBFGSTrainer(Trainer):
     Each state gives ``params()``, ``bounds()``, ``objective(likelihood, X, y, p, block_rows)`` →
     (value, gradient), which moves the state to p when it can be evaluated and returns -inf there
     otherwise (``failure`` then holds the cause), and ``snapshot()`` / ``restore(snapshot)`` of its
-    model.  A point that cannot be evaluated is handed to L-BFGS-B as a finite penalty above every
-    value seen, with a zero gradient, so its line search backtracks; an infinite value would end
+    model.  A point that cannot be evaluated, or whose value or gradient is not finite, is handed
+    to L-BFGS-B as a finite penalty above every value seen, with a zero gradient, so its line search
+    backtracks (the states stay where they were); an infinite value would end
     the optimisation there (scipy's L-BFGS-B stops on it).  Exactly ``epochs`` evaluations run
     (fewer if L-BFGS-B converges); the states end on the best point evaluated.
 
@@ -317,13 +318,18 @@ class LBFGSTrainer(Trainer):
             value, grad = 0.0, np.empty_like(p)
             for k, (state, (X, y)) in enumerate(zip(self.states, data)):
                 part = slice(sizes[k], sizes[k + 1])
+                before = state.snapshot()
                 v, g = state.objective(self.likelihood, X, y, p[part], BLOCK_ROWS)
-                if not np.isfinite(v):
+                if not (np.isfinite(v) and np.all(np.isfinite(g))):
+                    # a finite value with a NaN gradient fails too: L-BFGS-B would step to NaN
+                    state.restore(before)
                     tick()
                     if not best:
+                        what = "evaluated" if not np.isfinite(v) else "differentiated"
                         raise NumericalError(
-                            f"{state.name}: the objective cannot be evaluated at the initial "
-                            "hyperparameters and inducing points", value=v) from state.failure
+                            f"{state.name}: the objective cannot be {what} at the initial "
+                            "hyperparameters and inducing points", value=v) from (
+                            state.failure if not np.isfinite(v) else None)
                     return worst[0] + 1.0 + abs(worst[0]), np.zeros_like(p)
                 value += v
                 grad[part] = g

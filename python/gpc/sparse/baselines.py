@@ -21,7 +21,7 @@ scaled by n/|M|.
 import numpy as np
 
 from .. import _lapack, _parallel, _sparse
-from ..exceptions import NotPositiveDefiniteError, NumericalError
+from ..exceptions import DivergenceError, NotPositiveDefiniteError, NumericalError
 from ._inducing import InducingFactor
 from ._passes import add_parts, as_block, block_parts, block_ranges, finish_evidence
 from .ep import (DEFAULT_ON_NEGATIVE, NaturalPosterior, Posterior, Rule, _rows, add_blocks,
@@ -133,6 +133,11 @@ class GFITCState(_LBFGSState):
                                                          q, tau[start:stop], nu[start:stop], True,
                                                          Kbu, rule=self.rule))
                 log_z, g_theta, g_Z, n_bad = finish_evidence(factor, q, parts)
+            if not (np.isfinite(log_z) and np.all(np.isfinite(g_theta))
+                    and np.all(np.isfinite(g_Z))):
+                # eq. (4) is rounded away where the sites are huge: L-BFGS-B must not step on it
+                raise DivergenceError("GFITC: the EP evidence or its gradient is not finite at "
+                                      "this (θ, Z)", method="gfitc")
             if n_bad:
                 # the site rule keeps such rows' sites and the evidence leaves their terms out,
                 # which would make a degenerate point look better than any proper one
@@ -153,6 +158,7 @@ class GFITCState(_LBFGSState):
         pass.  Returns (tau, nu, q)."""
         m = blocks[0][3].shape[1]
         tau, nu = self.tau, self.nu
+        a2 = np.concatenate([np.einsum("ij,ij->i", A, A) for _, _, _, A, _, _ in blocks])
         P, h = np.eye(m), np.zeros(m)
         for start, stop, _, A, _, _ in blocks:
             dP, dh = whitened_sums(A, tau[start:stop], nu[start:stop])
@@ -171,11 +177,35 @@ class GFITCState(_LBFGSState):
                 h += up.dh
             change = max(np.max(np.abs(new_tau - tau)), np.max(np.abs(new_nu - nu)))
             tau, nu = new_tau, new_nu
+            _check_sites(tau, nu, a2)
             q = NaturalPosterior(0.5 * (P + P.T), h)
             self.passes += 1
             if change < self.tol:
                 break
         return tau, nu, q
+
+
+#: the largest site precision along a_i, τ_i |a_i|², in units of the prior's (p(w) = N(0, I)):
+#: beyond 2⁵² the site pins a_iᵀw below the rounding of its unit prior variance
+PINNED = 2.0 ** 52
+
+
+def _check_sites(tau, nu, a2):
+    """DivergenceError for sites that left every EP fixed point: non-finite, or a site precision
+    beyond PINNED.  A step-like likelihood (noisy threshold) on rows that the model sees as one
+    value with both labels (equal rows at an inducing point, FITC variance s_i = 0) has no fixed
+    point: against a cavity N(0, v) the matched site precision is c/v with c > 1, so each pass
+    narrows q and multiplies every site precision by about the same factor (≈ 9.5 per damped pass
+    on ten such rows), until the evidence is rounding and its gradient overflows."""
+    pinned = np.abs(tau) * a2
+    if np.all(np.isfinite(tau)) and np.all(np.isfinite(nu)) and not np.any(pinned > PINNED):
+        return
+    i = int(np.argmax(np.where(np.isfinite(pinned), pinned, np.inf)))
+    raise DivergenceError(f"GFITC: EP's sites diverge at this (θ, Z): site {i} has precision "
+                          f"{tau[i]:.3g} along a_i (|a_i|² = {a2[i]:.3g}), beyond 2^52 times the "
+                          "prior's; a step-like likelihood on rows with both labels that the "
+                          "inducing points cannot tell apart has no EP fixed point",
+                          method="gfitc", index=i, value=tau[i])
 
 
 def _whitened_blocks(X, factor, block_rows):
@@ -220,6 +250,12 @@ def svi_block(likelihood, y, A, s, mean, Lq):
         var = np.empty(len(Ab))
         _sparse.row_dots(ALb, ALb, var)
         var += sb
+        if not np.all((var > 0.0) & np.isfinite(var)):
+            # only where a_i or L_q rounds to 0 and s_i = 0 (jitter 0): outside the bound's domain
+            i = int(np.argmin(np.where(np.isfinite(var), var, -np.inf)))
+            raise DivergenceError(f"SVI: the predictive variance s_i + |L_qᵀa_i|² of row "
+                                  f"{blocks[j][0] + i} is {var[i]!r} at this (θ, Z, L_q)",
+                                  method="svi", value=var[i])
         mu = np.empty(len(Ab))
         _sparse.rows_dot(Ab, mean, mu)
         e, em[:], ev[:] = likelihood.expected_log_prob(yb, mu, var)
@@ -315,16 +351,26 @@ class SVIState(_LBFGSState):
 
         X is the rows (any row-sliceable array, with labels y), or rows on a distributed engine
         (an object with ``svi_parts``, :class:`gpc.sparse._distributed.ShardedRows`)."""
+        before = self.snapshot()
         try:
             self._set(p)
-        except NotPositiveDefiniteError as exc:
+            # KL = ½ (tr S + μᵀμ - m - log|S|) with log|S| = 2 Σ log|L_q,ii| is +inf, so the bound
+            # (8) is -inf, where a diagonal entry of L_q is 0: L-BFGS-B's first step along the
+            # diagonal alone (balanced labels on equal rows) lands there exactly.  Such a point,
+            # and one where 1/L_q,ii (the KL's gradient, -L_q + diag(1/L_q,ii)) overflows, is a
+            # failed evaluation that L-BFGS-B backtracks from and Adadelta steps back from.
+            if not np.all(np.abs(np.diag(self.Lq)) > 1.0 / np.finfo(np.float64).max):
+                raise DivergenceError("SVI: L_q is singular at this point (a diagonal entry "
+                                      "is 0, log|S| = -inf)", method="svi")
+            if hasattr(X, "svi_parts"):   # rows on a distributed engine (gpc.sparse._distributed)
+                parts = X.svi_parts(self.factor, self.mean, self.Lq)
+            else:
+                parts = svi_parts(likelihood, X, y, self.factor, self.mean, self.Lq, block_rows)
+        except (NotPositiveDefiniteError, NumericalError) as exc:
+            self.restore(before)
             self.reverted += 1
             self.failure = exc
             return -np.inf, np.zeros_like(p)
-        if hasattr(X, "svi_parts"):   # rows on a distributed engine (gpc.sparse._distributed)
-            parts = X.svi_parts(self.factor, self.mean, self.Lq)
-        else:
-            parts = svi_parts(likelihood, X, y, self.factor, self.mean, self.Lq, block_rows)
         value, g_theta, g_Z, g_m, G_L = svi_finish(self.factor, self.mean, self.Lq, parts, scale)
         self.log_z = value
         return value, _pack_grad(g_theta, g_Z, self.optimize_inducing, (g_m, G_L[self._tril]))

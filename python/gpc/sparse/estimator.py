@@ -324,8 +324,8 @@ class SparseGaussianProcessClassifier(GPCEstimator):
         return get_likelihood(self.likelihood)
 
     def _check_validation_data(self):
-        """``validation_data`` as (X_val, y_val) with the training data's features, checked before
-        training starts."""
+        """``validation_data`` as (X_val, y_val) with the training data's features and labels among
+        ``classes_``, checked before training starts."""
         if self.validation_data is None:
             return
         try:
@@ -334,9 +334,13 @@ class SparseGaussianProcessClassifier(GPCEstimator):
             raise ValueError("validation_data must be a pair (X_val, y_val)") from None
         try:
             Xv = self._check_X(Xv, fitting=False)
-            self._check_y(yv, Xv.shape[0])
+            yv = self._check_y(yv, Xv.shape[0])
         except ValueError as exc:
             raise ValueError(f"validation_data: {exc}") from None
+        unknown = np.setdiff1d(np.unique(yv), self.classes_)
+        if len(unknown):
+            raise ValueError(f"validation_data: y_val has labels {unknown.tolist()} that are not "
+                             f"classes of y ({self.classes_.tolist()})")
 
     def _damping(self, per_row_minibatch):
         if self.damping is not None:

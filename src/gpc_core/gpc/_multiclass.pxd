@@ -73,15 +73,18 @@ cdef double refine_pair_rows(Py_ssize_t start, Py_ssize_t stop, const Py_ssize_t
 # N(m_y, v_y) of the label's latent value less the site's factor exp(-tau_t f^2/2 + eta_t f) on it,
 # and N(m_k, v_k) of the competitor's less exp(-tau_o f^2/2 + eta_o f); False (outputs unset) when a
 # cavity precision is not positive.  The exact engine's pair loop and the sparse engine's evidence
-# pass take their cavities here.
+# pass take their cavities here.  In variance form, v_t = v_y/(1 - tau_t v_y) and
+# m_t = (m_y - eta_t v_y)/(1 - tau_t v_y) (1/v_y - tau_t > 0 iff 1 - tau_t v_y > 0 for v_y > 0): a
+# marginal of variance 0 (a sparse row whose a_ik underflows to 0) is then its own cavity, the
+# point mass at m_y, where the precision form made it 0/0.
 cdef inline bint pair_cavity(double m_y, double v_y, double tau_t, double eta_t, double m_k,
                              double v_k, double tau_o, double eta_o, double* m_t, double* v_t,
                              double* m_o, double* v_o) noexcept nogil:
-    cdef double prec_t = 1.0 / v_y - tau_t, prec_o = 1.0 / v_k - tau_o
-    if not (prec_t > 0 and prec_o > 0):
+    cdef double d_t = 1.0 - tau_t * v_y, d_o = 1.0 - tau_o * v_k
+    if not (d_t > 0 and d_o > 0):
         return False
-    v_t[0] = 1.0 / prec_t
-    v_o[0] = 1.0 / prec_o
-    m_t[0] = v_t[0] * (m_y / v_y - eta_t)
-    m_o[0] = v_o[0] * (m_k / v_k - eta_o)
+    v_t[0] = v_y / d_t
+    v_o[0] = v_k / d_o
+    m_t[0] = (m_y - eta_t * v_y) / d_t
+    m_o[0] = (m_k - eta_o * v_k) / d_o
     return True
