@@ -161,6 +161,12 @@ def test_bound_gradient_matches_central_differences(shared, scale):
     # every kind of parameter is there and moves the bound
     n_theta = sum(len(k.theta) for k in state.kernels)
     assert n_theta == (1 if shared else 3) * 3 and np.all(grad[:n_theta] != 0.0)
+    # the bounds follow the same order: θ's, Z free, log ε within log(1e-6, 0.4), q free
+    bounds = state.bounds()
+    eps_at = n_theta + sum(Z.size for Z in state.Zs)
+    assert bounds.shape == (len(p), 2) and np.all(np.isfinite(bounds[:n_theta]))
+    np.testing.assert_allclose(bounds[eps_at], np.log([1e-6, 0.4]))
+    assert np.all(np.isinf(np.delete(bounds, list(range(n_theta)) + [eps_at], axis=0)))
 
 
 def test_minibatch_estimates_average_to_the_bound():

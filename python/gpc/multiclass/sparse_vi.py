@@ -148,6 +148,7 @@ class SparseMultiClassVIState(_LBFGSState):
         self.log_z = np.nan
         self.reverted = 0
         self.tasks = SERIAL           # the trainer's thread pool while it trains
+        self._bounds = None
 
     # the classes' geometry, ε and the hyperparameters' order: the EP state's
     _factors = SparseMultiClassState._factors
@@ -172,13 +173,21 @@ class SparseMultiClassVIState(_LBFGSState):
         return np.concatenate(parts)
 
     def bounds(self):
-        out = [tuple(r) for kern in self.kernels for r in (kern.bounds if len(kern.theta) else [])]
-        if self.optimize_inducing:
-            out += [(None, None)] * sum(Z.size for Z in self.Zs)
-        if self.eps_bounds is not None:
-            out.append(tuple(self.eps_bounds))
-        return out + [(None, None)] * sum(len(m) + len(t[0]) for m, t in zip(self.means,
-                                                                             self._trils))
+        """(low, high) of every parameter as one (p, 2) array, ±inf where free: built once (the
+        kernels' bounds do not move), since with d = 784 Z alone has C·m·d entries and a minibatch
+        step reads the bounds every time."""
+        if self._bounds is None:
+            theta = [np.asarray(k.bounds, dtype=float).reshape(-1, 2) for k in self.kernels
+                     if len(k.theta)]
+            out = np.tile([-np.inf, np.inf], (len(self.params()), 1))
+            at = sum(len(r) for r in theta)
+            if theta:
+                out[:at] = np.concatenate(theta)
+            if self.eps_bounds is not None:
+                at += sum(Z.size for Z in self.Zs) if self.optimize_inducing else 0
+                out[at] = self.eps_bounds
+            self._bounds = out
+        return self._bounds
 
     def _set(self, p):
         """Move to the packed parameters p (the trainers keep them within ``bounds``); raises
