@@ -1,4 +1,4 @@
-"""One epoch of sparse multi-class GP classification against GPyTorch's SVGP (issue 30's speed bench).
+"""One epoch of sparse multi-class GP classification against GPyTorch's SVGP (the speed bench).
 
 The problem is Fashion-MNIST's shape: 10 classes, n = 60,000 training rows of d = 784 pixels in
 [0, 1], m = 100 inducing points per class, minibatches of 200, one epoch.  The data are
@@ -50,7 +50,7 @@ FASHION_DIR = "/usr/share/datasets/fashion-mnist"
 C, D = 10, 784
 
 
-# -- data ---------------------------------------------------------------------------------------------
+# -- data ------------------------------------------------------------------------------------------
 def fashion_mnist(data_dir, n, n_test, rng):
     """n training rows and n_test test rows of Fashion-MNIST (pixels / 255, class codes 0-9), drawn
     at random from its training and test parts."""
@@ -97,7 +97,7 @@ def held_out_scores(P, y):
     return float(np.mean(np.argmax(P, axis=1) != y)), float(-np.mean(np.log(p)))
 
 
-# -- the contenders -------------------------------------------------------------------------------------
+# -- the contenders --------------------------------------------------------------------------------
 def gpc_model(method, Z, ell, m, batch, threads):
     return SparseMultiClassGPC(kernel=ConstantKernel(1.0) * RBF(ell), n_inducing=m,
                                inducing_points=Z, method=method, label_noise=0.01,
@@ -191,7 +191,7 @@ def have_gpytorch():
     return True
 
 
-# -- the table ------------------------------------------------------------------------------------------
+# -- the table -------------------------------------------------------------------------------------
 def machine_line():
     blas = sorted({f"{i.get('internal_api')} {i.get('version')} ({i.get('num_threads')} threads)"
                    for i in threadpool_info() if i.get("user_api") == "blas"})

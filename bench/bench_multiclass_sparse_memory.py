@@ -1,4 +1,4 @@
-"""Peak memory of a sparse multi-class fit beyond its data, against n (issue 30's memory bench).
+"""Peak memory of a sparse multi-class fit beyond its data, against n.
 
 With tied sites (stochastic EP) ``SparseMultiClassGPC`` keeps one average site per class, O(C m²)
 numbers whatever n; ``method="vi"`` keeps q(u_k) per class and nothing per row either.  This bench

@@ -89,20 +89,17 @@ def test_argmax_probability_derivatives_match_central_differences():
     means, varis, y = _random_marginals(b=5, C=4, seed=2)
     _, d_mean, d_var = argmax_probability(means, varis, y)
     h = 1e-6
-    for i, k in np.ndindex(means.shape):
-        dm = means.copy()
-        dm[i, k] += h
-        up = argmax_probability(dm, varis, y)[0][i]
-        dm[i, k] -= 2 * h
-        down = argmax_probability(dm, varis, y)[0][i]
-        # central differences: O(h²) truncation and ~1e-16/h rounding, 1e-9 absolute
-        assert abs((up - down) / (2 * h) - d_mean[i, k]) < 1e-9
-        dv = varis.copy()
-        dv[i, k] += h
-        up = argmax_probability(means, dv, y)[0][i]
-        dv[i, k] -= 2 * h
-        down = argmax_probability(means, dv, y)[0][i]
-        assert abs((up - down) / (2 * h) - d_var[i, k]) < 1e-9
+
+    def moved(which, i, k, step):
+        args = [means.copy(), varis.copy()]
+        args[which][i, k] += step
+        return argmax_probability(*args, y)[0][i]
+
+    for which, analytic in ((0, d_mean), (1, d_var)):
+        for i, k in np.ndindex(means.shape):
+            fd = (moved(which, i, k, h) - moved(which, i, k, -h)) / (2 * h)
+            # central differences: O(h²) truncation and ~1e-16/h rounding, 1e-9 absolute
+            assert abs(fd - analytic[i, k]) < 1e-9
 
 
 def test_derivatives_are_finite_where_a_class_is_far_behind():
@@ -116,7 +113,7 @@ def test_derivatives_are_finite_where_a_class_is_far_behind():
     assert abs(d_mean[0, 1]) < 1e-300
 
 
-# -- the bound ---------------------------------------------------------------------------------------
+# -- the bound -------------------------------------------------------------------------------------
 
 def test_data_terms_match_monte_carlo_of_the_latent_values():
     """Σᵢ E_q[log p(yᵢ | fᵢ)] of the state (quadrature on its marginals) against sampling w_k from
@@ -194,7 +191,7 @@ def test_bound_is_below_zero_and_q_at_the_prior_has_no_kl():
     np.testing.assert_allclose(prior.objective(None, X, y, prior.params(), 24)[0], e, rtol=1e-14)
 
 
-# -- the estimator -----------------------------------------------------------------------------------
+# -- the estimator ---------------------------------------------------------------------------------
 
 def test_fit_on_thyroid_is_comparable_to_ep():
     X, y, Xt, yt = _thyroid(150)
@@ -307,7 +304,7 @@ def test_sklearn_conventions():
         check_estimator(clf)
 
 
-# -- memory: tied sites keep nothing per row ---------------------------------------------------------
+# -- memory: tied sites keep nothing per row -------------------------------------------------------
 
 def _arrays(obj, seen=None):
     """Every NumPy array reachable from obj's attributes, lists, tuples and dicts."""

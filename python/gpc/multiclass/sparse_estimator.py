@@ -92,7 +92,8 @@ class SparseMultiClassGPC(GPCEstimator):
     batch_size : int, None or "auto", default "auto"
         None: batch training (parallel site passes over all rows, one inner step per pass); an int
         below n: minibatches of that many rows (SEP eq. (6), data terms scaled by (rows q holds)
-        / |M|).  "auto": batch below 10,000 rows, minibatches of 2,000 from there on.
+        over the minibatch size).  "auto": batch below 10,000 rows, minibatches of 2,000 from
+        there on.
     max_iter : int or "auto", default "auto"
         Epochs; "auto" as in :class:`gpc.SparseGaussianProcessClassifier` (100 in batch).
     learning_rate : float, default 1.0

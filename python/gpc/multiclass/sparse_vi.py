@@ -67,8 +67,8 @@ def argmax_probability(means, varis, y):
         ∂Pᵢ/∂σ²_iy = Σ_j w_j (x_j / (√2 σ_iy)) Σ_{k≠y} R_jk / σ_ik,
 
     the derivatives of the rule itself (the nodes move with μ_iy and σ_iy), so the gradient is
-    that of the value returned.  R is formed as exp(Σ_{l≠y} log Φ(z_jl) − log Φ(z_jk) + log φ(z_jk)),
-    finite where Φ(z_jk) underflows.
+    that of the value returned.  R is formed as
+    exp(Σ_{l≠y} log Φ(z_jl) − log Φ(z_jk) + log φ(z_jk)), finite where Φ(z_jk) underflows.
 
     Parameters
     ----------
