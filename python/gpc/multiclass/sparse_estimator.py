@@ -92,8 +92,7 @@ class SparseMultiClassGPC(GPCEstimator):
     batch_size : int, None or "auto", default "auto"
         None: batch training (parallel site passes over all rows, one inner step per pass); an int
         below n: minibatches of that many rows (SEP eq. (6), data terms scaled by (rows q holds)
-        over the minibatch size).  "auto": batch below 10,000 rows, minibatches of 2,000 from
-        there on.
+        / |M|).  "auto": batch below 10,000 rows, minibatches of 2,000 from there on.
     max_iter : int or "auto", default "auto"
         Epochs; "auto" as in :class:`gpc.SparseGaussianProcessClassifier` (100 in batch).
     learning_rate : float, default 1.0
@@ -505,7 +504,10 @@ class SparseMultiClassGPC(GPCEstimator):
         """Latent predictive means and variances of every f_k at X, (n, C) each (derivation §8):
         a_*ᵀμ_k and a_*ᵀΣ_k a_* + s_*k."""
         self._check_fitted()
-        parts = self._blocks(X, lambda Xb, _, tasks: latent_moments(self._state, Xb, tasks))
+        latent = getattr(self._state, "latent_moments", None)      # method="vi"
+        if latent is None:
+            latent = partial(latent_moments, self._state)
+        parts = self._blocks(X, lambda Xb, _, tasks: latent(Xb, tasks))
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
     def predict_proba(self, X):

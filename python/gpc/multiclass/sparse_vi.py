@@ -21,8 +21,9 @@ variance, part of q's marginal).  Since p(yᵢ | fᵢ) takes two values,
 
 one Gauss–Hermite rule in f (:func:`argmax_probability`, with its derivatives in every μ_ik and
 σ²_ik; docs/derivations-sparse-multiclass.md §11).  Everything per class is the binary SVI's
-(:mod:`gpc.sparse.baselines`): the marginals, the chain rule to A, μ_k and L_q,k, the KL and the
-K_uu part (``svi_marginals``, ``svi_chain``, ``svi_finish``), and the kernel and Z gradient
+(:mod:`gpc.sparse.baselines`): q's marginals (``Posterior.marginals``), the chain rule to A, μ_k
+and L_q,k (``svi_block``, handed each class's row coefficients through :class:`_ClassCoefficients`),
+the KL and the K_uu part (``svi_finish``), and the kernel and Z gradient
 (``InducingFactor.block_gradient``).  Training is the binary SVI's too: L-BFGS-B in batch
 (:class:`gpc.sparse._trainer.LBFGSTrainer`) or Adadelta on minibatches with the data terms scaled by
 n/|M| (:class:`gpc.sparse._trainer.SVIMinibatch`), the rows those of
@@ -39,9 +40,9 @@ from scipy.special import log_ndtr
 
 from ..exceptions import NotPositiveDefiniteError
 from ..sparse._passes import add_parts, as_block, block_ranges
-from ..sparse.baselines import SVIState, _LBFGSState, svi_chain, svi_finish, svi_marginals
-from ..sparse.ep import Posterior
 from ..sparse._trainer import LBFGSTrainer, SVIMinibatch
+from ..sparse.baselines import SVIState, _LBFGSState, svi_block, svi_finish
+from ..sparse.ep import Posterior
 from .predict import N_NODES
 from .sparse import (RANGE_ROWS, SERIAL, ArgmaxLikelihood, RowBlock, SparseMultiClassState)
 
@@ -255,61 +256,80 @@ class SparseMultiClassVIState(_LBFGSState):
         self.log_z = value
         return value, grad
 
-    def _marginals(self, block):
-        """Every class's q-marginals at a :class:`RowBlock`: (means, variances) (b, C) and the
-        per-class (μ, σ², A L_q) of ``svi_marginals``."""
-        marg = self.tasks.map(lambda k: svi_marginals(block.A[k], block.s[:, k], self.means[k],
-                                                      self.Lqs[k]), range(self.C))
-        means = np.ascontiguousarray(np.column_stack([mk[0] for mk in marg]))
-        varis = np.ascontiguousarray(np.column_stack([mk[1] for mk in marg]))
-        return means, varis, marg
+    def _marginals(self, block, tasks):
+        """Every class's q-marginals at a :class:`RowBlock`, (b, C) means and variances
+        a_ikᵀμ_k and s_ik + a_ikᵀS_k a_ik (the binary SVI's ``Posterior.marginals``)."""
+        out = tasks.map(lambda k: self.qs[k].marginals(block.A[k]), range(self.C))
+        means = np.ascontiguousarray(np.column_stack([o[0] for o in out]))
+        varis = np.ascontiguousarray(np.column_stack([o[1] for o in out])) + block.s
+        return means, varis
 
-    def _probabilities(self, means, varis, y):
+    @staticmethod
+    def _probabilities(means, varis, y, tasks):
         """:func:`argmax_probability` over fixed ranges of points (the threads' unit)."""
-        out = self.tasks.map(lambda r: argmax_probability(means[r[0]:r[1]], varis[r[0]:r[1]],
-                                                          y[r[0]:r[1]]),
-                             block_ranges(len(y), RANGE_ROWS))
+        out = tasks.map(lambda r: argmax_probability(means[r[0]:r[1]], varis[r[0]:r[1]],
+                                                     y[r[0]:r[1]]),
+                        block_ranges(len(y), RANGE_ROWS))
         return tuple(np.concatenate([o[i] for o in out]) for i in range(3))
 
     def _block(self, Xb, y):
         """A block's Σᵢ E_q[log p(yᵢ | fᵢ)], Σᵢ Pᵢ, and per class the summed data parts
         (g_θ, g_Z, AᵀG_A, ∂/∂μ, ∂/∂L_q) before :func:`gpc.sparse.baselines.svi_finish`."""
-        block = RowBlock(Xb, self.factors, self.tasks, keep_cross=True)
-        means, varis, marg = self._marginals(block)
-        P, d_mean, d_var = self._probabilities(means, varis, y)
+        tasks = self.tasks
+        block = RowBlock(Xb, self.factors, tasks, keep_cross=True)
+        means, varis = self._marginals(block, tasks)
+        P, d_mean, d_var = self._probabilities(means, varis, y, tasks)
         eps, C = self.eps, self.C
         log_other = math.log(eps / (C - 1))
         kappa = math.log1p(-eps) - log_other
         e_sum = len(y) * log_other + kappa * float(np.sum(P))
+        rows = np.arange(len(y), dtype=np.float64)
 
         def grad(k):
-            e_m = kappa * d_mean[:, k]
-            e_v = np.ascontiguousarray(kappa * d_var[:, k])
-            G_A, AtG, g_m, G_L = svi_chain(block.A[k], self.means[k], self.Lqs[k], marg[k][2],
-                                           e_m, e_v)
-            g_theta, g_Z = self.factors[k].block_gradient(Xb, G_A, e_v, block.Kbu[k],
-                                                          overwrite=True)
+            coefficients = _ClassCoefficients(kappa * d_mean[:, k], kappa * d_var[:, k])
+            _, G_A, e_v, AtG, g_m, G_L = svi_block(coefficients, rows, block.A[k],
+                                                   block.s[:, k].copy(), self.means[k],
+                                                   self.Lqs[k])
+            G_A = np.ascontiguousarray(G_A)
+            g_theta, g_Z = self.factors[k].block_gradient(Xb, G_A, np.ascontiguousarray(e_v),
+                                                          block.Kbu[k], overwrite=True)
             return g_theta, g_Z, AtG, g_m, G_L
 
-        return e_sum, float(np.sum(P)), self.tasks.map(grad, range(C))
+        return e_sum, float(np.sum(P)), tasks.map(grad, range(C))
 
     # -- per-row quantities ------------------------------------------------------------------------
     def outlier_probability(self):
         raise AttributeError("method='vi' keeps no per-row state: call outlier_probability(X, y) "
                              "for any rows")
 
+    def latent_moments(self, Xb, tasks=SERIAL):
+        """q's predictive moments of every f_k at rows Xb: means a_*ᵀμ_k and variances
+        a_*ᵀS_k a_* + s_*k, (b, C) each (the SVGP predictive)."""
+        block = RowBlock(np.ascontiguousarray(Xb, dtype=np.float64), self.factors, tasks)
+        return self._marginals(block, tasks)
+
     def outlier_rows(self, Xb, y, tasks=SERIAL):
         """E_q[p(zᵢ = 1 | yᵢ, fᵢ)] of labelled rows: with ρ = Cε/(C − 1) the outlier indicator's
         posterior is ρ/(C (1 − ε)) where yᵢ is the argmax and 1 elsewhere (RMGPC eq. (21) at
         known f), so its q-average is 1 − Pᵢ (1 − ρ/(C (1 − ε)))."""
-        keep, self.tasks = self.tasks, tasks
-        try:
-            block = RowBlock(np.ascontiguousarray(Xb, dtype=np.float64), self.factors, tasks)
-            means, varis, _ = self._marginals(block)
-            P = self._probabilities(means, varis, np.ascontiguousarray(y, dtype=np.intp))[0]
-        finally:
-            self.tasks = keep
+        means, varis = self.latent_moments(Xb, tasks)
+        P = self._probabilities(means, varis, np.ascontiguousarray(y, dtype=np.intp), tasks)[0]
         return 1.0 - P * (1.0 - self.rho / (self.C * (1.0 - self.eps)))
+
+
+class _ClassCoefficients:
+    """Class k's share of the robust-max expected log likelihood in the form the binary SVI's
+    ``svi_block`` asks of a likelihood: ``expected_log_prob(rows, mean, var)`` gives, at the block's
+    rows (labelled by their positions), ∂E/∂μ_ik = κ ∂Pᵢ/∂μ_ik and ∂E/∂σ²_ik = κ ∂Pᵢ/∂σ²_ik, taken
+    once for all classes at q's marginals (:func:`argmax_probability`); the values themselves are
+    counted once by the caller, so they are 0 here."""
+
+    def __init__(self, e_mean, e_var):
+        self.e_mean, self.e_var = e_mean, e_var
+
+    def expected_log_prob(self, rows, mean, var):
+        i = np.asarray(rows).astype(np.intp)
+        return np.zeros(len(i)), self.e_mean[i], self.e_var[i]
 
 
 class _OnTheRowsThreads:

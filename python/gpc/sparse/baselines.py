@@ -189,32 +189,19 @@ def _pack_grad(g_theta, g_Z, optimize_inducing, extra=()):
     return np.concatenate([g_theta, g_Z.ravel() if optimize_inducing else np.empty(0), *extra])
 
 
-def svi_marginals(A, s, mean, Lq):
-    """q's marginals of the latent values at a block's rows: μ_i = a_iᵀμ and
-    σ_i² = s_i + |L_qᵀ a_i|² (the SVGP predictive of Hensman, Matthews & Ghahramani 2015, whitened),
-    and A L_q for :func:`svi_chain`.  Returns (μ, σ², A L_q)."""
-    AL = A @ Lq
-    return A @ mean, s + np.einsum("ij,ij->i", AL, AL), AL
-
-
-def svi_chain(A, mean, Lq, AL, e_m, e_v):
-    """The chain rule from a block's ∂F/∂μ_i = e_μ and ∂F/∂σ_i² = e_σ² (:func:`svi_marginals`'
-    moments) to A, μ and L_q: ∂/∂A = e_μ μᵀ + 2 e_σ² (A L_q L_qᵀ - A) (s_i = k_ii - |a_i|²
-    included; ∂/∂k_ii = e_σ²), ∂/∂μ = Aᵀ e_μ and ∂/∂L_q = 2 Aᵀ diag(e_σ²) A L_q.
-    Returns (G_A, AᵀG_A, g_mean, G_L)."""
-    G_A = np.outer(e_m, mean) + 2.0 * e_v[:, None] * (AL @ Lq.T - A)
-    return G_A, A.T @ G_A, A.T @ e_m, 2.0 * (A.T * e_v) @ AL
-
-
 def svi_block(likelihood, y, A, s, mean, Lq):
-    """One block's part of the bound (8) and of its gradient: (e, e_μ, e_σ²) from
-    ``expected_log_prob`` at :func:`svi_marginals`, then :func:`svi_chain`.
+    """One block's part of the bound (8) and of its gradient.
+
+    With μ_i = a_iᵀμ, σ_i² = s_i + |L_qᵀ a_i|² and (e, e_μ, e_σ²) from ``expected_log_prob``:
+    ∂/∂A = e_μ μᵀ + 2 e_σ² (A L_q L_qᵀ - A) (s_i = k_ii - |a_i|² included), ∂/∂k_ii = e_σ²,
+    ∂/∂μ = Aᵀ e_μ and ∂/∂L_q = 2 Aᵀ diag(e_σ²) A L_q.
     Returns (e_sum, G_A, e_var, AtG, g_mean, G_L).
     """
-    mu, var, AL = svi_marginals(A, s, mean, Lq)
-    e, e_m, e_v = likelihood.expected_log_prob(y, mu, var)
-    G_A, AtG, g_m, G_L = svi_chain(A, mean, Lq, AL, e_m, e_v)
-    return float(np.sum(e)), G_A, e_v, AtG, g_m, G_L
+    AL = A @ Lq
+    var = s + np.einsum("ij,ij->i", AL, AL)
+    e, e_m, e_v = likelihood.expected_log_prob(y, A @ mean, var)
+    G_A = np.outer(e_m, mean) + 2.0 * e_v[:, None] * (AL @ Lq.T - A)
+    return float(np.sum(e)), G_A, e_v, A.T @ G_A, A.T @ e_m, 2.0 * (A.T * e_v) @ AL
 
 
 def svi_parts(likelihood, X, y, factor, mean, Lq, block_rows):
