@@ -2,6 +2,7 @@
 
 import time
 import warnings
+from functools import partial
 
 import numpy as np
 
@@ -18,8 +19,10 @@ from .predict import argmax_probabilities
 from .sparse import (ArgmaxLikelihood, MultiClassBatch, MultiClassMinibatch, MultiClassRows,
                      MultiClassTied, SparseMultiClassState, Tasks, latent_moments,
                      row_outlier_probability)
+from .sparse_vi import SparseMultiClassVIState, VIBatch, VIMinibatch
 
 MODELS = ("robust", "standard")
+METHODS = ("ep", "vi")
 #: the binary sparse estimator's training bookkeeping, shared as it is (history, validation scores,
 #: progress bar, epochs, damping, clone and pickling with a client)
 _SHARED = SparseGaussianProcessClassifier
@@ -47,6 +50,13 @@ class SparseMultiClassGPC(GPCEstimator):
     also m float32 per row and class (each site's direction, SEP §2.3), and with tied sites
     O(C m²) in all.
 
+    ``method="vi"`` is the paper's variational comparison instead of EP: the same likelihood with
+    fixed (or learnt) ε, q(u_k) Gaussian per class, and the bound Σᵢ E_q[log p(yᵢ | fᵢ)] − Σ_k KL
+    with the expectations by one-dimensional Gauss–Hermite quadrature (Hensman et al. 2015's
+    robust-max; :mod:`gpc.multiclass.sparse_vi`, derivation §11), trained by L-BFGS-B in batch or
+    Adadelta on minibatches, as :class:`gpc.SparseGaussianProcessClassifier`'s "svi".  It keeps
+    nothing per row: O(C m²) memory whatever n.
+
     Parameters
     ----------
     kernel : gpc or scikit-learn kernel, or a list of C of them, optional
@@ -57,6 +67,12 @@ class SparseMultiClassGPC(GPCEstimator):
         m, the inducing points of each class (at most n).
     inducing_points : "kmeans", "random" or array (m, d), default "kmeans"
         As for :class:`gpc.SparseGaussianProcessClassifier`; every class starts at the same points.
+    method : "ep" or "vi", default "ep"
+        "ep": scalable EP (above).  "vi": the variational bound (above), which needs
+        ``label_noise=ε``: the noiseless argmax (model="standard") has log p = −∞ on a set of
+        positive mass under q, and the Beta treatment is EP's; ``tied_sites``, ``damping``,
+        ``a0``, ``b0`` and ``client`` are EP's.  ``max_iter`` counts L-BFGS-B's evaluations of the
+        bound in batch.
     shared_kernel : bool, default False
         One set of hyperparameters for all classes (their gradients added).
     shared_inducing : bool, default False
@@ -125,9 +141,9 @@ class SparseMultiClassGPC(GPCEstimator):
     label_noise_ : the fitted ε with ``label_noise=ε``; None otherwise
     outlier_rate_ : ρ: the fixed rate Cε/(C − 1), Q's mean a/(a + b) under the Beta treatment, or 0
     outlier_probability_ : Q(zᵢ = 1) of every training row in fit order (RMGPC eq. (21)); zeros for
-        model="standard"; not kept with ``tied_sites``
+        model="standard"; not kept with ``tied_sites`` or method="vi"
     log_marginal_likelihood_value_ : log Z (derivation §5) at the last step (minibatch: the last
-        estimate over all n rows)
+        estimate over all n rows); for method="vi" the variational bound
     n_iter_ : epochs completed
     history_ : list of dicts per epoch: ``iteration``, ``seconds``, ``objective`` (log Z),
         ``reverted`` and, with ``validation_data``, ``val_error`` and ``val_nll``
@@ -147,8 +163,8 @@ class SparseMultiClassGPC(GPCEstimator):
     (2, 3)
     """
 
-    def __init__(self, kernel=None, n_inducing=100, inducing_points="kmeans", shared_kernel=False,
-                 shared_inducing=False, model="robust", label_noise="beta",
+    def __init__(self, kernel=None, n_inducing=100, inducing_points="kmeans", method="ep",
+                 shared_kernel=False, shared_inducing=False, model="robust", label_noise="beta",
                  label_noise_bounds=LABEL_NOISE_BOUNDS, a0=1.0, b0=9.0, batch_size="auto",
                  max_iter="auto", learning_rate=1.0, damping=None, optimize_inducing=True,
                  tied_sites=False, jitter=1e-8, validation_data=None, progress=True,
@@ -156,6 +172,7 @@ class SparseMultiClassGPC(GPCEstimator):
         self.kernel = kernel
         self.n_inducing = n_inducing
         self.inducing_points = inducing_points
+        self.method = method
         self.shared_kernel = shared_kernel
         self.shared_inducing = shared_inducing
         self.model = model
@@ -207,6 +224,8 @@ class SparseMultiClassGPC(GPCEstimator):
         """Checks every parameter; returns the likelihood's noise treatment."""
         if self.model not in MODELS:
             raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
         for name in ("shared_kernel", "shared_inducing", "optimize_inducing", "tied_sites"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -236,7 +255,26 @@ class SparseMultiClassGPC(GPCEstimator):
         if isinstance(self.kernel, (list, tuple)) and self.shared_kernel:
             raise ValueError("a list of kernels gives each class its own: shared_kernel=True "
                              "needs one kernel")
+        if self.method == "vi":
+            self._check_vi()
         return self._noise()
+
+    def _check_vi(self):
+        """What method="vi" cannot take: no noise or the Beta treatment, tied sites, a client."""
+        if self._noise() == "none":
+            raise ValueError("method='vi' with model='standard' has no variational bound (the "
+                             "noiseless argmax has log-likelihood −∞ on a set of positive "
+                             "probability under q): pass model='robust' with label_noise=ε")
+        if self._noise() == "beta":
+            raise ValueError("method='vi' with label_noise='beta': the Beta-distributed outlier "
+                             "rate is EP's (RMGPC); the variational bound takes a fixed or learnt "
+                             "label_noise=ε")
+        if self.tied_sites:
+            raise ValueError("method='vi' with tied_sites=True: tied sites are EP's (the "
+                             "variational fit keeps nothing per row already)")
+        if self.client is not None:
+            raise ValueError("method='vi' with client=: the variational fit trains in process "
+                             "(client=None)")
 
     def _check_label_noise(self, C):
         """ε and its bounds below (C − 1)/C (gpc.multiclass.estimator's rule), and ε inside its
@@ -318,7 +356,7 @@ class SparseMultiClassGPC(GPCEstimator):
         elif not self._state.tied and X.shape[0] != self._state.n:
             raise ValueError(f"partial_fit continues the fit of {self._state.n} rows (their sites "
                              f"are per row); got {X.shape[0]} rows")
-        self._train(X, y, 1)
+        self._train(X, y, self._trainer.partial_epochs)
         return self
 
     def _start_fit(self, X, y, classes, noise):
@@ -347,6 +385,16 @@ class SparseMultiClassGPC(GPCEstimator):
         y_index = self._class_index(y)
         eps = float(self.label_noise) if noise == "fixed" else None
         bounds = self.label_noise_bounds if self._learns_noise() else None
+        self.history_ = []
+        self._sites_home = True
+        if self.method == "vi":
+            self._state = SparseMultiClassVIState(kernels, Zs, n, C, eps, bounds, self.jitter,
+                                                  self.optimize_inducing)
+            self._trainer = (VIBatch([self._state], model, rng) if self._batch is None else
+                             VIMinibatch([self._state], model, rng, self._batch,
+                                         self.learning_rate))
+            self._start = time.perf_counter()
+            return
         self._state = SparseMultiClassState(
             kernels, Zs, None if self.tied_sites else y_index, n, model, self.jitter,
             self.optimize_inducing, self.learning_rate, tied=bool(self.tied_sites),
@@ -360,8 +408,6 @@ class SparseMultiClassGPC(GPCEstimator):
         else:
             self._trainer = MultiClassMinibatch(states, model, rng, self._batch,
                                                 self._damping(True))
-        self.history_ = []
-        self._sites_home = True
         self._start = time.perf_counter()
 
     def _kernels(self, X, C, rng):
@@ -459,7 +505,10 @@ class SparseMultiClassGPC(GPCEstimator):
         """Latent predictive means and variances of every f_k at X, (n, C) each (derivation §8):
         a_*ᵀμ_k and a_*ᵀΣ_k a_* + s_*k."""
         self._check_fitted()
-        parts = self._blocks(X, lambda Xb, _, tasks: latent_moments(self._state, Xb, tasks))
+        latent = getattr(self._state, "latent_moments", None)      # method="vi"
+        if latent is None:
+            latent = partial(latent_moments, self._state)
+        parts = self._blocks(X, lambda Xb, _, tasks: latent(Xb, tasks))
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
     def predict_proba(self, X):
@@ -480,10 +529,13 @@ class SparseMultiClassGPC(GPCEstimator):
         fitted against the cavity of a training row under tied sites (q less one of n shares), or
         against q itself (rows taken as new observations: their own sites, if they are training
         rows, are not removed); the outlier prior is the fitted rate (Q's mean under the Beta
-        treatment).  Zeros for model="standard"."""
+        treatment).  Zeros for model="standard".  For method="vi": the q-average of zᵢ's
+        posterior at known fᵢ, E_q[p(zᵢ = 1 | yᵢ, fᵢ)] (:mod:`gpc.multiclass.sparse_vi`)."""
         self._check_fitted()
         y = self._check_y(y, np.shape(X)[0])
         index = self._class_index(y)
-        parts = self._blocks(X, lambda Xb, r, tasks: row_outlier_probability(
-            self._state, Xb, index[r[0]:r[1]], tasks))
+        rows = getattr(self._state, "outlier_rows", None)      # method="vi"
+        if rows is None:
+            rows = partial(row_outlier_probability, self._state)
+        parts = self._blocks(X, lambda Xb, r, tasks: rows(Xb, index[r[0]:r[1]], tasks))
         return np.concatenate(parts)
