@@ -362,3 +362,14 @@ def test_sparse_fit_with_other_kernels(name):
     assert clf.history_[-1]["objective"] > clf.history_[0]["objective"]
     assert clf.score(X[500:], y[500:]) > 0.75          # majority rate 0.56
     assert type(clf.kernel_) is type(make(X.shape[1]))         # the user's kind of kernel
+
+
+@pytest.mark.parametrize("name", ["optimize_inducing", "tied_sites"])
+def test_boolean_flags_must_be_booleans(name):
+    """A truthy non-boolean (a string, 2) is refused with the flag's name, as in
+    SparseMultiClassGPC, before any work."""
+    X = np.random.default_rng(0).normal(size=(20, 2))
+    y = (X[:, 0] > 0).astype(int)
+    for value in ("yes", 2):
+        with pytest.raises(ValueError, match=f"{name} must be True or False"):
+            SparseGaussianProcessClassifier(n_inducing=4, **{name: value}).fit(X, y)

@@ -7,8 +7,8 @@ from functools import partial
 import numpy as np
 
 from .. import _parallel
-from .._estimator import BLOCK_ROWS, GPCEstimator, check_n_jobs
-from .._validation import check_positive_float, check_positive_int
+from .._estimator import BLOCK_ROWS, GPCEstimator
+from .._validation import check_positive_float
 from ..kernels import as_kernel, user_kernel
 from ..sparse._passes import as_block, block_ranges
 from ..sparse.estimator import (SparseGaussianProcessClassifier, _check_theta_in_bounds,
@@ -201,6 +201,9 @@ class SparseMultiClassGPC(GPCEstimator):
     _check_validation_data = _SHARED._check_validation_data
     _validation_scores = _SHARED._validation_scores
     _record = _SHARED._record
+    _check_training_params = _SHARED._check_training_params
+    _partial_fit_classes = _SHARED._partial_fit_classes
+    _FLAGS = ("shared_kernel", "shared_inducing", "optimize_inducing", "tied_sites")
     _progress_bar = _SHARED._progress_bar
     _epochs = _SHARED._epochs
     _damping = _SHARED._damping
@@ -226,24 +229,9 @@ class SparseMultiClassGPC(GPCEstimator):
             raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
-        for name in ("shared_kernel", "shared_inducing", "optimize_inducing", "tied_sites"):
-            if not isinstance(getattr(self, name), (bool, np.bool_)):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        check_positive_int(self.n_inducing, "n_inducing")
-        if not (isinstance(self.max_iter, str) and self.max_iter == "auto"):
-            check_positive_int(self.max_iter, "max_iter")
-        if not (self.batch_size is None or (isinstance(self.batch_size, str)
-                                            and self.batch_size == "auto")):
-            check_positive_int(self.batch_size, "batch_size")
-        check_positive_float(self.learning_rate, "learning_rate")
-        check_positive_float(self.jitter, "jitter", allow_zero=True)
+        self._check_training_params()
         check_positive_float(self.a0, "a0")
         check_positive_float(self.b0, "b0")
-        if self.damping is not None:
-            d = check_positive_float(self.damping, "damping")
-            if d > 1:
-                raise ValueError(f"damping must be in (0, 1], got {self.damping!r}")
-        check_n_jobs(self.n_jobs)
         check_label_noise(self.label_noise, self.label_noise_bounds, self.model)
         if self.tied_sites and self._noise() == "beta":
             raise ValueError("tied_sites=True needs label_noise=ε (fixed label noise) or "
@@ -334,17 +322,10 @@ class SparseMultiClassGPC(GPCEstimator):
         first = not hasattr(self, "_state")
         X = self._check_X(X, fitting=first)
         y = self._check_y(y, X.shape[0])
-        if classes is not None:
-            classes = np.unique(np.asarray(classes))
-            if not first and not np.array_equal(classes, self.classes_):
-                raise ValueError(f"classes={classes.tolist()} is not the same as on the first call "
-                                 f"({self.classes_.tolist()})")
         if first:
             noise = self._check_params()
-            classes = np.unique(y) if classes is None else classes
-            if len(classes) < 2:
-                raise ValueError("partial_fit needs at least two classes: pass classes=[...] on the "
-                                 "first call")
+        classes = self._partial_fit_classes(y, classes, first)
+        if first:
             unknown = np.setdiff1d(np.unique(y), classes)
             if len(unknown):
                 raise ValueError(f"y has classes {unknown.tolist()} not in classes "

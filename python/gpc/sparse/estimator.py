@@ -299,13 +299,7 @@ class SparseGaussianProcessClassifier(GPCEstimator):
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
         Rule("ep", self.on_negative)                  # a ValueError naming on_negative
-        check_positive_int(self.n_inducing, "n_inducing")
-        if not (isinstance(self.max_iter, str) and self.max_iter == "auto"):
-            check_positive_int(self.max_iter, "max_iter")
-        if not (self.batch_size is None or (isinstance(self.batch_size, str)
-                                            and self.batch_size == "auto")):
-            check_positive_int(self.batch_size, "batch_size")
-        check_positive_float(self.learning_rate, "learning_rate")
+        self._check_training_params()
         if self.tied_sites and self.method != "ep":
             raise ValueError("tied_sites=True needs method='ep'")
         if self.method == "gfitc" and self.batch_size not in (None, "auto"):
@@ -315,13 +309,45 @@ class SparseGaussianProcessClassifier(GPCEstimator):
             raise ValueError("client= cannot run method='gfitc': GFITC's evidence is not a sum over "
                              "the data (SEP §3), so it does not split over workers; use "
                              "method='ep' or 'svi', or client=None")
+        return get_likelihood(self.likelihood)
+
+    _FLAGS = ("optimize_inducing", "tied_sites")
+
+    def _check_training_params(self):
+        """The checks every sparse estimator shares: m, the epochs, the minibatch size, the step,
+        the jitter, the damping, n_jobs and the boolean flags (``_FLAGS``)."""
+        for name in self._FLAGS:
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        check_positive_int(self.n_inducing, "n_inducing")
+        if not (isinstance(self.max_iter, str) and self.max_iter == "auto"):
+            check_positive_int(self.max_iter, "max_iter")
+        if not (self.batch_size is None or (isinstance(self.batch_size, str)
+                                            and self.batch_size == "auto")):
+            check_positive_int(self.batch_size, "batch_size")
+        check_positive_float(self.learning_rate, "learning_rate")
         check_positive_float(self.jitter, "jitter", allow_zero=True)
         if self.damping is not None:
             d = check_positive_float(self.damping, "damping")
             if d > 1:
                 raise ValueError(f"damping must be in (0, 1], got {self.damping!r}")
         check_n_jobs(self.n_jobs)
-        return get_likelihood(self.likelihood)
+
+    def _partial_fit_classes(self, y, classes, first):
+        """``classes`` of a partial_fit call checked against the first call's, and on the first
+        call the classes of the fit (``classes`` or those of y; at least two)."""
+        if classes is not None:
+            classes = np.unique(np.asarray(classes))
+            if not first and not np.array_equal(classes, self.classes_):
+                raise ValueError(f"classes={classes.tolist()} is not the same as on the first call "
+                                 f"({self.classes_.tolist()})")
+        if not first:
+            return self.classes_
+        classes = np.unique(y) if classes is None else classes
+        if len(classes) < 2:
+            raise ValueError("partial_fit needs at least two classes: pass classes=[...] on the "
+                             "first call")
+        return classes
 
     def _check_validation_data(self):
         """``validation_data`` as (X_val, y_val) with the training data's features and labels among
@@ -440,22 +466,13 @@ class SparseGaussianProcessClassifier(GPCEstimator):
         first = not hasattr(self, "_problems")
         X = self._check_X(X, fitting=first)
         y = self._check_y(y, X.shape[0])
-        if classes is not None:
-            classes = np.unique(np.asarray(classes))
-            if not first and not np.array_equal(classes, self.classes_):
-                raise ValueError(f"classes={classes.tolist()} is not the same as on the first call "
-                                 f"({self.classes_.tolist()})")
         if first:
             likelihood = self._check_params()
-            if classes is None:
-                classes = np.unique(y)
-            if len(classes) < 2:
-                raise ValueError("partial_fit needs at least two classes: pass classes=[...] on the "
-                                 "first call")
-        unknown = np.setdiff1d(np.unique(y), self.classes_ if not first else classes)
+        classes = self._partial_fit_classes(y, classes, first)
+        unknown = np.setdiff1d(np.unique(y), classes)
         if len(unknown):
             raise ValueError(f"y has classes {unknown.tolist()} not in classes_ "
-                             f"{(self.classes_ if not first else classes).tolist()}")
+                             f"{classes.tolist()}")
         if first:
             self._start_fit(X, y, classes, likelihood)
         elif not getattr(self, "_sites_home", True):
