@@ -192,3 +192,16 @@ def test_smgpc_airline_reduced_on_made_flights(tmp_path, capsys):
         # after the first): 0.25 is far below what a model that learnt nothing would score
         assert r["final_error"] < 0.25, r
     assert pngs(tmp_path) == ["smgpc-airline.png"]
+
+
+@pytest.mark.parametrize("name", ["smgpc-uci", "smgpc-mnist", "smgpc-airline"])
+def test_the_docs_show_the_tables_of_the_committed_records(name):
+    """docs/reproduction-smgpc.md's tables are those its JSON records give (remade with ``gpc
+    reproduce NAME --from-json docs/results/NAME.json --update-doc docs/reproduction-smgpc.md``)."""
+    from gpc.experiments.publish import read_records, replace_blocks
+    from gpc.experiments.sep_curves import doc_table
+
+    records = read_records(str(ROOT / "docs" / "results" / f"{name}.json"))
+    tables = smgpc_uci.doc_tables(records) if name == "smgpc-uci" else doc_table(records, name)
+    text = (ROOT / "docs" / "reproduction-smgpc.md").read_text(encoding="utf-8")
+    assert replace_blocks(text, tables) == text
