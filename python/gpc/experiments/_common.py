@@ -56,6 +56,14 @@ def count_convergence_warnings():
         yield caught
 
 
+def multiclass_scores(proba, classes, y):
+    """(error, mean negative log predictive probability) of class probabilities ``proba``
+    (columns in the order of the sorted ``classes``) against labels ``y``."""
+    classes = np.asarray(classes)
+    p_true = np.clip(proba[np.arange(len(y)), np.searchsorted(classes, y)], 1e-300, 1.0)
+    return float(np.mean(classes[np.argmax(proba, axis=1)] != y)), float(-np.mean(np.log(p_true)))
+
+
 def mean_se(values):
     """Mean and standard error (ddof=1) of a 1-D sequence; se is 0 for one value."""
     v = np.asarray(values, dtype=float)
@@ -87,3 +95,30 @@ def map_tasks(fn, tasks, jobs=1, desc=None, show=True):
                                  initargs=(jobs,)) as pool:
             return list(progress(pool.map(fn, tasks), total=len(tasks), desc=desc, enabled=show))
     return [fn(t) for t in progress(tasks, total=len(tasks), desc=desc, enabled=show)]
+
+
+def check_names(names, allowed, kind, experiment):
+    """Raise ``ValueError("unknown KIND 'x' for EXPERIMENT; choose from …")`` for the first of
+    ``names`` that is not in ``allowed`` (listed in its order)."""
+    for name in names:
+        if name not in allowed:
+            raise ValueError(f"unknown {kind} {name!r} for {experiment}; choose from "
+                             f"{', '.join(allowed)}")
+
+
+def map_cells(fn, tasks, keys, jobs=1, desc=None, show=True, cost=None):
+    """fn over tasks (:func:`map_tasks`), the results grouped by their task's key: {key: [results
+    in task order]}, keys in the order they first occur.  With ``cost`` (a function of a task)
+    the costliest tasks start first, so that a pool's last tasks are short; the grouping does not
+    depend on the order."""
+    order = list(range(len(tasks)))
+    if cost is not None:
+        order.sort(key=lambda i: -cost(tasks[i]))
+    done = map_tasks(fn, [tasks[i] for i in order], jobs=jobs, desc=desc, show=show)
+    results = [None] * len(tasks)
+    for i, r in zip(order, done):
+        results[i] = r
+    grouped = {}
+    for key, r in zip(keys, results):
+        grouped.setdefault(key, []).append(r)
+    return grouped

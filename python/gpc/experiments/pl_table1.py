@@ -22,7 +22,7 @@ from .. import datasets
 from ..classifier import GaussianProcessClassifier
 from ..kernels import ConstantKernel, RBF, WhiteKernel
 from ..likelihoods import DEFAULT_GH_ORDER, Logit, NoisyThreshold, Probit
-from ._common import count_convergence_warnings, map_tasks, mean_se, whiten
+from ._common import check_names, count_convergence_warnings, map_cells, mean_se, whiten
 from .compare import stratified_folds
 
 DATASETS = ("breast_cancer", "crabs", "glass", "ionosphere", "thyroid", "housing")
@@ -147,12 +147,8 @@ def run(dataset_names=DATASETS, likelihoods=LIKELIHOODS, methods=METHODS, n_fold
     gh_order, nll_mean, n_failed, failures, n_convergence_warnings, paper (the paper's error or None).
     """
     gh_orders = list(gh_orders or [PAPER_GH_ORDER])
-    for m in methods:
-        if m not in LABELS:
-            raise ValueError(f"unknown method {m!r} for pl-table1; choose from {', '.join(METHODS)}")
-    for lik in likelihoods:
-        if lik not in LIKELIHOODS:
-            raise ValueError(f"unknown likelihood {lik!r} for pl-table1; choose from {', '.join(LIKELIHOODS)}")
+    check_names(methods, METHODS, "method", "pl-table1")
+    check_names(likelihoods, LIKELIHOODS, "likelihood", "pl-table1")
     data = {d: load(d) for d in dataset_names}
     table = cells(dataset_names, likelihoods, methods, gh_orders)
     tasks, keys = [], []
@@ -162,10 +158,10 @@ def run(dataset_names=DATASETS, likelihoods=LIKELIHOODS, methods=METHODS, n_fold
             train = np.setdiff1d(np.arange(len(y)), test)
             tasks.append((X[train], y[train], X[test], y[test], m, lik, gh, eps, seed + k))
             keys.append((d, lik, gh, m))
-    results = map_tasks(_fit_fold, tasks, jobs=jobs, desc="pl-table1 fits", show=progress)
+    grouped = map_cells(_fit_fold, tasks, keys, jobs=jobs, desc="pl-table1 fits", show=progress)
     records = []
     for cell in table:
-        rs = [r for key, r in zip(keys, results) if key == cell]
+        rs = grouped.get(cell, [])
         ok = [r for r in rs if r["error"] is not None]
         d, lik, gh, m = cell
         err_mean, err_se = mean_se([r["error"] for r in ok])

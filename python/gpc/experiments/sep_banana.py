@@ -12,7 +12,7 @@ figure is drawn in the original coordinates.
 import numpy as np
 
 from .. import datasets
-from ._common import count_convergence_warnings, map_tasks
+from ._common import check_names, count_convergence_warnings, map_tasks
 from .sep_common import (add_doc_arguments, make_classifier, markdown_table, predictive_scores,
                          publish_doc_tables, random_rows, read_records, train)
 
@@ -66,9 +66,7 @@ def run(m_values=M_VALUES, methods=METHOD_ORDER, iterations=ITERATIONS, seed=0, 
     ``wall`` the wall time), the initial and learnt inducing points and P(y = +1) on a GRID x GRID
     grid over ``grid_box``, all in the original coordinates (the training rows:
     :func:`load_split` with the same seed)."""
-    for meth in methods:
-        if meth not in METHOD_ORDER:
-            raise ValueError(f"unknown method {meth!r} for sep-banana; choose from {', '.join(METHOD_ORDER)}")
+    check_names(methods, METHOD_ORDER, "method", "sep-banana")
     for m in m_values:
         if not 1 <= m <= N_TRAIN:
             raise ValueError(f"m must be in 1..{N_TRAIN}, got {m}")

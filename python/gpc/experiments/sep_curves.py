@@ -46,12 +46,17 @@ class _Checkpoints:
         pass
 
 
-class _CheckpointedClassifier(SparseGaussianProcessClassifier):
-    """The sparse classifier with :class:`_Checkpoints` as its progress hook (minibatch fits)."""
+class CheckpointHook:
+    """Mixin for a sparse estimator: :class:`_Checkpoints` as its progress hook (minibatch fits),
+    left in ``checkpoints_``."""
 
     def _progress_bar(self, epochs, steps_per_epoch):
         self.checkpoints_ = _Checkpoints(self, steps_per_epoch)
         return self.checkpoints_
+
+
+class _CheckpointedClassifier(CheckpointHook, SparseGaussianProcessClassifier):
+    """The binary sparse classifier with :class:`_Checkpoints` as its progress hook."""
 
 
 def _fit_variant(task):
@@ -66,6 +71,13 @@ def _fit_variant(task):
             clf, _, _, stopped = train(method, clf, X_tr, y_tr, epochs)
         except (ValueError, ArithmeticError, np.linalg.LinAlgError) as exc:
             return {"variant": variant, "method": method, "failure": f"{type(exc).__name__}: {exc}"[:200]}
+    return curve_record(clf, variant, method, batch_size, stopped)
+
+
+def curve_record(clf, variant, method, batch_size, stopped=None):
+    """The record of one fitted variant: its ``history_`` as curves (seconds, error, nll: one
+    point per epoch, scored on ``validation_data``), the final error and NLL and, for a minibatch
+    fit with :class:`CheckpointHook`, the scorings inside the epochs (``checkpoints``)."""
     h = clf.history_
     record = {"variant": variant, "method": method, "batch_size": batch_size,
               "seconds": [e["seconds"] for e in h], "error": [e["val_error"] for e in h],
@@ -120,23 +132,28 @@ def doc_table(records, name):
     return {name: markdown_table(header, rows)}
 
 
-def add_curve_arguments(parser, epochs_minibatch, epochs_batch):
-    parser.add_argument("--variants", nargs="+", metavar="V", choices=list(VARIANTS),
-                        help=f"subset of {', '.join(VARIANTS)}")
+def add_curve_arguments(parser, epochs_minibatch, epochs_batch, variants=VARIANTS,
+                        subsample_flags=("--subsample",)):
+    """The curve experiments' options; ``variants`` maps a variant to (method, minibatch size or
+    None), ``subsample_flags`` names the option that caps the training rows."""
+    parser.add_argument("--variants", nargs="+", metavar="V", choices=list(variants),
+                        help=f"subset of {', '.join(variants)}")
     parser.add_argument("--epochs", type=int, default=epochs_minibatch,
                         help=f"passes over the data of the minibatch variants (default {epochs_minibatch})")
     parser.add_argument("--batch-iterations", type=int, default=epochs_batch,
                         help=f"iterations of the batch variants (default {epochs_batch})")
     parser.add_argument("--n-inducing", type=int, default=200, help="m (default 200, as in the paper)")
-    parser.add_argument("--subsample", type=int, metavar="N",
+    parser.add_argument(*subsample_flags, type=int, metavar="N", dest="subsample",
                         help="train on a seeded subset of N training rows (a quick look)")
     add_doc_arguments(parser)
 
 
-def epochs_of(variants, args):
+def epochs_of(variants, args, table=VARIANTS):
+    """{variant: epochs}: ``--epochs`` for the minibatch variants of ``table``, ``--batch-iterations``
+    for the batch ones."""
     if args.epochs < 1 or args.batch_iterations < 1:
         raise ValueError("--epochs and --batch-iterations must be at least 1")
-    return {v: (args.epochs if VARIANTS[v][1] else args.batch_iterations) for v in variants}
+    return {v: (args.epochs if table[v][1] else args.batch_iterations) for v in variants}
 
 
 def subsample(X, y, n, seed):

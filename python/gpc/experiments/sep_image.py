@@ -20,7 +20,7 @@ per cent of an iteration).  Curves are averaged over the realisations iteration 
 import numpy as np
 
 from .. import datasets
-from ._common import count_convergence_warnings, map_tasks, standardise
+from ._common import check_names, count_convergence_warnings, map_cells, standardise
 from .sep_common import (add_doc_arguments, make_classifier, markdown_table, publish_doc_tables,
                          random_rows, read_records, train)
 from .sep_table1 import split
@@ -69,9 +69,7 @@ def run(m_values=M_VALUES, methods=METHOD_ORDER, n_splits=N_SPLITS, iterations=I
         jobs=1, progress=True):
     """One record per (method, m): mean curves ``seconds``, ``error``, ``nll`` (one entry per
     iteration), the final test error and NLL (means over the splits), n_splits, n_failed."""
-    for meth in methods:
-        if meth not in METHOD_ORDER:
-            raise ValueError(f"unknown method {meth!r} for sep-image; choose from {', '.join(METHOD_ORDER)}")
+    check_names(methods, METHOD_ORDER, "method", "sep-image")
     if n_splits < 1 or iterations < 1:
         raise ValueError("--splits and --iterations must be at least 1")
     X, y = load()
@@ -84,10 +82,9 @@ def run(m_values=M_VALUES, methods=METHOD_ORDER, n_splits=N_SPLITS, iterations=I
                     raise ValueError(f"m must be in 1..{len(train)}, got {m}")
                 tasks.append((X[train], y[train], X[test], y[test], meth, m, iterations, seed + k))
                 keys.append((meth, m))
-    results = map_tasks(_fit, tasks, jobs=jobs, desc="sep-image fits", show=progress)
+    grouped = map_cells(_fit, tasks, keys, jobs=jobs, desc="sep-image fits", show=progress)
     records = []
-    for meth, m in dict.fromkeys(keys):
-        rs = [r for key, r in zip(keys, results) if key == (meth, m)]
+    for (meth, m), rs in grouped.items():
         ok = [r for r in rs if "failure" not in r]
         rec = {"method": meth, "m": m, "n_splits": len(ok), "n_failed": len(rs) - len(ok),
                "n_stopped": sum(r["stopped"] is not None for r in ok)}

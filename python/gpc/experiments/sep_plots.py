@@ -6,7 +6,8 @@ import numpy as np
 
 from .plots import _pyplot, _save
 
-COLORS = {"gfitc": "tab:green", "sep": "tab:blue", "svi": "tab:red", "logistic": "tab:gray"}
+COLORS = {"gfitc": "tab:green", "sep": "tab:blue", "svi": "tab:red", "logistic": "tab:gray",
+          "ep": "tab:purple", "vi": "tab:orange", "exact": "k"}
 
 
 def plot_sep_table1(records, directory, datasets, paper):
@@ -110,13 +111,51 @@ def plot_time_curves(records, directory, filename, title, baselines=()):
     from matplotlib.ticker import LogLocator, NullFormatter, StrMethodFormatter
     for ax, name in zip(axes, ("test error", "test NLL")):
         ax.set_xscale("log")
-        ax.set_yscale("log")            # the starts (chance level) would flatten the ends
-        for axis in (ax.xaxis, ax.yaxis):               # ticks at 1, 2, 5 x 10^k, as plain numbers
+        # the starts (chance level) would flatten the ends on a linear axis; an error of 0 has no
+        # logarithm, so a panel with one keeps a linear axis
+        log_y = all(v > 0 for line in ax.get_lines() for v in line.get_ydata())
+        if log_y:
+            ax.set_yscale("log")
+        for axis in (ax.xaxis, ax.yaxis) if log_y else (ax.xaxis,):   # ticks at 1, 2, 5 x 10^k
             axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
             axis.set_major_formatter(StrMethodFormatter("{x:g}"))
             axis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("training time [s]")
-        ax.set_ylabel(name + " (log scale)")
+        ax.set_ylabel(name + (" (log scale)" if log_y else ""))
     axes[1].legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     return _save(fig, os.path.join(directory, filename))
+
+
+def plot_smgpc_uci(records, directory, datasets):
+    """The multi-class UCI table: one column per data set, test error (top) and NLL (bottom), bars
+    ± s.d. per m fraction and method, the exact GP's mean as a black line and its ± s.d. as a band."""
+    plt = _pyplot()
+    dsets = [d for d in datasets if any(r["dataset"] == d for r in records)]
+    fracs = sorted({r["m_fraction"] for r in records if r["method"] != "exact"})
+    methods = [m for m in ("ep", "sep", "vi") if any(r["method"] == m for r in records)]
+    fig, axes = plt.subplots(2, len(dsets), figsize=(3.2 * len(dsets) + 0.5, 5.0), squeeze=False)
+    width = 0.8 / max(len(methods), 1)
+    get = {(r["dataset"], r["m_fraction"], r["method"]): r for r in records if r["n_splits"]}
+    for j, d in enumerate(dsets):
+        for ax, key in zip(axes[:, j], ("error", "nll")):
+            for k, m in enumerate(methods):
+                x = np.arange(len(fracs)) + (k - (len(methods) - 1) / 2) * width
+                rs = [get.get((d, f, m)) for f in fracs]
+                ax.bar(x, [r[key + "_mean"] if r else np.nan for r in rs], width * 0.9,
+                       yerr=[r[key + "_sd"] if r else 0.0 for r in rs], color=COLORS[m], alpha=0.75,
+                       capsize=2, label=m.upper() if j == 0 and key == "error" else None)
+            exact = get.get((d, 1.0, "exact"))
+            if exact is not None:
+                mean, sd = exact[key + "_mean"], exact[key + "_sd"]
+                ax.axhline(mean, color="k", linewidth=1.0,
+                           label="exact GP" if j == 0 and key == "error" else None)
+                ax.axhspan(mean - sd, mean + sd, color="k", alpha=0.08)
+            ax.set_xticks(np.arange(len(fracs)), [f"{100 * f:g}%" for f in fracs])
+            ax.set_ylim(bottom=0)
+            if j == 0:
+                ax.set_ylabel("test error" if key == "error" else "test NLL")
+        axes[0, j].set_title(d, fontsize=9)
+        axes[1, j].set_xlabel("m / n per class")
+    axes[0, 0].legend(fontsize=7)
+    return _save(fig, os.path.join(directory, "smgpc-uci.png"))

@@ -18,8 +18,8 @@ ionosphere drops its constant column.
 import numpy as np
 
 from .. import datasets
-from ._common import count_convergence_warnings, map_tasks, standardise
-from .sep_common import (METHODS, add_doc_arguments, make_classifier, markdown_table,
+from ._common import check_names, count_convergence_warnings, map_cells, standardise
+from .sep_common import (add_doc_arguments, make_classifier, markdown_table,
                          predictive_scores, publish_doc_tables, random_rows, read_records, train,
                          trivial_nll)
 
@@ -97,6 +97,22 @@ def _fit_split(task):
             "ep_passes": getattr(state, "passes", None), "n_warnings": len(caught)}
 
 
+def split_tasks(table, data, n_splits, iterations, seed):
+    """(tasks, keys): for every (data set, m fraction, method) cell of ``table`` and split k of
+    :func:`split`, the task (X_train, y_train, X_test, y_test, method, m = the fraction of the
+    training rows (at least 1), iterations, seed + k), keyed by its cell; ``data`` maps a data set
+    to (X, y)."""
+    tasks, keys = [], []
+    for d, f, meth in table:
+        X, y = data[d]
+        for k in range(n_splits):
+            train, test = split(len(y), seed, k)
+            m = max(1, int(round(f * len(train))))
+            tasks.append((X[train], y[train], X[test], y[test], meth, m, iterations, seed + k))
+            keys.append((d, f, meth))
+    return tasks, keys
+
+
 def task_cost(n, m, method):
     """A rough relative cost of one fit, n m² per iteration (GFITC's EP passes counted twice),
     to start the longest fits first so that the pool's last fits are short ones."""
@@ -127,9 +143,7 @@ def run(dataset_names=DATASETS, m_fractions=M_FRACTIONS, methods=METHOD_ORDER, n
     early), mean_iterations and, for GFITC, ep_passes_per_evaluation.  Fits run longest first
     (:func:`task_cost`); the records do not depend on the order or on ``jobs``.
     """
-    for meth in methods:
-        if meth not in METHODS:
-            raise ValueError(f"unknown method {meth!r} for sep-table1; choose from {', '.join(METHOD_ORDER)}")
+    check_names(methods, METHOD_ORDER, "method", "sep-table1")
     for f in m_fractions:
         if f not in M_FRACTIONS:
             raise ValueError(f"m fraction {f} is not one of the paper's {M_FRACTIONS}")
@@ -137,24 +151,12 @@ def run(dataset_names=DATASETS, m_fractions=M_FRACTIONS, methods=METHOD_ORDER, n
         raise ValueError("--splits and --iterations must be at least 1")
     data = {d: load(d) for d in dataset_names}
     table = cells(dataset_names, m_fractions, methods)
-    tasks, keys = [], []
-    for d, f, meth in table:
-        X, y = data[d]
-        for k in range(n_splits):
-            train, test = split(len(y), seed, k)
-            m = max(1, int(round(f * len(train))))
-            tasks.append((X[train], y[train], X[test], y[test], meth, m, iterations, seed + k))
-            keys.append((d, f, meth))
-    order = sorted(range(len(tasks)), key=lambda i: -task_cost(len(tasks[i][1]), tasks[i][5],
-                                                               tasks[i][4]))
-    done = map_tasks(_fit_split, [tasks[i] for i in order], jobs=jobs, desc="sep-table1 fits",
-                     show=progress)
-    results = [None] * len(tasks)
-    for i, r in zip(order, done):
-        results[i] = r
+    tasks, keys = split_tasks(table, data, n_splits, iterations, seed)
+    grouped = map_cells(_fit_split, tasks, keys, jobs=jobs, desc="sep-table1 fits", show=progress,
+                        cost=lambda t: task_cost(len(t[1]), t[5], t[4]))
     records = []
     for cell in table:
-        rs = [r for key, r in zip(keys, results) if key == cell]
+        rs = grouped[cell]
         ok = [r for r in rs if r["nll"] is not None]
         d, f, meth = cell
         nll = [r["nll"] for r in ok]
