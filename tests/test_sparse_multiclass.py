@@ -561,3 +561,16 @@ def test_docstring_example_runs():
     import gpc.multiclass.sparse_estimator as module
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.parametrize("batch_size, damping, expected", [
+    (30, None, 0.5), (None, None, 0.5), (30, 1.0, 1.0)])
+def test_site_damping_defaults_to_half_in_every_schedule(batch_size, damping, expected):
+    """RMGPC §3's damping 0.5 is the default for batch and for minibatches with per-row sites
+    (undamped minibatch updates oscillated on ten classes); a damping passed in is kept."""
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(60, 2))
+    y = (X[:, 0] > 0).astype(int) + (X[:, 1] > 0.3).astype(int)
+    clf = SparseMultiClassGPC(n_inducing=5, label_noise=0.05, batch_size=batch_size, max_iter=1,
+                              damping=damping, progress=False, random_state=0).fit(X, y)
+    assert clf._trainer.damping == expected

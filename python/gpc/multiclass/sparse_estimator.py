@@ -98,9 +98,10 @@ class SparseMultiClassGPC(GPCEstimator):
     learning_rate : float, default 1.0
         Adadelta's step multiplier; a step that fails is undone and this is halved.
     damping : float in (0, 1] or None, default None
-        New site = damping · matched + (1 − damping) · old; None: 1 for minibatches with per-row
-        sites, 0.5 otherwise (RMGPC §3's value).  A site update that leaves some q_k without a
-        factor is dropped and the damping of later ones halved.
+        New site = damping · matched + (1 − damping) · old; None: 0.5 (RMGPC §3's value) in every
+        schedule (undamped minibatch updates with per-row sites oscillated on ten classes,
+        docs/reproduction-smgpc.md).  A site update that leaves some q_k without a factor is
+        dropped and the damping of later ones halved.
     optimize_inducing : bool, default True
         Move Z along the gradient too.
     tied_sites : bool, default False
@@ -387,8 +388,9 @@ class SparseMultiClassGPC(GPCEstimator):
         elif self._batch is None:
             self._trainer = MultiClassBatch(states, model, rng, self._damping(False))
         else:
+            # damped as in batch: undamped per-row minibatch updates oscillated on ten classes
             self._trainer = MultiClassMinibatch(states, model, rng, self._batch,
-                                                self._damping(True))
+                                                self._damping(False))
         self._start = time.perf_counter()
 
     def _kernels(self, X, C, rng):
