@@ -320,6 +320,30 @@ def evidence_pass(X, y, sites, factors, qs, model, ab, rho, block_rows, gradient
 
 
 # -- the state -------------------------------------------------------------------------------------
+def unpack_params(p, kernels, Zs, optimize_inducing, eps, eps_bounds):
+    """The packed parameters p (every kernel's log θ, then every moved Z, then log ε when it is
+    learnt) as (kernels, Zs, ε, the entries read), each θ and log ε clipped to its bounds; the
+    order of :meth:`SparseMultiClassState._params`."""
+    at, new_kernels = 0, []
+    for kern in kernels:
+        size = len(kern.theta)
+        if size:
+            b = kern.bounds
+            kern = kern._with_theta(np.clip(p[at:at + size], b[:, 0], b[:, 1]))
+        new_kernels.append(kern)
+        at += size
+    if optimize_inducing:
+        moved = []
+        for Z in Zs:
+            moved.append(p[at:at + Z.size].reshape(Z.shape).copy())
+            at += Z.size
+        Zs = moved
+    if eps_bounds is not None:
+        eps = float(np.exp(np.clip(p[at], *eps_bounds)))
+        at += 1
+    return new_kernels, Zs, eps, at
+
+
 class SparseMultiClassState:
     """Everything a sparse multi-class fit carries between steps: each class's kernel, inducing
     inputs, factor and q(w_k), the sites, the outlier rate, the optimiser.
@@ -447,22 +471,8 @@ class SparseMultiClassState:
     def _set_params(self, p):
         """Move to parameters p: new kernels, Z and factors, each q_k carried over in u-space
         (transform_natural, SEP §2.3); raises when a factor or a q has none."""
-        at, kernels, Zs = 0, [], self.Zs
-        for kern in self.kernels:
-            size = len(kern.theta)
-            if size:
-                b = kern.bounds
-                kern = kern._with_theta(np.clip(p[at:at + size], b[:, 0], b[:, 1]))
-            kernels.append(kern)
-            at += size
-        if self.optimize_inducing:
-            Zs = []
-            for Z in self.Zs:
-                Zs.append(p[at:at + Z.size].reshape(Z.shape).copy())
-                at += Z.size
-        eps = self.eps
-        if self.eps_bounds is not None:
-            eps = float(np.exp(np.clip(p[at], *self.eps_bounds)))
+        kernels, Zs, eps, _ = unpack_params(p, self.kernels, self.Zs, self.optimize_inducing,
+                                            self.eps, self.eps_bounds)
         factors = self._factors(kernels, Zs)
         qs = [NaturalPosterior(*transform_natural(q.P, q.h, old.Li, new.L))
               for q, old, new in zip(self.qs, self.factors, factors)]

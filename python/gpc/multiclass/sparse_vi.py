@@ -44,7 +44,8 @@ from ..sparse._trainer import LBFGSTrainer, SVIMinibatch
 from ..sparse.baselines import SVIState, _LBFGSState, svi_block, svi_finish
 from ..sparse.ep import Posterior
 from .predict import N_NODES
-from .sparse import (RANGE_ROWS, SERIAL, ArgmaxLikelihood, RowBlock, SparseMultiClassState)
+from .sparse import (RANGE_ROWS, SERIAL, ArgmaxLikelihood, RowBlock, SparseMultiClassState,
+                     unpack_params)
 
 #: the Gauss–Hermite rule of the expected log likelihood: RMGPC eq. (19)'s order (the predictive's)
 _GH_X, _GH_W = np.polynomial.hermite.hermgauss(N_NODES)
@@ -193,21 +194,8 @@ class SparseMultiClassVIState(_LBFGSState):
     def _set(self, p):
         """Move to the packed parameters p (the trainers keep them within ``bounds``); raises
         NotPositiveDefiniteError when a K_uu has no factor."""
-        at, kernels = 0, []
-        for kern in self.kernels:
-            size = len(kern.theta)
-            kernels.append(kern._with_theta(p[at:at + size]) if size else kern)
-            at += size
-        Zs = self.Zs
-        if self.optimize_inducing:
-            Zs = []
-            for Z in self.Zs:
-                Zs.append(p[at:at + Z.size].reshape(Z.shape).copy())
-                at += Z.size
-        eps = self.eps
-        if self.eps_bounds is not None:
-            eps = float(np.exp(p[at]))
-            at += 1
+        kernels, Zs, eps, at = unpack_params(p, self.kernels, self.Zs, self.optimize_inducing,
+                                             self.eps, self.eps_bounds)
         factors = self._factors(kernels, Zs)
         means, Lqs = [], []
         for f, tril in zip(factors, self._trils):
