@@ -22,8 +22,8 @@ Threads: the fit's O((n l)³) work (the whitened Hessian's products and its Chol
 on scipy's BLAS, pinned for the whole fit (threadpoolctl) to the number of threads the caller gives
 (``n_threads``, the estimator's n_jobs) when n l ≥ ``BLAS_THREADS_FROM``, and to one thread below
 (:func:`fit_threads`).  Below that size a Newton step is a few milliseconds of calls too small to
-share among threads, and idle OpenBLAS threads spin: on a shared 2-core machine at load 8-10, two
-BLAS threads made a fit on wine (n l = 372) 7 times slower than one (bench/bench_htpc_threads.py).
+share among threads, and idle OpenBLAS threads spin on cores that other work wants
+(bench/bench_htpc_threads.py measures the default against one thread).
 
 Memory: the fit holds the l² n curvature blocks, the whitened Hessian and its Cholesky factor,
 2 (n l)² doubles at the peak (576 MB at n = 1000, l = 6).  The result keeps only what prediction
