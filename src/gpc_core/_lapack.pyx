@@ -84,19 +84,20 @@ def inverse_factor_gram_in_place(double[:, ::1] T):
 
 def multiply_triangular_rows(const real[:, ::1] T, real[:, ::1] B, bint transpose):
     """Each row b of B (k x n) := T b, or T^T b with ``transpose`` (T lower, n x n; ?trmm)."""
-    _triangular_rows(T, B, transpose, False, "rows", "triangle")
+    _triangular_rows(T, B, transpose, False, "T", "rows", "triangle")
 
 
 def solve_triangular_rows(const real[:, ::1] L, real[:, ::1] B, bint transpose):
     """Each row b of B (k x n) := L^-1 b, or L^-T b with ``transpose`` (L lower, n x n; ?trsm)."""
-    _triangular_rows(L, B, transpose, True, "right-hand sides", "factor")
+    _triangular_rows(L, B, transpose, True, "L", "right-hand sides", "factor")
 
 
 cdef _triangular_rows(const real[:, ::1] T, real[:, ::1] B, bint transpose, bint solve,
-                      str rows, str what):
+                      str name, str rows, str what):
     """The rows b of B (k x n) := T b / T^T b (?trmm), or T^-1 b / T^-T b with ``solve`` (?trsm),
-    for lower-triangular T; ``rows`` and ``what`` name B's rows and T in the shape error."""
-    _check_square(T.shape[0], T.shape[1], "T" if what == "triangle" else "L")
+    for lower-triangular T; ``name``, ``rows`` and ``what`` name T, B's rows and T's role in the
+    shape errors."""
+    _check_square(T.shape[0], T.shape[1], name)
     if B.shape[1] != T.shape[0]:
         raise ValueError(f"{rows} have length {B.shape[1]}, the {what} is {T.shape[0]} x "
                          f"{T.shape[0]}")
