@@ -588,6 +588,38 @@ def test_cross_gradient_equals_the_stacked_contraction(name):
             close_to(g_Z, kernel.gradient_inputs(Zs, Xs, np.ascontiguousarray(G.T)), rtol=1e-10)
 
 
+@pytest.mark.parametrize("name", sorted(CROSS_KERNELS) + ["rbf_plus_white", "white"])
+def test_gram_gradient_is_the_gradient_of_the_gram_matrix(name):
+    # F = Σ G ∘ K(Z) for symmetric G, the K_uu part of every sparse gradient: in θ the reference is
+    # K(Z)'s own gradient tensor (eval_gradient=True, independent code), in Z central differences
+    # of F (step 1e-6 on O(1) entries: truncation ~1e-12, rounding ~1e-10 of |F|, so 1e-6 relative
+    # to the largest entry).  White noise sits on K(Z)'s diagonal and not in the cross block, so
+    # those kernels must take the other path and still agree.
+    kernel = {"rbf_plus_white": lambda: RBF(LS3) + WhiteKernel(0.3),
+              "white": lambda: WhiteKernel(0.3)}.get(name, CROSS_KERNELS.get(name))()
+    rng = np.random.default_rng(1)
+    Zs = rng.normal(size=(7, 3)) + 5.0
+    G = rng.normal(size=(7, 7))
+    G = G + G.T
+    K, dK = kernel(Zs, eval_gradient=True)
+    g_theta, g_Z = kernel._gram_gradient(Zs, G.copy(), np.ascontiguousarray(K))
+    close_to(g_theta, np.einsum("ij,ijk->k", G, dK), rtol=1e-10)
+    assert kernel._gram_is_cross() == (name not in (
+        "rbf_plus_white", "white", "const_matern25_white", "matern05", "linear_times_rbf",
+        "poly_plus_linear", "sk_rational_quadratic"))
+    if not kernel._has_grad_inputs():
+        assert g_Z is None
+        return
+    fd = np.empty_like(Zs)
+    for i in range(Zs.shape[0]):
+        for d in range(Zs.shape[1]):
+            up, down = Zs.copy(), Zs.copy()
+            up[i, d] += 1e-6
+            down[i, d] -= 1e-6
+            fd[i, d] = (np.vdot(G, kernel(up)) - np.vdot(G, kernel(down))) / 2e-6
+    close_to(g_Z, fd, rtol=1e-6)
+
+
 @pytest.mark.parametrize("name", sorted(CROSS_KERNELS))
 def test_with_theta_is_a_clone_that_leaves_the_kernel_alone(name):
     # the θ step's shallow copy must compute what a full clone computes, and not touch the kernel

@@ -73,11 +73,12 @@ def _check_positive_values(value, name):
         raise ValueError(f"{name} must be a positive number or array of them, got {value!r}") from None
     if arr.ndim > 1 or arr.size == 0:
         raise ValueError(f"{name} must be a scalar or a non-empty 1-D array, got shape {arr.shape}")
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    if not np.all(arr > 0):
+    # one pass for the valid case (a NaN fails both comparisons); the messages come after
+    if not ((arr > 0.0) & (arr < np.inf)).all():
+        if not np.isfinite(arr).all():
+            raise ValueError(f"{name} must be finite, got {value!r}")
         raise ValueError(f"{name} must be > 0, got {value!r}")
-    return np.atleast_1d(arr)
+    return arr.reshape(-1)
 
 
 def _check_bounds(bounds, name, n):
@@ -157,6 +158,27 @@ class Kernel:
         """Whether K(X, X) is diagonal (white noise): in a sum, the other term's K(X, X) then equals
         the sum's off the diagonal, which is all a contraction reads of a K handed to it."""
         return False
+
+    def _gram_is_cross(self):
+        """Whether K(X) equals the cross block K(X, X) of distinct draws (no white-noise part on
+        its diagonal): :meth:`_gram_gradient` then needs one cross contraction; conservative: False
+        unless a kernel says so."""
+        return False
+
+    def _gram_gradient(self, Z, G, K):
+        """(∂F/∂θ, ∂F/∂Z or None) for F = Σ G ∘ K(Z) with G symmetric (m x m, C-contiguous, used
+        as scratch) and ``K`` = K(Z).
+
+        K(Z) depends on Z through both arguments and G is symmetric, so ∂F/∂Z is twice the
+        derivative through the second argument, which :meth:`_cross_gradient` gives.  When K(Z) is
+        the cross block K(Z, Z) (:meth:`_gram_is_cross`) the same call gives ∂F/∂θ from ``K``;
+        otherwise (white noise on the diagonal) θ's part is :meth:`_contract` of K(Z)."""
+        if self._gram_is_cross():
+            g_theta, g_Z, _ = self._cross_gradient(Z, Z, G, None, K, overwrite=True)
+        else:
+            g_theta = self._contract(Z, G, K=K, symmetric=True)
+            _, g_Z, _ = self._cross_gradient(Z, Z, G, None, overwrite=True)
+        return g_theta, None if g_Z is None else 2.0 * g_Z
 
     # -- parameters (constructor arguments) -----------------------------------------------------
 

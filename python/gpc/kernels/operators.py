@@ -56,6 +56,9 @@ class _Binary(Kernel):
     def _has_grad_inputs(self):
         return self._a._has_grad_inputs() and self._b._has_grad_inputs()
 
+    def _gram_is_cross(self):
+        return self._a._gram_is_cross() and self._b._gram_is_cross()
+
     def _with_theta(self, theta):
         new = copy.copy(self)
         p = self._a._n_free()

@@ -52,6 +52,9 @@ class ConstantKernel(Kernel):
     def _constant(self):
         return float(self.constant_value)
 
+    def _gram_is_cross(self):
+        return True
+
     def _grad_inputs(self, X, Y, M):
         return np.zeros_like(X)
 

@@ -105,6 +105,9 @@ class _ForeignKernel(Kernel):
     def _reads_lower_triangle(self):
         return self._fast is not None and self._fast._reads_lower_triangle()
 
+    def _gram_is_cross(self):
+        return self._fast is not None and self._fast._gram_is_cross()
+
     def _cross(self, X, Z, scale=1.0):
         if self._fast is not None:
             return self._fast._cross(X, Z, scale)

@@ -9,8 +9,8 @@ With inducing inputs Z (m x d) and values u = f(Z), K_uu = L Lᵀ is held by its
 and turns the matrix derivatives of an objective F with respect to K_bu, K_uu and diag K_bb into the
 derivative with respect to the kernel's log hyperparameters and to Z.  The kernel answers for its
 blocks itself: ``_cross`` (K_bu), ``_cross_gradient`` (b x m contractions in θ and Z; the squared
-exponential, alone or times a constant, runs its compiled path) and ``_contract`` for K_uu, so no
-n x m x p tensor is formed and nothing here depends on the kernel's kind.
+exponential, alone or times a constant, runs its compiled path) and ``_gram_gradient`` for K_uu,
+so no n x m x p tensor is formed and nothing here depends on the kernel's kind.
 
 Threads: the kernel is called on fixed chunks of rows (:func:`kernel_chunks`, at least
 KERNEL_ROWS rows: each call holds the GIL for its Python) and the whitening runs by fixed blocks
@@ -177,11 +177,8 @@ class InducingFactor:
         ``overwrite`` G (C-contiguous) is the scratch."""
         G_uu = G if overwrite else np.array(G, dtype=np.float64, order="C")
         _sparse.congruence(self.Li, G_uu)
-        g_theta = self.kernel._contract(self.Z, G_uu, K=self.Kuu, symmetric=True)
-        # k(z_i, z_j) depends on Z through both arguments and G_uu is symmetric: twice the
-        # derivative through the second
-        _, g_Z, _ = self.kernel._cross_gradient(self.Z, self.Z, G_uu, None, overwrite=True)
-        return g_theta, 2.0 * _inputs_or_zero(g_Z, self.Z)
+        g_theta, g_Z = self.kernel._gram_gradient(self.Z, G_uu, self.Kuu)
+        return g_theta, _inputs_or_zero(g_Z, self.Z)
 
 
 def _inputs_or_zero(g_Z, Z):
