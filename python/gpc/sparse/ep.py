@@ -139,6 +139,7 @@ class NaturalPosterior:
         if not (np.isfinite(self.logdet) and np.all(np.isfinite(mean))):
             raise NotPositiveDefiniteError("the site sums are not finite")
         self.P, self.h, self.Ri, self.mean = P, h, Ri, mean
+        self._cov = None
 
     def solve_rows(self, A, out=None):
         """B = A R⁻ᵀ (b x m): rows R⁻¹ a_i, so that |B[i]|² = a_iᵀ P⁻¹ a_i (``out``: scratch for
@@ -175,9 +176,19 @@ class NaturalPosterior:
         return calls, (mean, var, B)
     @property
     def cov(self):
-        """Σ_w = P⁻¹ = R⁻ᵀ R⁻¹ (formed on demand, a new array: the prior term of the gradient)."""
+        """Σ_w = P⁻¹ = R⁻ᵀ R⁻¹ (formed on demand, a new array: the prior term of the gradient;
+        the one :meth:`prefetch_cov` started, if any, goes to the first reader)."""
+        pending, self._cov = self._cov, None
+        return self._gram() if pending is None else pending.result()
+
+    def prefetch_cov(self):
+        """Form :attr:`cov` as a side task of the caller's block threads
+        (gpc._parallel.defer: beside the next pass of blocks), for its first reader."""
+        self._cov = _parallel.defer(self._gram)
+
+    def _gram(self):
         C = np.empty_like(self.Ri)
-        _sparse.lower_gram(self.Ri, C)
+        _sparse.lower_gram(self.Ri, C)                              # dlauum
         return C
 
     def log_normaliser_ratio(self):
@@ -282,10 +293,9 @@ def transform_natural(P, h, Li_old, L_new):
     _sparse.lower_lower_times(Li_old, M)                       # M = L⁻¹ L'
     S = np.array(P, dtype=np.float64, order="C")
     S.flat[:: m + 1] -= 1.0
-    _sparse.congruence(M, S)
-    _sparse.symmetrise(S)
-    S.flat[:: m + 1] += 1.0
-    return S, M.T @ h
+    P_new = _sparse.congruence(M, S, np.empty((m, m)))         # exactly symmetric
+    P_new.flat[:: m + 1] += 1.0
+    return P_new, M.T @ h
 
 
 def matched_site(likelihood, y, cmean, cvar, s):
