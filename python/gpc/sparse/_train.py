@@ -7,8 +7,8 @@ non-finite value is reverted, and the learning rate is halved; the trainer recor
 batch_size = n a minibatch step is the batch step (same sites, same q, same gradient): tested.
 
 A minibatch step of b rows (m inducing points) costs the kernel blocks K_bm and K_uu and about
-twenty BLAS-3 and LAPACK calls of b x m x m or m x m x m size, 8.2 (first epoch) to 9.7 products'
-worth at b = m (docs/sparse.md, "One minibatch step").
+twenty BLAS-3 and LAPACK calls of b x m x m or m x m x m size, 7.2 (first epoch) to 8.7 products'
+worth at b = m = 200 (docs/sparse.md, "One minibatch step").
 """
 
 from functools import partial
@@ -305,8 +305,9 @@ class LocalBatch:
         A, s, Kbu = self._whitened
         tau, nu = (self._matched if self._matched is not None
                    else (self.state.tau[self.rows], self.state.nu[self.rows]))
+        # the K_bu part's kernel contraction beside the K_uu part (_inner_step's finish_evidence)
         return block_parts(self.likelihood, self.Xb, self.yb, A, s, factor, q, tau, nu, gradient,
-                           Kbu, held, rule)
+                           Kbu, held, rule, later=True)
 
 
 def iteration(state, rows, damping):

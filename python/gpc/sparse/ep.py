@@ -283,9 +283,10 @@ def transform_natural(P, h, Li_old, L_new):
     """(P', h') for the same sites seen from a new factor L' of K_uu (after a θ or Z step).
 
     The sites are fixed in u-space (S2 = L⁻ᵀ(P - I)L⁻¹, S1 = L⁻ᵀh), so with M = L⁻¹L'
-    (lower triangular) P' = I + Mᵀ(P - I)M and h' = Mᵀh: a product of two triangles (m³/6
-    multiply-adds) and two triangular multiplies (dtrmm) with the explicit L⁻¹ (``Li_old``), no
-    solve.  ``L_new`` is lower triangular with a zero strict upper triangle (a factor of
+    (lower triangular) P' = I + Mᵀ(P - I)M and h' = Mᵀh: a product of two triangles with the
+    explicit L⁻¹ (``Li_old``; m³/6 multiply-adds, no solve) and the symmetric congruence by fixed
+    column panels on the caller's threads (gpc._sparse.congruence, about m³/2; P' exactly
+    symmetric).  ``L_new`` is lower triangular with a zero strict upper triangle (a factor of
     :class:`InducingFactor`).
     """
     m = P.shape[0]
