@@ -128,6 +128,9 @@ def over_rows(fn, n, *args, cost="lower"):
 # -- the sparse engine's blocks -------------------------------------------------------------------
 #: multiply-adds of BLAS work that make a block of rows or a column panel worth one task
 BLOCK_WORK = 2 ** 21
+#: multiply-adds that make one column panel of an m x m product worth one task (a panel is one or
+#: two BLAS calls, a block of rows several passes: panels are cut finer, for the threads' balance)
+PANEL_WORK = 2 ** 20
 #: the most blocks of one pass (each block's m x m partial sums cost memory traffic)
 MAX_BLOCKS = 16
 #: additions (over memory) that make one stripe of a sum of blocks' m x m parts worth one task
@@ -162,6 +165,20 @@ def row_stripes(m, work, lower=False):
     count = max(1, min(int(round(work / STRIPE_WORK)), MAX_BLOCKS, m))
     k = np.arange(count + 1) / count
     edges = np.unique(np.round(m * np.sqrt(k) if lower else m * k).astype(int))
+    return list(zip(edges[:-1].tolist(), edges[1:].tolist()))
+
+
+def column_panels(m, work):
+    """Fixed column panels [a, b) of an m x m product whose column j costs ~(m - j)² (a
+    triangular factor's trailing part: M^T S M for lower M), of equal work: about work /
+    PANEL_WORK of them (``work``: the product's multiply-adds), at least 1 and at most
+    MAX_BLOCKS; the k-th boundary of N at m - m (1 - k/N)^(1/3).  They depend on m and work
+    only."""
+    if m <= 0:
+        return []
+    count = max(1, min(int(round(work / PANEL_WORK)), MAX_BLOCKS, m))
+    k = np.arange(count + 1) / count
+    edges = np.unique(np.round(m - m * np.cbrt(1.0 - k)).astype(int))
     return list(zip(edges[:-1].tolist(), edges[1:].tolist()))
 
 
@@ -201,17 +218,78 @@ def _block_executor(workers):
         return _block_pool
 
 
+class Deferred:
+    """A side task of the block threads (:func:`defer`): ``result()`` runs it now unless an
+    :func:`over_blocks` call of its thread ran it already, and returns its value or raises its
+    error."""
+
+    __slots__ = ("fn", "done", "value", "error")
+
+    def __init__(self, fn):
+        self.fn, self.done, self.value, self.error = fn, False, None, None
+
+    def run(self):
+        if self.done:
+            return
+        try:
+            self.value = self.fn()
+        except Exception as exc:  # noqa: BLE001 - raised by result()
+            self.error = exc
+        self.done = True
+        self.fn = None
+
+    def result(self):
+        pending = getattr(_local, "pending", None)
+        if pending and self in pending:
+            pending.remove(self)
+        self.run()
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def defer(fn):
+    """``fn()`` as a side task: the next :func:`over_blocks` call of this thread runs it beside its
+    blocks (first, on whichever thread is free), and :func:`flush` or the returned
+    :class:`Deferred`'s ``result()`` runs it if none has.  ``fn`` must be independent of all that
+    runs between this call and its result: it reads and writes memory nothing else in between
+    touches, so its bits and everything else's are those of running it at once, whatever the
+    threads.  This is how independent once-per-step pieces of the sparse engine overlap with its
+    blocks of rows."""
+    task = Deferred(fn)
+    if not hasattr(_local, "pending"):
+        _local.pending = []
+    _local.pending.append(task)
+    return task
+
+
+def flush():
+    """Run the side tasks still pending in this thread (:func:`defer`), in their order; raises
+    the first one's error, if any."""
+    pending = getattr(_local, "pending", None)
+    while pending:
+        pending[0].result()
+
+
 def over_blocks(fn, n_blocks):
     """``[fn(j) for j in range(n_blocks)]``, the blocks shared out among :func:`threads_now`
     threads, each taking the next block when it is done with one (``fn`` releases the GIL for its
     work and writes its own block's memory).  Returns the results in block order; if blocks
-    raise, the error of the first such block is raised once every block has run."""
-    threads = min(threads_now(), n_blocks)
+    raise, the error of the first such block is raised once every block has run.  Side tasks
+    pending in this thread (:func:`defer`) run first, beside the blocks."""
+    side = getattr(_local, "pending", None)
+    if side and not getattr(_local, "in_block", False):
+        _local.pending = []
+    else:
+        side = []
+    threads = min(threads_now(), n_blocks + len(side))
     if threads <= 1:
+        for task in side:
+            task.run()
         return [fn(j) for j in range(n_blocks)]
     results = [None] * n_blocks
     errors = {}
-    next_block = itertools.count().__next__
+    next_block = itertools.count(-len(side)).__next__
     stop = []
 
     def work():
@@ -221,6 +299,9 @@ def over_blocks(fn, n_blocks):
                 j = next_block()
                 if j >= n_blocks:
                     return
+                if j < 0:
+                    side[len(side) + j].run()
+                    continue
                 try:
                     results[j] = fn(j)
                 except Exception as exc:  # noqa: BLE001 - raised below, in block order

@@ -17,7 +17,11 @@ from gpc._likelihoods cimport LikelihoodSpec, make_spec
 from gpc._site_rule cimport (site_update, site_log_z, check_codes, RULE_PL, SITE_NEGATIVE_CAVITY,
                              SITE_LIKELIHOOD_FAILED)
 
+from functools import partial
+
 import numpy as np
+
+from gpc import _parallel
 
 
 cdef int _check_square(Py_ssize_t rows, Py_ssize_t cols, str name) except -1:
@@ -145,22 +149,90 @@ def lower_lower_times(const double[:, ::1] L, double[:, ::1] B):
         _lower_lower(&L[0, 0], &B[0, 0], m, m, &work[0])
 
 
-def congruence(const double[:, ::1] M, double[:, ::1] S):
-    """S (m x m, both triangles) := M^T S M for lower-triangular M (two dtrmm).
+cdef void _congruence_panel(const double* M, const double* S, double* X, int m, int start,
+                            int stop) noexcept nogil:
+    """X[start:, start:stop] := (M^T S M)[start:, start:stop], and X[start:stop, start:] := its
+    transpose, for lower-triangular M and S (m x m,
+    C-ordered), reading M's lower triangle and S[start:, start:] only.  M's rows above ``start``
+    are zero in these columns, so with r = m - start the panel is M22^T (S22 M[start:, start:stop]),
+    M22 = M[start:, start:], S22 = S[start:, start:]: the product S22 M[start:, start:stop] as a
+    triangular multiply by its diagonal block and a general product by the rows below it, then a
+    triangular multiply by M22^T; 3/2 r^2 (stop - start) multiply-adds."""
+    cdef int r = m - start, w = stop - start, below = m - stop, i, j
+    cdef char left = b'L', right = b'R', uplo = b'U', trans = b'T', notrans = b'N', diag = b'N'
+    cdef double one = 1.0
+    cdef double* P = X + <Py_ssize_t> start * m + start               # the panel, r x w
+    cdef const double* Md = M + <Py_ssize_t> start * m + start        # M22 and its first block
+    if w <= 0:
+        return
+    for i in range(r):                                                 # P := S22[:, :w]
+        memcpy(P + <Py_ssize_t> i * m, S + <Py_ssize_t> (start + i) * m + start,
+               <size_t> w * sizeof(double))
+    # Fortran holds P^T (w x r, leading dimension m) and sees the lower triangles as upper ones:
+    # P := P Md (Md = M[start:stop, start:stop], lower): P^T := Md^T P^T ('L', 'N')
+    dtrmm(&left, &uplo, &notrans, &diag, &w, &r, &one, <double*> Md, &m, P, &m)
+    if below > 0:
+        # P += S[start:, stop:] M[stop:, start:stop]: P^T += M[stop:, start:stop]^T S[start:, stop:]^T
+        dgemm(&notrans, &notrans, &w, &r, &below, &one, <double*> (M + <Py_ssize_t> stop * m + start),
+              &m, <double*> (S + <Py_ssize_t> start * m + stop), &m, &one, P, &m)
+    # P := M22^T P: P^T := P^T M22 = P^T (M22^T)^T, M22^T upper in Fortran ('R', 'T')
+    dtrmm(&right, &uplo, &trans, &diag, &w, &r, &one, <double*> Md, &m, P, &m)
+    # the mirror image: X[start:stop, stop:] := the panel's rows below its diagonal block,
+    # transposed, and the diagonal block's strict upper triangle := its strict lower one
+    for i in range(r):
+        for j in range(w if i >= w else i):
+            X[<Py_ssize_t> (start + j) * m + start + i] = P[<Py_ssize_t> i * m + j]
 
-    The result is symmetric up to rounding when S is; the caller symmetrises if it needs to.
+
+def congruence_panel(const double[:, ::1] M, const double[:, ::1] S, double[:, ::1] X,
+                     Py_ssize_t start, Py_ssize_t stop):
+    """One column panel of :func:`congruence`: X[start:, start:stop] := (M^T S M)[start:,
+    start:stop] and X[start:stop, start:] its transpose, for lower-triangular M (its lower
+    triangle is read) and symmetric S (S[start:, start:] is read, both triangles)."""
+    _check_square(M.shape[0], M.shape[1], "M")
+    _check_square(S.shape[0], S.shape[1], "S")
+    _check_columns(S.shape[1], M.shape[0], "S")
+    _check_square(X.shape[0], X.shape[1], "X")
+    _check_columns(X.shape[1], M.shape[0], "X")
+    cdef int m = <int> M.shape[0]
+    if not (0 <= start <= stop <= m):
+        raise ValueError(f"columns {start}:{stop} are not inside 0:{m}")
+    if &X[0, 0] == &S[0, 0]:
+        raise ValueError("X must not be S")
+    with nogil:
+        _congruence_panel(&M[0, 0], &S[0, 0], &X[0, 0], m, <int> start, <int> stop)
+
+
+def congruence(const double[:, ::1] M, double[:, ::1] S, double[:, ::1] out=None):
+    """out (m x m) := M^T S M for lower-triangular M (its strict upper triangle is not read) and
+    symmetric S (both triangles are read); without ``out``, S := M^T S M.  The result is exactly
+    symmetric: its lower triangle and that triangle's mirror image.  Returns the result.
+
+    By fixed column panels (gpc._parallel.column_panels, fixed by m: :func:`congruence_panel`,
+    about m^3/2 multiply-adds in all where two triangular multiplies take m^3), run by
+    gpc._parallel.over_blocks on the threads of the caller's gpc._parallel.block_threads
+    context; each panel writes its own columns and their mirror image, so the bits do not depend
+    on the threads.
     """
     _check_square(M.shape[0], M.shape[1], "M")
     _check_square(S.shape[0], S.shape[1], "S")
     _check_columns(S.shape[1], M.shape[0], "S")
-    cdef int m = <int> M.shape[0]
-    # Fortran holds X = S^T and U = M^T; (M^T S M)^T = M^T S^T M = U X U^T: X := X U^T ('R',
-    # 'T'), then X := U X ('L', 'N')
-    cdef char right = b'R', left = b'L', uplo = b'U', trans = b'T', notrans = b'N', diag = b'N'
-    cdef double one = 1.0
-    with nogil:
-        dtrmm(&right, &uplo, &trans, &diag, &m, &m, &one, <double*> &M[0, 0], &m, &S[0, 0], &m)
-        dtrmm(&left, &uplo, &notrans, &diag, &m, &m, &one, <double*> &M[0, 0], &m, &S[0, 0], &m)
+    cdef Py_ssize_t m = M.shape[0]
+    if out is not None:
+        _check_square(out.shape[0], out.shape[1], "out")
+        _check_columns(out.shape[1], m, "out")
+    X = np.empty((m, m)) if out is None else np.asarray(out)
+    panels = _parallel.column_panels(m, m * m * m / 2.0)
+    _parallel.over_blocks(partial(_panel_of, M, S, X, panels), len(panels))
+    if out is None:
+        np.copyto(np.asarray(S), X)
+        return np.asarray(S)
+    return X
+
+
+def _panel_of(M, S, X, panels, j):
+    return congruence_panel(M, S, X, *panels[j])
+
 
 
 def transpose_times(const double[:, ::1] A, const double[:, ::1] G, double[:, ::1] out):

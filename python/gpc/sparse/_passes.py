@@ -7,8 +7,12 @@ distributed fit sends back (:mod:`gpc.sparse._distributed`).  Within a block the
 caller's threads (gpc.sparse.ep, gpc._parallel.block_threads).
 """
 
+from functools import partial
+
 import numpy as np
 
+from .. import _parallel
+from ._inducing import kernel_chunks
 from .ep import (EP, NaturalPosterior, block_evidence, linearisation, linearised_sites, prior_term,
                  update_sites, whitened_sums)
 
@@ -69,13 +73,20 @@ def natural_sums(X, factor, tau, nu, block_rows):
 
 
 def block_parts(likelihood, Xb, y, A, s, factor, q, tau, nu, gradient=True, Kbu=None,
-                held="sites", rule=EP):
+                held="sites", rule=EP, later=False):
     """One block's share of log Z_q and of its gradient: (log_z, g_theta, g_Z, AtG, n_bad);
-    ``held`` and ``rule`` as in :func:`ep.block_evidence`."""
+    ``held`` and ``rule`` as in :func:`ep.block_evidence`.  With ``later``, when the kernel takes
+    the block in one call (:func:`_inducing.kernel_chunks`; larger blocks share their chunks
+    out among the threads themselves), its contraction of the K_bu part is a side task
+    (gpc._parallel.defer) beside the caller's next pass of blocks, and g_theta, g_Z are one
+    :class:`gpc._parallel.Deferred` of the pair, which :func:`finish_evidence` resolves."""
     ev = block_evidence(likelihood, y, A, s, q, tau, nu, gradient=gradient, held=held, rule=rule,
                         to_kernel=factor.Li if gradient else None)
     if not gradient:
         return ev.log_z, None, None, None, ev.n_bad
+    if later and len(kernel_chunks(len(Xb))) <= 1:
+        pair = _parallel.defer(partial(factor.kernel_gradient, Xb, ev.G_A, ev.g_s, Kbu))
+        return ev.log_z, pair, pair, ev.AtG, ev.n_bad
     g_theta, g_Z = factor.kernel_gradient(Xb, ev.G_A, ev.g_s, Kbu)
     return ev.log_z, g_theta, g_Z, ev.AtG, ev.n_bad
 
@@ -106,7 +117,8 @@ def finish_evidence(factor, q, parts, scale=1.0, held="sites"):
     ``scale`` multiplies the data terms (n/|M| for a minibatch, SEP eq. (6)).  With ``held`` =
     "sites" (:func:`ep.block_evidence`) the prior's part rides on the per-row terms and is scaled
     with them; with "cavity" it is eq. (4)'s prior term, from q alone and not scaled.  Either
-    way a minibatch of all the data gives the batch value.
+    way a minibatch of all the data gives the batch value.  The K_bu part may still be a side
+    task (:func:`block_parts` with ``later``): it runs beside the K_uu part's congruence panels.
     """
     log_z, g_theta, g_Z, AtG, n_bad = parts
     log_z = q.log_normaliser_ratio() + scale * log_z
@@ -119,6 +131,8 @@ def finish_evidence(factor, q, parts, scale=1.0, held="sites"):
         G += (0.5 * scale) * AtG
         G += (0.5 * scale) * AtG.T
         gt, gz = factor.uu_gradient_whitened(G, overwrite=True)
+    if isinstance(g_theta, _parallel.Deferred):
+        g_theta, g_Z = g_theta.result()
     return log_z, scale * g_theta + gt, scale * g_Z + gz, n_bad
 
 

@@ -7,9 +7,11 @@ non-finite value is reverted, and the learning rate is halved; the trainer recor
 batch_size = n a minibatch step is the batch step (same sites, same q, same gradient): tested.
 
 A minibatch step of b rows (m inducing points) costs the kernel blocks K_bm and K_uu and about
-twenty BLAS-3 and LAPACK calls of b x m x m or m x m x m size, 8.2 (first epoch) to 9.7 products'
-worth at b = m (docs/sparse.md, "One minibatch step").
+twenty BLAS-3 and LAPACK calls of b x m x m or m x m x m size, 7.2 (first epoch) to 8.7 products'
+worth at b = m = 200 (docs/sparse.md, "One minibatch step").
 """
+
+from functools import partial
 
 import numpy as np
 
@@ -75,6 +77,7 @@ class SEPState:
         self.reverted = 0          # parameter steps undone (rate halved)
         self.skipped_passes = 0    # site updates dropped because q lost its factor
         self._work = {}
+        self._later = []           # side tasks of the step under way (gpc._parallel.defer)
 
     def workspace(self, name, shape):
         """A scratch array kept between steps under ``name``."""
@@ -82,6 +85,17 @@ class SEPState:
         if buf is None or buf.shape != shape:
             buf = self._work[name] = np.empty(shape)
         return buf
+
+    def later(self, fn):
+        """Run ``fn()`` as a side task beside the step's next pass of blocks
+        (gpc._parallel.defer); :meth:`settle`, at the end of the step, waits for it."""
+        self._later.append(_parallel.defer(fn))
+
+    def settle(self):
+        """Finish the step's side tasks (:meth:`later`), raising the first one's error."""
+        later, self._later = self._later, []
+        for task in later:
+            task.result()
 
     def start_minibatches(self, X, block_rows):
         """Get ready for minibatch steps on the rows of X: the sites' directions V, and q rebuilt
@@ -275,10 +289,13 @@ class LocalBatch:
         return P, h, n_fresh
 
     def commit(self):
+        """Keep the pending sites; their directions are copied into ``state.V`` beside the
+        step's next pass of blocks (:meth:`SEPState.later`: nothing reads those rows of V before
+        the step ends)."""
         tau, nu, V = self._pending
         self.state.tau[self.rows], self.state.nu[self.rows] = tau, nu
         if V is not None:
-            self.state.V[self.rows] = V
+            self.state.later(partial(np.copyto, self.state.V[self.rows], V))
         self._pending = None
 
     def revert(self):
@@ -288,8 +305,9 @@ class LocalBatch:
         A, s, Kbu = self._whitened
         tau, nu = (self._matched if self._matched is not None
                    else (self.state.tau[self.rows], self.state.nu[self.rows]))
+        # the K_bu part's kernel contraction beside the K_uu part (_inner_step's finish_evidence)
         return block_parts(self.likelihood, self.Xb, self.yb, A, s, factor, q, tau, nu, gradient,
-                           Kbu, held, rule)
+                           Kbu, held, rule, later=True)
 
 
 def iteration(state, rows, damping):
@@ -318,17 +336,20 @@ def iteration(state, rows, damping):
     Returns log Z_q (eq. (3)), or for a minibatch its estimate over all n rows (data terms
     scaled by n / |M|).
     """
-    if rows.size == state.n:
-        dP, dh = rows.update_sites(state.factor, state.q, damping, state.rule)
-        if state.add_sites(dP, dh, shrink=0.0):        # q rebuilt from the new sites
-            rows.commit()
-            state.n_sited = state.n
-            state.n_fixed += rows.n_fixed
-        else:
-            rows.revert()
-        return _inner_step(state, rows, state.n, "sites")
-    _refine_minibatch(state, rows, damping)
-    return _inner_step(state, rows, max(state.n_sited, rows.size), "cavity")
+    try:
+        if rows.size == state.n:
+            dP, dh = rows.update_sites(state.factor, state.q, damping, state.rule)
+            if state.add_sites(dP, dh, shrink=0.0):        # q rebuilt from the new sites
+                rows.commit()
+                state.n_sited = state.n
+                state.n_fixed += rows.n_fixed
+            else:
+                rows.revert()
+            return _inner_step(state, rows, state.n, "sites")
+        _refine_minibatch(state, rows, damping)
+        return _inner_step(state, rows, max(state.n_sited, rows.size), "cavity")
+    finally:
+        state.settle()
 
 
 def _refine_minibatch(state, rows, damping):
@@ -341,6 +362,8 @@ def _refine_minibatch(state, rows, damping):
         state.skipped_passes += 1
         rows.revert()
     else:
+        if state.learns:
+            state.q.prefetch_cov()           # the prior term's Σ_w, beside the evidence's blocks
         rows.commit()
         state.n_sited = min(state.n, state.n_sited + n_fresh)
         state.n_fixed += rows.n_fixed

@@ -139,6 +139,7 @@ class NaturalPosterior:
         if not (np.isfinite(self.logdet) and np.all(np.isfinite(mean))):
             raise NotPositiveDefiniteError("the site sums are not finite")
         self.P, self.h, self.Ri, self.mean = P, h, Ri, mean
+        self._cov = None
 
     def solve_rows(self, A, out=None):
         """B = A R⁻ᵀ (b x m): rows R⁻¹ a_i, so that |B[i]|² = a_iᵀ P⁻¹ a_i (``out``: scratch for
@@ -175,9 +176,19 @@ class NaturalPosterior:
         return calls, (mean, var, B)
     @property
     def cov(self):
-        """Σ_w = P⁻¹ = R⁻ᵀ R⁻¹ (formed on demand, a new array: the prior term of the gradient)."""
+        """Σ_w = P⁻¹ = R⁻ᵀ R⁻¹ (formed on demand, a new array: the prior term of the gradient;
+        the one :meth:`prefetch_cov` started, if any, goes to the first reader)."""
+        pending, self._cov = self._cov, None
+        return self._gram() if pending is None else pending.result()
+
+    def prefetch_cov(self):
+        """Form :attr:`cov` as a side task of the caller's block threads
+        (gpc._parallel.defer: beside the next pass of blocks), for its first reader."""
+        self._cov = _parallel.defer(self._gram)
+
+    def _gram(self):
         C = np.empty_like(self.Ri)
-        _sparse.lower_gram(self.Ri, C)
+        _sparse.lower_gram(self.Ri, C)                              # dlauum
         return C
 
     def log_normaliser_ratio(self):
@@ -272,9 +283,10 @@ def transform_natural(P, h, Li_old, L_new):
     """(P', h') for the same sites seen from a new factor L' of K_uu (after a θ or Z step).
 
     The sites are fixed in u-space (S2 = L⁻ᵀ(P - I)L⁻¹, S1 = L⁻ᵀh), so with M = L⁻¹L'
-    (lower triangular) P' = I + Mᵀ(P - I)M and h' = Mᵀh: a product of two triangles (m³/6
-    multiply-adds) and two triangular multiplies (dtrmm) with the explicit L⁻¹ (``Li_old``), no
-    solve.  ``L_new`` is lower triangular with a zero strict upper triangle (a factor of
+    (lower triangular) P' = I + Mᵀ(P - I)M and h' = Mᵀh: a product of two triangles with the
+    explicit L⁻¹ (``Li_old``; m³/6 multiply-adds, no solve) and the symmetric congruence by fixed
+    column panels on the caller's threads (gpc._sparse.congruence, about m³/2; P' exactly
+    symmetric).  ``L_new`` is lower triangular with a zero strict upper triangle (a factor of
     :class:`InducingFactor`).
     """
     m = P.shape[0]
@@ -282,10 +294,9 @@ def transform_natural(P, h, Li_old, L_new):
     _sparse.lower_lower_times(Li_old, M)                       # M = L⁻¹ L'
     S = np.array(P, dtype=np.float64, order="C")
     S.flat[:: m + 1] -= 1.0
-    _sparse.congruence(M, S)
-    _sparse.symmetrise(S)
-    S.flat[:: m + 1] += 1.0
-    return S, M.T @ h
+    P_new = _sparse.congruence(M, S, np.empty((m, m)))         # exactly symmetric
+    P_new.flat[:: m + 1] += 1.0
+    return P_new, M.T @ h
 
 
 def matched_site(likelihood, y, cmean, cvar, s):
