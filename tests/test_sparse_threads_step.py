@@ -75,8 +75,13 @@ def test_congruence_is_the_same_bits_on_every_number_of_threads(m):
 
 
 def test_congruence_panels_go_to_the_threads(monkeypatch):
+    # a panel on the calling thread waits (at most 10 s) until a pool thread has taken one, so the
+    # test does not depend on which thread wins the race on a busy machine; a pass that never
+    # reaches the pool times out and fails the assertion
     m = 200
     seen = []
+    caller = threading.get_ident()
+    pool_took_one = threading.Event()
     original = _parallel.over_blocks
 
     def spy(fn, n_blocks):
@@ -84,6 +89,10 @@ def test_congruence_panels_go_to_the_threads(monkeypatch):
 
         def block(j):
             ran.add(threading.get_ident())
+            if threading.get_ident() == caller:
+                pool_took_one.wait(10.0)
+            else:
+                pool_took_one.set()
             return fn(j)
         out = original(block, n_blocks)
         seen.append((n_blocks, ran))
@@ -91,10 +100,9 @@ def test_congruence_panels_go_to_the_threads(monkeypatch):
     monkeypatch.setattr(_parallel, "over_blocks", spy)
     M, S = _lower(m), _symmetric(m)
     with _parallel.block_threads(2):
-        for _ in range(20):                 # one pass may happen to run on the caller alone
-            _sparse.congruence(M, S, np.empty((m, m)))
-    assert all(n == len(_parallel.column_panels(m, m ** 3 / 2)) == 4 for n, _ in seen)
-    assert any(ran - {threading.get_ident()} for _, ran in seen)
+        _sparse.congruence(M, S, np.empty((m, m)))
+    assert [n for n, _ in seen] == [len(_parallel.column_panels(m, m ** 3 / 2))] == [4]
+    assert seen[0][1] - {caller}
 
 
 def test_congruence_checks_its_panel():

@@ -173,8 +173,9 @@ class InducingFactor:
 
     def uu_gradient_whitened(self, G, overwrite=False):
         """Kernel and Z gradient of ∂F/∂K_uu = L⁻ᵀ G L⁻¹ for a symmetric w-space G (m x m): one
-        congruence with the explicit L⁻¹ (two dtrmm) and the kernel's contraction.  With
-        ``overwrite`` G (C-contiguous) is the scratch."""
+        congruence with the explicit L⁻¹ (gpc._sparse.congruence: its lower triangle by fixed column
+        panels on the block threads) and the kernel's contraction.  With ``overwrite`` G
+        (C-contiguous) is the scratch."""
         G_uu = G if overwrite else np.array(G, dtype=np.float64, order="C")
         _sparse.congruence(self.Li, G_uu)
         g_theta, g_Z = self.kernel._gram_gradient(self.Z, G_uu, self.Kuu)
