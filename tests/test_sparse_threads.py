@@ -190,11 +190,11 @@ def test_over_blocks_returns_in_order_and_raises_the_first_error():
 def test_row_blocks_cover_the_rows_in_at_most_max_blocks(n, work):
     blocks = _parallel.row_blocks(n, work)
     assert blocks[0][0] == 0 and blocks[-1][1] == n
-    assert all(a < b and b == c for (a, b), (c, _) in zip(blocks, blocks[1:] + [(n, n)]))
+    assert all(a < b and b == c for (a, b), (c, _) in zip(blocks, blocks[1:] + ((n, n),)))
     assert 1 <= len(blocks) <= _parallel.MAX_BLOCKS
     sizes = [b - a for a, b in blocks]
     assert max(sizes) - min(sizes) <= 1
-    assert _parallel.row_blocks(0, work) == []
+    assert _parallel.row_blocks(0, work) == ()
 
 
 @pytest.mark.parametrize("lower", [False, True])
@@ -202,7 +202,7 @@ def test_row_blocks_cover_the_rows_in_at_most_max_blocks(n, work):
 def test_row_stripes_cover_the_rows(m, work, lower):
     stripes = _parallel.row_stripes(m, work, lower)
     assert stripes[0][0] == 0 and stripes[-1][1] == m
-    assert all(b == c and a < b for (a, b), (c, _) in zip(stripes, stripes[1:] + [(m, m)]))
+    assert all(b == c and a < b for (a, b), (c, _) in zip(stripes, stripes[1:] + ((m, m),)))
     assert len(stripes) <= _parallel.MAX_BLOCKS
 
 

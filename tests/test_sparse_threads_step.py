@@ -28,7 +28,7 @@ def test_column_panels_cover_the_columns_with_equal_trailing_work(m):
     work = m ** 3 / 2
     panels = _parallel.column_panels(m, work)
     assert panels[0][0] == 0 and panels[-1][1] == m
-    assert all(a < b and b == c for (a, b), (c, _) in zip(panels, panels[1:] + [(m, m)]))
+    assert all(a < b and b == c for (a, b), (c, _) in zip(panels, panels[1:] + ((m, m),)))
     assert 1 <= len(panels) <= _parallel.MAX_BLOCKS
     assert len(panels) == max(1, min(round(work / _parallel.PANEL_WORK), _parallel.MAX_BLOCKS, m))
     # column j costs ~(m - j)²: each panel's share of Σ (m - j)² is 1/count up to the rounding of
@@ -38,7 +38,7 @@ def test_column_panels_cover_the_columns_with_equal_trailing_work(m):
         np.testing.assert_allclose(share, 1 / len(panels), atol=3 / m + 1e-12)
     with _parallel.block_threads(3):                 # the threads do not enter
         assert _parallel.column_panels(m, work) == panels
-    assert _parallel.column_panels(0, work) == []
+    assert _parallel.column_panels(0, work) == ()
 
 
 # -- the congruence M^T S M ----------------------------------------------------------------------

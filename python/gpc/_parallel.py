@@ -144,42 +144,46 @@ _pin_depth = 0
 _pin_state = (None, False)
 
 
+@lru_cache(maxsize=512)
 def row_blocks(n, row_work, max_blocks=MAX_BLOCKS):
     """Fixed ranges [a, b) covering range(n), of nearly equal size: about n · row_work /
     BLOCK_WORK of them (``row_work``: a row's multiply-adds), at least 1 and at most
-    ``max_blocks``.  They depend on n and row_work only, never on the threads."""
+    ``max_blocks``.  They depend on n and row_work only, never on the threads (a tuple, cached:
+    a step asks for the same blocks many times)."""
     if n <= 0:
-        return []
+        return ()
     count = max(1, min(int(round(n * row_work / BLOCK_WORK)), max_blocks, n))
     edges = (np.arange(count + 1) * n) // count
-    return list(zip(edges[:-1].tolist(), edges[1:].tolist()))
+    return tuple(zip(edges[:-1].tolist(), edges[1:].tolist()))
 
 
+@lru_cache(maxsize=512)
 def row_stripes(m, work, lower=False):
     """Fixed row ranges [a, b) of an m x m sum of ``work`` additions (the blocks' partial sums
     added in block order), of equal work, about work / STRIPE_WORK of them (at most MAX_BLOCKS);
     with ``lower`` the sum fills a lower triangle, whose row i costs i + 1.  They depend on m and
-    work only."""
+    work only (a tuple, cached)."""
     if m <= 0:
-        return []
+        return ()
     count = max(1, min(int(round(work / STRIPE_WORK)), MAX_BLOCKS, m))
     k = np.arange(count + 1) / count
     edges = np.unique(np.round(m * np.sqrt(k) if lower else m * k).astype(int))
-    return list(zip(edges[:-1].tolist(), edges[1:].tolist()))
+    return tuple(zip(edges[:-1].tolist(), edges[1:].tolist()))
 
 
+@lru_cache(maxsize=512)
 def column_panels(m, work):
     """Fixed column panels [a, b) of an m x m product whose column j costs ~(m - j)² (a
     triangular factor's trailing part: M^T S M for lower M), of equal work: about work /
     PANEL_WORK of them (``work``: the product's multiply-adds), at least 1 and at most
     MAX_BLOCKS; the k-th boundary of N at m - m (1 - k/N)^(1/3).  They depend on m and work
-    only."""
+    only (a tuple, cached)."""
     if m <= 0:
-        return []
+        return ()
     count = max(1, min(int(round(work / PANEL_WORK)), MAX_BLOCKS, m))
     k = np.arange(count + 1) / count
     edges = np.unique(np.round(m - m * np.cbrt(1.0 - k)).astype(int))
-    return list(zip(edges[:-1].tolist(), edges[1:].tolist()))
+    return tuple(zip(edges[:-1].tolist(), edges[1:].tolist()))
 
 
 def threads_now():

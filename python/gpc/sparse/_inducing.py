@@ -65,7 +65,11 @@ class InducingFactor:
         self.kernel = kernel
         self.Z = np.ascontiguousarray(Z, dtype=np.float64)
         self.fast = _AT_THETA
-        self.Kuu = np.array(kernel(self.Z), dtype=np.float64, order="C")
+        if kernel._gram_is_cross():     # no white noise: the cross block, its diagonal exact
+            self.Kuu = kernel._cross(self.Z, self.Z)
+            np.fill_diagonal(self.Kuu, kernel._diag(self.Z))
+        else:
+            self.Kuu = np.array(kernel(self.Z), dtype=np.float64, order="C")
         _sparse.mirror_lower(self.Kuu)                         # exactly symmetric
         m = self.Kuu.shape[0]
 
