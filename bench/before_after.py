@@ -15,7 +15,8 @@ builds compare, whatever their internals.  The fits (``--fits``, default all):
   standardised: ``rmgpc`` (model="robust");
 * the sparse classifier on n rows (default 20,000) of ``bench_sparse.py``'s problem (d = 8,
   y = sign(sin x₀ + x₁x₂ - x₃/2 + 0.3 ε)), m = 100 inducing points from the same random rows:
-  ``sep-minibatch`` (minibatches of 200 rows, 2 epochs), ``sep-tied`` (tied sites, the same),
+  ``sep-minibatch`` (minibatches of 200 rows, 2 epochs), ``sep-minibatch-2000`` (minibatches
+  of 2,000 rows, the estimator's default, 4 epochs), ``sep-tied`` (tied sites, 200 rows, 2 epochs),
   ``sep-batch`` (5 passes), ``svi-minibatch`` (minibatches of 200 rows, 2 epochs), ``gfitc``
   (10 L-BFGS-B evaluations),
 
@@ -37,6 +38,7 @@ FITS = {
     "ep": dict(model="exact", method="ep", likelihood="probit"),
     "rmgpc": dict(model="multiclass"),
     "sep-minibatch": dict(method="ep", batch_size=200, max_iter=2),
+    "sep-minibatch-2000": dict(method="ep", batch_size=2000, max_iter=4),
     "sep-tied": dict(method="ep", batch_size=200, max_iter=2, tied_sites=True),
     "sep-batch": dict(method="ep", batch_size=None, max_iter=5),
     "svi-minibatch": dict(method="svi", batch_size=200, max_iter=2),
