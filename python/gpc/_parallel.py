@@ -62,14 +62,24 @@ def row_ranges(n, cost="lower"):
 
 
 @lru_cache(maxsize=1)
-def _blas_controller():
-    # scipy's BLAS library under threadpoolctl (installed with scikit-learn); None without it
+def _threadpool_controller():
+    """One threadpoolctl controller of this process's libraries (finding them reads every loaded
+    shared object: milliseconds), or None without threadpoolctl (installed with scikit-learn)."""
     try:
         from threadpoolctl import ThreadpoolController
     except ImportError:
         return None
     import scipy.linalg  # noqa: F401  (its BLAS must be loaded to be found)
-    blas = [lib for lib in ThreadpoolController().lib_controllers if lib.user_api == "blas"]
+    return ThreadpoolController()
+
+
+@lru_cache(maxsize=1)
+def _blas_controller():
+    # scipy's BLAS library under threadpoolctl; None without it
+    controller = _threadpool_controller()
+    if controller is None:
+        return None
+    blas = [lib for lib in controller.lib_controllers if lib.user_api == "blas"]
     scipy_blas = [lib for lib in blas if "scipy" in os.path.basename(lib.filepath)]
     return (scipy_blas or blas or [None])[0]
 
@@ -371,13 +381,11 @@ def _blas_libraries():
     """How BLAS is pinned here: ("threadpoolctl", controller) when threadpoolctl is installed,
     else ("openblas", calls) for the OpenBLAS libraries found by :func:`_openblas_calls`, else
     (None, None)."""
-    try:
-        from threadpoolctl import ThreadpoolController
-    except ImportError:
-        calls = _openblas_calls()
-        return ("openblas", calls) if calls else (None, None)
-    import scipy.linalg  # noqa: F401  (its BLAS must be loaded to be found)
-    return "threadpoolctl", ThreadpoolController()
+    controller = _threadpool_controller()
+    if controller is not None:
+        return "threadpoolctl", controller
+    calls = _openblas_calls()
+    return ("openblas", calls) if calls else (None, None)
 
 
 def _single_threaded_by_environment():
