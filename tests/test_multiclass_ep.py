@@ -1,6 +1,8 @@
 """RMGPC's EP (gpc.multiclass.ep): fixed-point conditions checked by independent quadrature, and the
 evidence gradient (RMGPC eq. (18)) against central differences of the evidence (16)."""
 
+import sys
+
 import numpy as np
 import pytest
 from scipy.integrate import quad
@@ -484,6 +486,42 @@ def test_a_damped_step_outside_the_domain_halves_the_damping(monkeypatch):
     assert calls[:3] == [0.5, 0.5, 0.25]
 
 
+def test_inner_sweeps_pass_improper_cavities_and_hand_on_a_state_in_the_domain(monkeypatch):
+    """The inner loop may sweep through states whose ψ̃ᵢ cavity Beta is improper (on glass at ℓ = 1
+    the first full-step ψ̃ᵢ sweep of a cold start leaves one), but every state it hands on, and so
+    every outer iterate, lies in EP's domain; no damped step is halved for it, and the run stops at
+    the fixed point of the plain damped iteration."""
+    from gpc.datasets import load_glass
+    from gpc.multiclass import ep
+
+    d = load_glass(binary=False)
+    X = (d.X - d.X.mean(axis=0)) / d.X.std(axis=0)
+    Ks = [RBF(1.0)(X)] * 6
+    passed, handed, refine, sweeps = [], [], ep._refine, ep._location_sweeps
+
+    def record_refine(sites, means, varis, prior_sd, damping, model, fixed):
+        if fixed:
+            passed.append(model.domain_error(sites) is not None)
+        return refine(sites, means, varis, prior_sd, damping, model, fixed)
+
+    def record_sweeps(blocks, sites, means, varis, prior_sd, model, *args):
+        out = sweeps(blocks, sites, means, varis, prior_sd, model, *args)
+        handed.append(model.domain_error(out[0]))
+        return out
+
+    monkeypatch.setattr(ep, "_refine", record_refine)
+    monkeypatch.setattr(ep, "_location_sweeps", record_sweeps)
+    y = np.unique(d.y, return_inverse=True)[1]
+    res = rmgpc_ep(Ks, y, 6, tol=1e-6)
+    assert any(passed)                          # the loop did pass an improper cavity
+    assert handed and all(why is None for why in handed)
+    assert res.converged and res.damping_history == []
+    monkeypatch.undo()
+    plain = rmgpc_ep(Ks, y, 6, tol=1e-6, accelerate=False)
+    # both stop at an undamped mismatch below 1e-6, where the evidence is stationary in the sites
+    assert res.log_evidence == pytest.approx(plain.log_evidence, abs=1e-6)
+
+
 def test_failed_warm_start_falls_back_to_a_cold_start(monkeypatch):
     """rmgpc_ep runs cold when the warm run fails, and raises the policy's DivergenceError (a
     NumericalError) only when the cold run fails too."""
@@ -635,3 +673,31 @@ def test_rate_needs_the_robust_model():
         rmgpc_ep([np.eye(3)] * 3, np.array([0, 1, 2]), 3, robust=False, rate=0.1)
     with pytest.raises(ValueError, match="rate"):
         rmgpc_ep([np.eye(3)] * 3, np.array([0, 1, 2]), 3, rate=1.0)
+
+
+def test_ep_pins_blas_to_one_thread_and_restores_it(tmp_path, monkeypatch):
+    """EP's limit holds every BLAS / OpenMP library threadpoolctl finds at one thread and restores
+    each on exit; the controller behind it is kept between calls and made again after an import
+    (which can load a new library)."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from gpc.multiclass import ep
+
+    def threads():
+        return [info["num_threads"] for info in threadpoolctl.threadpool_info()]
+
+    before = threads()
+    with ep._one_blas_thread():
+        assert set(threads()) == {1}
+        with ep.blas_threads(2):
+            assert set(threads()) == {2}
+        assert set(threads()) == {1}
+    assert threads() == before
+    first = ep._threadpool_controller()
+    assert ep._threadpool_controller() is first
+    (tmp_path / "fresh_module_for_the_controller.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import fresh_module_for_the_controller  # noqa: F401
+    try:
+        assert ep._threadpool_controller() is not first
+    finally:
+        del sys.modules["fresh_module_for_the_controller"]
