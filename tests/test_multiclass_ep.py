@@ -451,6 +451,15 @@ def test_domain_errors_are_detected():
     bad.alpha[2] = a + 0.5                   # a proper Q, but point 2's cavity Beta has a_c < 0
     bad.alpha[5] -= a + 0.5 - res.sites.alpha[2] - 0.1 * a
     assert "point 2" in model.domain_error(bad)
+    bad_cavity = bad
+    # the inner loop's working states: an improper cavity is allowed, Q's Beta and finiteness not
+    n = res.sites.n
+    assert model.locations_error(bad_cavity.locations(), n) is None
+    x = bad_cavity.locations()
+    ep._Sites.split_beta(x, n)[1][3] -= b + 1.0
+    assert "Beta(a, b)" in model.locations_error(x, n)
+    x[0] = np.inf
+    assert "not finite" in model.locations_error(x, n)
     bad = res.sites.copy()
     bad.eta_t[0, 1] = np.nan
     assert "eta_t" in model.domain_error(bad)
@@ -462,6 +471,10 @@ def test_domain_errors_are_detected():
         ep._checked(dataclasses.replace(res, b=-3.0))
     with pytest.raises(ep._OutsideDomain, match="evidence"):
         ep._checked(dataclasses.replace(res, log_evidence=np.nan))
+    # a result whose sites leave a cavity Beta improper is refused, with the point named
+    with pytest.raises(ep._OutsideDomain, match="point 2"):
+        ep._checked(dataclasses.replace(res, sites=bad_cavity), model)
+    assert ep._checked(res, model) is res
 
 
 def test_a_damped_step_outside_the_domain_halves_the_damping(monkeypatch):

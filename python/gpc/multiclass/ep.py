@@ -298,12 +298,12 @@ def rmgpc_ep(Ks, y, n_classes, a0=1.0, b0=9.0, robust=True, max_iter=500, tol=1e
             if init is not None and init.sites is not None and np.array_equal(init.sites.y, y):
                 try:
                     return _checked(_run(blocks, y, model, max_iter, tol, damping, min_damping,
-                                         init.sites, pool, memory))
+                                         init.sites, pool, memory), model)
                 except (_OutsideDomain, NotPositiveDefiniteError):
                     pass                      # the warm start failed: start cold
             try:
                 return _checked(_run(blocks, y, model, max_iter, tol, damping, min_damping, None,
-                                     pool, memory))
+                                     pool, memory), model)
             except (_OutsideDomain, NotPositiveDefiniteError) as err:
                 raise DivergenceError(f"RMGPC EP found no valid state: {err}",
                                       method="rmgpc ep") from err
@@ -663,9 +663,13 @@ def _run(blocks, y, model, max_iter, tol, damping, min_damping, init_sites, pool
                               n_refactorisations=n_factor, rejected_steps=rejected)
 
 
-def _checked(res):
+def _checked(res, model=None):
     """``res`` if it lies in EP's domain, else _OutsideDomain: a finite log evidence, ρ̄ in (0, 1),
-    outlier probabilities in [0, 1], finite class means."""
+    outlier probabilities in [0, 1], finite class means, and with ``model`` sites in its domain
+    (:meth:`_Model.domain_error`)."""
+    why = None if model is None else model.domain_error(res.sites)
+    if why is not None:
+        raise _OutsideDomain(why)
     if not np.isfinite(res.log_evidence):
         raise _OutsideDomain(f"the log evidence is {res.log_evidence}")
     rho = res.rho_mean
