@@ -714,3 +714,30 @@ def test_ep_pins_blas_to_one_thread_and_restores_it(tmp_path, monkeypatch):
         assert ep._threadpool_controller() is not first
     finally:
         del sys.modules["fresh_module_for_the_controller"]
+
+
+def test_threaded_class_block_calls_all_end_before_a_failure_is_raised():
+    """With the class blocks in threads, a failing block's error reaches EP only once every other
+    block's call has ended, so that the retry with half the damping never has two threads in one
+    block's buffers (which left negative diagonals in a Cholesky factor under n_jobs=-1)."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gpc.exceptions import NotPositiveDefiniteError
+    from gpc.multiclass import ep
+
+    ended = threading.Event()
+
+    def block(k):
+        if k == 0:
+            raise NotPositiveDefiniteError("block 0")
+        time.sleep(0.2)              # still factoring when block 0 fails
+        ended.set()
+        return k
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        with pytest.raises(NotPositiveDefiniteError, match="block 0"):
+            ep._map(pool, block, range(2))
+        assert ended.is_set()
+        assert ep._map(pool, lambda k: 2 * k, range(3)) == [0, 2, 4]

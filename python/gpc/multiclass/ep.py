@@ -43,7 +43,7 @@ raised, so no invalid state is returned or carried into the next warm start.
 import contextlib
 import sys
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -418,7 +418,14 @@ def _one_blas_thread():
 
 
 def _map(pool, fn, items):
-    return [fn(x) for x in items] if pool is None else list(pool.map(fn, items))
+    """[fn(x) for x in items], in ``pool``'s threads when there is one.  Every call has ended before
+    the first failure (in item order) is raised: a class block still factoring in one thread while
+    EP retries with half the damping would have a second thread write the same buffers."""
+    if pool is None:
+        return [fn(x) for x in items]
+    futures = [pool.submit(fn, x) for x in items]
+    wait(futures)
+    return [f.result() for f in futures]
 
 
 def _refactor(blocks, sites, single, pool):
