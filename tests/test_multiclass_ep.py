@@ -1,6 +1,8 @@
 """RMGPC's EP (gpc.multiclass.ep): fixed-point conditions checked by independent quadrature, and the
 evidence gradient (RMGPC eq. (18)) against central differences of the evidence (16)."""
 
+import sys
+
 import numpy as np
 import pytest
 from scipy.integrate import quad
@@ -449,6 +451,15 @@ def test_domain_errors_are_detected():
     bad.alpha[2] = a + 0.5                   # a proper Q, but point 2's cavity Beta has a_c < 0
     bad.alpha[5] -= a + 0.5 - res.sites.alpha[2] - 0.1 * a
     assert "point 2" in model.domain_error(bad)
+    bad_cavity = bad
+    # the inner loop's working states: an improper cavity is allowed, Q's Beta and finiteness not
+    n = res.sites.n
+    assert model.locations_error(bad_cavity.locations(), n) is None
+    x = bad_cavity.locations()
+    ep._Sites.split_beta(x, n)[1][3] -= b + 1.0
+    assert "Beta(a, b)" in model.locations_error(x, n)
+    x[0] = np.inf
+    assert "not finite" in model.locations_error(x, n)
     bad = res.sites.copy()
     bad.eta_t[0, 1] = np.nan
     assert "eta_t" in model.domain_error(bad)
@@ -460,6 +471,10 @@ def test_domain_errors_are_detected():
         ep._checked(dataclasses.replace(res, b=-3.0))
     with pytest.raises(ep._OutsideDomain, match="evidence"):
         ep._checked(dataclasses.replace(res, log_evidence=np.nan))
+    # a result whose sites leave a cavity Beta improper is refused, with the point named
+    with pytest.raises(ep._OutsideDomain, match="point 2"):
+        ep._checked(dataclasses.replace(res, sites=bad_cavity), model)
+    assert ep._checked(res, model) is res
 
 
 def test_a_damped_step_outside_the_domain_halves_the_damping(monkeypatch):
@@ -482,6 +497,42 @@ def test_a_damped_step_outside_the_domain_halves_the_damping(monkeypatch):
     assert res.converged and 0 < res.rho_mean < 1
     assert res.damping_history == [(2, 0.25)]
     assert calls[:3] == [0.5, 0.5, 0.25]
+
+
+def test_inner_sweeps_pass_improper_cavities_and_hand_on_a_state_in_the_domain(monkeypatch):
+    """The inner loop may sweep through states whose ψ̃ᵢ cavity Beta is improper (on glass at ℓ = 1
+    the first full-step ψ̃ᵢ sweep of a cold start leaves one), but every state it hands on, and so
+    every outer iterate, lies in EP's domain; no damped step is halved for it, and the run stops at
+    the fixed point of the plain damped iteration."""
+    from gpc.datasets import load_glass
+    from gpc.multiclass import ep
+
+    d = load_glass(binary=False)
+    X = (d.X - d.X.mean(axis=0)) / d.X.std(axis=0)
+    Ks = [RBF(1.0)(X)] * 6
+    passed, handed, refine, sweeps = [], [], ep._refine, ep._location_sweeps
+
+    def record_refine(sites, means, varis, prior_sd, damping, model, fixed):
+        if fixed:
+            passed.append(model.domain_error(sites) is not None)
+        return refine(sites, means, varis, prior_sd, damping, model, fixed)
+
+    def record_sweeps(blocks, sites, means, varis, prior_sd, model, *args):
+        out = sweeps(blocks, sites, means, varis, prior_sd, model, *args)
+        handed.append(model.domain_error(out[0]))
+        return out
+
+    monkeypatch.setattr(ep, "_refine", record_refine)
+    monkeypatch.setattr(ep, "_location_sweeps", record_sweeps)
+    y = np.unique(d.y, return_inverse=True)[1]
+    res = rmgpc_ep(Ks, y, 6, tol=1e-6)
+    assert any(passed)                          # the loop did pass an improper cavity
+    assert handed and all(why is None for why in handed)
+    assert res.converged and res.damping_history == []
+    monkeypatch.undo()
+    plain = rmgpc_ep(Ks, y, 6, tol=1e-6, accelerate=False)
+    # both stop at an undamped mismatch below 1e-6, where the evidence is stationary in the sites
+    assert res.log_evidence == pytest.approx(plain.log_evidence, abs=1e-6)
 
 
 def test_failed_warm_start_falls_back_to_a_cold_start(monkeypatch):
@@ -635,3 +686,58 @@ def test_rate_needs_the_robust_model():
         rmgpc_ep([np.eye(3)] * 3, np.array([0, 1, 2]), 3, robust=False, rate=0.1)
     with pytest.raises(ValueError, match="rate"):
         rmgpc_ep([np.eye(3)] * 3, np.array([0, 1, 2]), 3, rate=1.0)
+
+
+def test_ep_pins_blas_to_one_thread_and_restores_it(tmp_path, monkeypatch):
+    """EP's limit holds every BLAS / OpenMP library threadpoolctl finds at one thread and restores
+    each on exit; the controller behind it is kept between calls and made again after an import
+    (which can load a new library)."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from gpc.multiclass import ep
+
+    def threads():
+        return [info["num_threads"] for info in threadpoolctl.threadpool_info()]
+
+    before = threads()
+    with ep._one_blas_thread():
+        assert set(threads()) == {1}
+        with ep.blas_threads(2):
+            assert set(threads()) == {2}
+        assert set(threads()) == {1}
+    assert threads() == before
+    first = ep._threadpool_controller()
+    assert ep._threadpool_controller() is first
+    (tmp_path / "fresh_module_for_the_controller.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import fresh_module_for_the_controller  # noqa: F401
+    try:
+        assert ep._threadpool_controller() is not first
+    finally:
+        del sys.modules["fresh_module_for_the_controller"]
+
+
+def test_threaded_class_block_calls_all_end_before_a_failure_is_raised():
+    """With the class blocks in threads, a failing block's error reaches EP only once every other
+    block's call has ended, so that the retry with half the damping never has two threads in one
+    block's buffers (which left negative diagonals in a Cholesky factor under n_jobs=-1)."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gpc.exceptions import NotPositiveDefiniteError
+    from gpc.multiclass import ep
+
+    ended = threading.Event()
+
+    def block(k):
+        if k == 0:
+            raise NotPositiveDefiniteError("block 0")
+        time.sleep(0.2)              # still factoring when block 0 fails
+        ended.set()
+        return k
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        with pytest.raises(NotPositiveDefiniteError, match="block 0"):
+            ep._map(pool, block, range(2))
+        assert ended.is_set()
+        assert ep._map(pool, lambda k: 2 * k, range(3)) == [0, 2, 4]

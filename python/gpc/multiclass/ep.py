@@ -31,15 +31,19 @@ noise").
 EP's state has a domain: Q's Beta must be proper (a, b > 0, so ρ̄ ∈ (0, 1)), so must every ψ̃ᵢ's
 cavity Beta, and every site finite.  A step that leaves it (an Anderson extrapolation can, and a
 damped step can take a cavity Beta past zero) is treated like one whose Σ_k is not positive
-definite: an accelerated trial is dropped, a damped step is retried with half the damping.  A warm
-start from a state that does not fit the new covariances, or a run that still ends outside the
+definite: an accelerated trial is dropped, a damped step is retried with half the damping.  Only
+the inner loop's sweeps at fixed precisions may pass through states with an improper ψ̃ᵢ cavity (a
+full-step sequential ψ̃ᵢ sweep can move Q's Beta past an earlier point's site; that point's
+refinement waits until its cavity is proper again); they keep Q's Beta proper and the sites
+finite, and the loop hands on the best state it saw inside the domain.  A warm start from a state that does not fit the new covariances, or a run that still ends outside the
 domain, is restarted cold; only if that fails too is a :class:`~gpc.exceptions.DivergenceError`
 raised, so no invalid state is returned or carried into the next warm start.
 """
 
 import contextlib
+import sys
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -172,6 +176,12 @@ class _Sites:
         return np.concatenate([self.eta_t[o], self.eta_o[o], self.lam[o], self.alpha, self.beta,
                                self.lam_i])
 
+    @staticmethod
+    def split_beta(x, n):
+        """The ψ̃ᵢ's exponents (α, β) within a vector of :meth:`locations` of n points."""
+        q = (x.shape[0] - 3 * n) // 3          # 3q + 3n entries, q = n (l − 1)
+        return x[3 * q:3 * q + n], x[3 * q + n:3 * q + 2 * n]
+
     def with_locations(self, x):
         """A copy with :meth:`locations` replaced by ``x``."""
         new, o, q, n = self.copy(), self.other, int(self.other.sum()), self.n
@@ -288,12 +298,12 @@ def rmgpc_ep(Ks, y, n_classes, a0=1.0, b0=9.0, robust=True, max_iter=500, tol=1e
             if init is not None and init.sites is not None and np.array_equal(init.sites.y, y):
                 try:
                     return _checked(_run(blocks, y, model, max_iter, tol, damping, min_damping,
-                                         init.sites, pool, memory))
+                                         init.sites, pool, memory), model)
                 except (_OutsideDomain, NotPositiveDefiniteError):
                     pass                      # the warm start failed: start cold
             try:
                 return _checked(_run(blocks, y, model, max_iter, tol, damping, min_damping, None,
-                                     pool, memory))
+                                     pool, memory), model)
             except (_OutsideDomain, NotPositiveDefiniteError) as err:
                 raise DivergenceError(f"RMGPC EP found no valid state: {err}",
                                       method="rmgpc ep") from err
@@ -321,23 +331,40 @@ class _Model:
 
     def beta_posterior(self, sites):
         """Q's Beta(a, b) of ρ: the prior times the ψ̃ᵢ's ρ^{αᵢ}(1 − ρ)^{βᵢ}."""
-        return self.a0 + float(np.sum(sites.alpha)), self.b0 + float(np.sum(sites.beta))
+        return self._beta(sites.alpha, sites.beta)
+
+    def _beta(self, alpha, beta):
+        return self.a0 + float(np.sum(alpha)), self.b0 + float(np.sum(beta))
 
     def domain_error(self, sites):
         """Why ``sites`` lie outside EP's domain (module docstring), or None."""
         for name in _Sites.ARRAYS:
             if not np.all(np.isfinite(getattr(sites, name))):
                 return f"the sites' {name} are not finite"
-        if self.beta:
-            a, b = self.beta_posterior(sites)
-            if not (a > 0 and b > 0):
-                return f"Q's Beta(a, b) of the outlier rate is improper (a = {a:.6g}, b = {b:.6g})"
-            bad = np.flatnonzero((a - sites.alpha <= 0) | (b - sites.beta <= 0))
-            if bad.size:
-                i = int(bad[0])
-                return (f"the cavity Beta of point {i}'s outlier-prior site is improper "
-                        f"(a = {a - sites.alpha[i]:.6g}, b = {b - sites.beta[i]:.6g})")
+        return self.beta_error(sites.alpha, sites.beta)
+
+    def beta_error(self, alpha, beta, cavities=True):
+        """Why the ψ̃ᵢ's exponents ``alpha``, ``beta`` make Q's Beta of ρ improper, or with
+        ``cavities`` a ψ̃ᵢ's cavity Beta (a − αᵢ, b − βᵢ), or None (always None without a Beta)."""
+        if not self.beta:
+            return None
+        a, b = self._beta(alpha, beta)
+        if not (a > 0 and b > 0):
+            return f"Q's Beta(a, b) of the outlier rate is improper (a = {a:.6g}, b = {b:.6g})"
+        if cavities and not (np.max(alpha) < a and np.max(beta) < b):
+            i = int(np.flatnonzero((a - alpha <= 0) | (b - beta <= 0))[0])
+            return (f"the cavity Beta of point {i}'s outlier-prior site is improper "
+                    f"(a = {a - alpha[i]:.6g}, b = {b - beta[i]:.6g})")
         return None
+
+    def locations_error(self, x, n):
+        """Why a vector of :meth:`_Sites.locations` (n points) is no working state of the inner
+        loop, or None: every entry finite and Q's Beta proper; a ψ̃ᵢ's cavity may be improper
+        (:func:`_location_sweeps`)."""
+        if not np.all(np.isfinite(x)):
+            return "a site location is not finite"
+        alpha, beta = _Sites.split_beta(x, n)
+        return self.beta_error(alpha, beta, cavities=False)
 
     def start(self, y):
         """Cold sites: zero Gaussian sites; the outlier prior's log-odds from the prior alone."""
@@ -349,15 +376,35 @@ class _Model:
         return sites
 
 
+#: threadpoolctl's controller of the loaded BLAS and OpenMP libraries, and len(sys.modules) when it
+#: was made (blas_threads)
+_controller = (None, -1)
+
+
+def _threadpool_controller():
+    """A ThreadpoolController, or None without threadpoolctl.  Making one scans every loaded shared
+    object (milliseconds, against microseconds for a limit through it), so it is kept, and made
+    again only after modules were imported: a new extension module can bring a new library."""
+    global _controller
+    controller, n_modules = _controller
+    if controller is None or n_modules != len(sys.modules):
+        try:
+            from threadpoolctl import ThreadpoolController
+        except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
+            return None
+        controller = ThreadpoolController()
+        _controller = (controller, len(sys.modules))
+    return controller
+
+
 def blas_threads(n_threads):
     """A context that pins BLAS and OpenMP to ``n_threads`` threads while it lasts (threadpoolctl,
     when installed; process-wide, as scikit-learn's own uses of threadpoolctl).  HTPC's fit runs
     under it with the estimator's n_jobs."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
+    controller = _threadpool_controller()
+    if controller is None:  # pragma: no cover - threadpoolctl comes with scikit-learn
         return contextlib.nullcontext()
-    return threadpool_limits(int(n_threads))
+    return controller.limit(limits=int(n_threads))
 
 
 def _one_blas_thread():
@@ -371,7 +418,14 @@ def _one_blas_thread():
 
 
 def _map(pool, fn, items):
-    return [fn(x) for x in items] if pool is None else list(pool.map(fn, items))
+    """[fn(x) for x in items], in ``pool``'s threads when there is one.  Every call has ended before
+    the first failure (in item order) is raised: a class block still factoring in one thread while
+    EP retries with half the damping would have a second thread write the same buffers."""
+    if pool is None:
+        return [fn(x) for x in items]
+    futures = [pool.submit(fn, x) for x in items]
+    wait(futures)
+    return [f.result() for f in futures]
 
 
 def _refactor(blocks, sites, single, pool):
@@ -439,31 +493,37 @@ def _refine(sites, means, varis, prior_sd, damping, model, fixed_precisions):
 
 def _location_sweeps(blocks, sites, means, varis, prior_sd, model, tol, outer, pool):
     """The inner loop: Anderson-accelerated refinements at fixed site precisions (O(n²) per class
-    each).  Returns (sites, means, number of sweeps); the variances do not change.  An accelerated
-    step outside EP's domain is replaced by the plain one; the loop stops if that leaves it too."""
-    accel, best, keep, sweeps = _Anderson(ANDERSON_MEMORY), np.inf, None, 0
+    each).  Returns (sites, means, number of sweeps); the variances do not change.
+
+    The sweeps may pass through states where a ψ̃ᵢ's cavity Beta is improper: the sequential ψ̃ᵢ
+    refinement at full step can move Q's Beta past an earlier point's site, and that point's
+    refinement then waits until its cavity is proper again.  They must keep every site finite and
+    Q's Beta proper: an accelerated step that does not is replaced by the plain one, and the loop
+    stops if that does not either.  The state returned, the best one seen, lies in EP's domain (the
+    state the loop starts from does)."""
+    accel, best, keep, sweeps, n = _Anderson(ANDERSON_MEMORY), np.inf, None, 0, sites.n
     for _ in range(MAX_LOCATION_SWEEPS):
         new, res = _refine(sites, means, varis, prior_sd, 1.0, model, True)
-        if keep is None or res < keep[0]:
+        if keep is None or (res < keep[0] and model.beta_error(sites.alpha, sites.beta) is None):
             keep = (res, sites, means)
         if res < max(tol, LOCATION_FRACTION * outer) or res > 10.0 * keep[0]:
             break
         if res > 2.0 * best:           # the iteration left Anderson's linear regime: start afresh
             accel.reset()
         best = min(best, res)
-        step = sites.with_locations(accel.step(sites.locations(), new.locations(),
-                                               _location_weights(sites, varis, prior_sd, model)))
-        if model.domain_error(step) is not None:
+        plain = new.locations()
+        step = accel.step(sites.locations(), plain, _location_weights(sites, varis, prior_sd, model))
+        if model.locations_error(step, n) is not None:
             accel.reset()
-            if model.domain_error(new) is not None:
+            if model.locations_error(plain, n) is not None:
                 break
-            step = new
-        sites = step
+            step = plain
+        sites = sites.with_locations(step)
         means = _remean(blocks, sites, pool)
         sweeps += 1
     else:
         res = _refine(sites, means, varis, prior_sd, 1.0, model, True)[1]
-        if res < keep[0]:
+        if res < keep[0] and model.beta_error(sites.alpha, sites.beta) is None:
             keep = (res, sites, means)
     return keep[1], keep[2], sweeps
 
@@ -610,9 +670,13 @@ def _run(blocks, y, model, max_iter, tol, damping, min_damping, init_sites, pool
                               n_refactorisations=n_factor, rejected_steps=rejected)
 
 
-def _checked(res):
+def _checked(res, model=None):
     """``res`` if it lies in EP's domain, else _OutsideDomain: a finite log evidence, ρ̄ in (0, 1),
-    outlier probabilities in [0, 1], finite class means."""
+    outlier probabilities in [0, 1], finite class means, and with ``model`` sites in its domain
+    (:meth:`_Model.domain_error`)."""
+    why = None if model is None else model.domain_error(res.sites)
+    if why is not None:
+        raise _OutsideDomain(why)
     if not np.isfinite(res.log_evidence):
         raise _OutsideDomain(f"the log evidence is {res.log_evidence}")
     rho = res.rho_mean
