@@ -693,6 +693,7 @@ def test_ep_pins_blas_to_one_thread_and_restores_it(tmp_path, monkeypatch):
     each on exit; the controller behind it is kept between calls and made again after an import
     (which can load a new library)."""
     threadpoolctl = pytest.importorskip("threadpoolctl")
+    from gpc import _parallel
     from gpc.multiclass import ep
 
     def threads():
@@ -705,13 +706,13 @@ def test_ep_pins_blas_to_one_thread_and_restores_it(tmp_path, monkeypatch):
             assert set(threads()) == {2}
         assert set(threads()) == {1}
     assert threads() == before
-    first = ep._threadpool_controller()
-    assert ep._threadpool_controller() is first
+    first = _parallel._threadpool_controller()
+    assert _parallel._threadpool_controller() is first
     (tmp_path / "fresh_module_for_the_controller.py").write_text("X = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     import fresh_module_for_the_controller  # noqa: F401
     try:
-        assert ep._threadpool_controller() is not first
+        assert _parallel._threadpool_controller() is not first
     finally:
         del sys.modules["fresh_module_for_the_controller"]
 

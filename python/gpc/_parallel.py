@@ -26,6 +26,7 @@ idle, and no BLAS thread spins on a core that another process or another block n
 import ctypes
 import itertools
 import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -61,19 +62,29 @@ def row_ranges(n, cost="lower"):
     return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:]) if b > a]
 
 
-@lru_cache(maxsize=1)
+#: threadpoolctl's controller of the loaded BLAS and OpenMP libraries, and len(sys.modules) when it
+#: was made (:func:`_threadpool_controller`)
+_controller = (None, -1)
+
+
 def _threadpool_controller():
-    """One threadpoolctl controller of this process's libraries (finding them reads every loaded
-    shared object: milliseconds), or None without threadpoolctl (installed with scikit-learn)."""
-    try:
-        from threadpoolctl import ThreadpoolController
-    except ImportError:
-        return None
-    import scipy.linalg  # noqa: F401  (its BLAS must be loaded to be found)
-    return ThreadpoolController()
+    """A ThreadpoolController, or None without threadpoolctl (installed with scikit-learn).  Making
+    one scans every loaded shared object (milliseconds, against microseconds for a limit through
+    it), so it is kept, and made again only after modules were imported: a new extension module
+    can bring a new library."""
+    global _controller
+    controller, n_modules = _controller
+    if controller is None or n_modules != len(sys.modules):
+        try:
+            from threadpoolctl import ThreadpoolController
+        except ImportError:
+            return None
+        import scipy.linalg  # noqa: F401  (its BLAS must be loaded to be found)
+        controller = ThreadpoolController()
+        _controller = (controller, len(sys.modules))
+    return controller
 
 
-@lru_cache(maxsize=1)
 def _blas_controller():
     # scipy's BLAS library under threadpoolctl; None without it
     controller = _threadpool_controller()
@@ -376,7 +387,6 @@ def _openblas_calls():
     return calls
 
 
-@lru_cache(maxsize=1)
 def _blas_libraries():
     """How BLAS is pinned here: ("threadpoolctl", controller) when threadpoolctl is installed,
     else ("openblas", calls) for the OpenBLAS libraries found by :func:`_openblas_calls`, else
@@ -384,6 +394,11 @@ def _blas_libraries():
     controller = _threadpool_controller()
     if controller is not None:
         return "threadpoolctl", controller
+    return _openblas_libraries()
+
+
+@lru_cache(maxsize=1)
+def _openblas_libraries():
     calls = _openblas_calls()
     return ("openblas", calls) if calls else (None, None)
 

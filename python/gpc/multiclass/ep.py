@@ -41,7 +41,6 @@ raised, so no invalid state is returned or carried into the next warm start.
 """
 
 import contextlib
-import sys
 import warnings
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -50,6 +49,7 @@ from typing import Optional
 import numpy as np
 from scipy.special import betaln, expit
 
+from .. import _parallel
 from .._linalg import anderson_correction
 from .._multiclass import pair_moments, refine_outlier_prior, refine_pairs
 from .._special import softplus
@@ -376,32 +376,11 @@ class _Model:
         return sites
 
 
-#: threadpoolctl's controller of the loaded BLAS and OpenMP libraries, and len(sys.modules) when it
-#: was made (blas_threads)
-_controller = (None, -1)
-
-
-def _threadpool_controller():
-    """A ThreadpoolController, or None without threadpoolctl.  Making one scans every loaded shared
-    object (milliseconds, against microseconds for a limit through it), so it is kept, and made
-    again only after modules were imported: a new extension module can bring a new library."""
-    global _controller
-    controller, n_modules = _controller
-    if controller is None or n_modules != len(sys.modules):
-        try:
-            from threadpoolctl import ThreadpoolController
-        except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
-            return None
-        controller = ThreadpoolController()
-        _controller = (controller, len(sys.modules))
-    return controller
-
-
 def blas_threads(n_threads):
     """A context that pins BLAS and OpenMP to ``n_threads`` threads while it lasts (threadpoolctl,
     when installed; process-wide, as scikit-learn's own uses of threadpoolctl).  HTPC's fit runs
     under it with the estimator's n_jobs."""
-    controller = _threadpool_controller()
+    controller = _parallel._threadpool_controller()
     if controller is None:  # pragma: no cover - threadpoolctl comes with scikit-learn
         return contextlib.nullcontext()
     return controller.limit(limits=int(n_threads))
