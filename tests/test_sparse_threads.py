@@ -82,13 +82,21 @@ class _Spy:
         self.calls = []
         original = _parallel.over_blocks
         info = _blas_threads_probe()
+        caller, pool_took_one = threading.get_ident(), threading.Event()
 
         def spy(fn, n_blocks):
             ran, blas = set(), []
+            shared = _parallel.threads_now() > 1 and n_blocks > 1
 
             def block(j):
                 ran.add(threading.get_ident())
                 blas.append(info())
+                # the caller's blocks of a shared pass wait (at most 10 s) until the pool has
+                # taken one, so a busy machine cannot leave every block to the caller
+                if threading.get_ident() != caller:
+                    pool_took_one.set()
+                elif shared:
+                    pool_took_one.wait(10.0)
                 return fn(j)
             out = original(block, n_blocks)
             self.calls.append((n_blocks, _parallel.threads_now(), ran, blas))
