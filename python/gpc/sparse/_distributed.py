@@ -130,8 +130,8 @@ def _share(theta):
     return theta if isinstance(theta[0], tuple) else (theta, None)
 
 
-def _scratch(name, shape):
-    return np.empty(shape)
+def _scratch(name, shape, dtype=np.float64):
+    return np.empty(shape, dtype=dtype)
 
 
 def _home(sites):

@@ -107,14 +107,15 @@ class InducingFactor:
         """diag K_bb."""
         return self.kernel._diag(Xb)
 
-    def whiten(self, Xb, keep_cross=False):
+    def whiten(self, Xb, keep_cross=False, out=None):
         """(A_b, s_b): A_b = K_bu L⁻ᵀ and s_b = diag K_bb - rowsum(A_b²), clipped at 0 (rounding).
 
-        With ``keep_cross`` also K_bu, which :meth:`block_gradient` can reuse."""
+        With ``keep_cross`` also K_bu, which :meth:`block_gradient` can reuse, and A_b goes into
+        ``out`` (b x m, C-contiguous) when given."""
         Kbu = np.ascontiguousarray(self.cross(Xb), dtype=np.float64)
         kdiag = np.ascontiguousarray(self.diag(Xb), dtype=np.float64)
         b, m = Kbu.shape
-        A = np.empty_like(Kbu) if keep_cross else Kbu
+        A = (np.empty_like(Kbu) if out is None else out) if keep_cross else Kbu
         s = np.empty(b)
         blocks = _parallel.row_blocks(b, m * m)
 

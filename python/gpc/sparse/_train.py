@@ -79,11 +79,12 @@ class SEPState:
         self._work = {}
         self._later = []           # side tasks of the step under way (gpc._parallel.defer)
 
-    def workspace(self, name, shape):
-        """A scratch array kept between steps under ``name``."""
+    def workspace(self, name, shape, dtype=np.float64):
+        """A scratch array kept between steps under ``name`` (a fresh b x m array every step would
+        be mapped and paged in again each time)."""
         buf = self._work.get(name)
-        if buf is None or buf.shape != shape:
-            buf = self._work[name] = np.empty(shape)
+        if buf is None or buf.shape != shape or buf.dtype != dtype:
+            buf = self._work[name] = np.empty(shape, dtype=dtype)
         return buf
 
     def later(self, fn):
@@ -248,7 +249,8 @@ class LocalBatch:
         self.n_fixed = 0
 
     def _whiten(self, factor):
-        self._whitened = factor.whiten(self.Xb, keep_cross=True)
+        self._whitened = factor.whiten(self.Xb, keep_cross=True, out=self.state.workspace(
+            "whitened", (self.size, factor.m)))
         return self._whitened
 
     def _first_row(self):
@@ -430,7 +432,7 @@ def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P
     V_old = np.ascontiguousarray(V_old, dtype=np.float32)
     n_fresh = int(np.count_nonzero((tau == 0.0) & (nu == 0.0)))
     t_new, n_new = np.empty(b), np.empty(b)
-    V_new = np.empty((b, m), dtype=np.float32)
+    V_new = workspace("directions", (b, m), np.float32)
     spec, codes = likelihood.compiled_spec(), rule.codes
     blocks = row_blocks(b, m)
     dPs, dhs = partials("sums", len(blocks), m), np.empty((len(blocks), m))
