@@ -95,19 +95,6 @@ def lower_gram(const double[:, ::1] L, double[:, ::1] out):
     return info
 
 
-def lower_times(const double[:, ::1] L, double[:, ::1] B):
-    """B (m x m) := L B for lower-triangular L (m x m) (dtrmm): M = L_old^-1 L_new in place."""
-    _check_square(L.shape[0], L.shape[1], "L")
-    _check_square(B.shape[0], B.shape[1], "B")
-    _check_columns(B.shape[1], L.shape[0], "B")
-    cdef int m = <int> L.shape[0]
-    # Fortran: (L B)^T = B^T L^T = B^T U, B^T := B^T U from the right ('R', 'N')
-    cdef char side = b'R', uplo = b'U', trans = b'N', diag = b'N'
-    cdef double one = 1.0
-    with nogil:
-        dtrmm(&side, &uplo, &trans, &diag, &m, &m, &one, <double*> &L[0, 0], &m, &B[0, 0], &m)
-
-
 cdef void _lower_lower(const double* A, double* B, int n, int ld, double* work) noexcept nogil:
     """B := A B for lower-triangular A and B (n x n blocks, C-ordered, leading dimension ld; B's
     strict upper triangle zero and left so), recursively: with h = n/2,
@@ -139,7 +126,8 @@ cdef void _lower_lower(const double* A, double* B, int n, int ld, double* work) 
 
 def lower_lower_times(const double[:, ::1] L, double[:, ::1] B):
     """B (m x m) := L B for lower-triangular L and B (B's strict upper triangle must be zero; it
-    stays zero): M = L_old^-1 L_new in place, m³/6 multiply-adds (:func:`lower_times`: m³/2)."""
+    stays zero): M = L_old^-1 L_new in place, m³/6 multiply-adds (one dtrmm that treats L_new
+    as full takes m³/2)."""
     _check_square(L.shape[0], L.shape[1], "L")
     _check_square(B.shape[0], B.shape[1], "B")
     _check_columns(B.shape[1], L.shape[0], "B")
@@ -357,19 +345,6 @@ def mirror_lower(double[:, ::1] S):
         for i in range(m):
             for j in range(i):
                 S[j, i] = S[i, j]
-
-
-def symmetrise(double[:, ::1] S):
-    """S := (S + S^T) / 2 (O(m^2))."""
-    _check_square(S.shape[0], S.shape[1], "S")
-    cdef Py_ssize_t m = S.shape[0], i, j
-    cdef double v
-    with nogil:
-        for i in range(m):
-            for j in range(i):
-                v = 0.5 * (S[i, j] + S[j, i])
-                S[i, j] = v
-                S[j, i] = v
 
 
 # -- the per-row site update and evidence terms (SEP §2.2, eq. (1)-(3)), through the site rule ---
