@@ -15,6 +15,7 @@ import warnings
 
 import numpy as np
 
+from ._parallel import blas_cores
 from ._validation import check_finite_array
 
 try:  # pragma: no branch
@@ -114,17 +115,6 @@ def available_cores():
         return os.cpu_count() or 1
 
 
-def blas_cores():
-    """The threads scipy's BLAS may use: threadpoolctl's limit when threadpoolctl is installed, else
-    OMP_NUM_THREADS or OPENBLAS_NUM_THREADS, else every available core."""
-    from ._parallel import _blas_controller, _environment_threads
-
-    controller = _blas_controller()
-    if controller is not None:
-        return max(1, int(controller.num_threads))
-    return _environment_threads()
-
-
 def check_n_jobs(n_jobs):
     """``n_jobs`` as given, after checking it: None or a nonzero integer."""
     if n_jobs is None:
@@ -138,7 +128,7 @@ def check_n_jobs(n_jobs):
 def resolve_n_jobs(n_jobs):
     """The number of workers ``n_jobs`` asks for, with joblib's convention.
 
-    None: as many as BLAS may use (:func:`blas_cores`); -1: every available core; -2: all but one
+    None: as many as BLAS may use (:func:`gpc._parallel.blas_cores`); -1: every available core; -2: all but one
     (generally cores + 1 + n_jobs, at least 1); k > 0: exactly k; 0 is an error.
     """
     n_jobs = check_n_jobs(n_jobs)

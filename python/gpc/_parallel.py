@@ -107,15 +107,21 @@ def _environment_threads():
     return cores
 
 
+def blas_cores():
+    """The threads scipy's BLAS may use: threadpoolctl's limit when threadpoolctl is installed, else
+    OMP_NUM_THREADS or OPENBLAS_NUM_THREADS, else every available core."""
+    controller = _blas_controller()
+    if controller is not None:
+        return max(1, int(controller.num_threads))
+    return _environment_threads()
+
+
 def blas_threads():
     """The number of threads scipy's BLAS would use for a call now (1 inside a thread other than
     the main one: that thread is itself one of several working in parallel, e.g. ``n_jobs``)."""
     if threading.current_thread() is not threading.main_thread():
         return 1
-    controller = _blas_controller()
-    if controller is not None:
-        return max(1, int(controller.num_threads))
-    return _environment_threads()
+    return blas_cores()
 
 
 def _executor():
