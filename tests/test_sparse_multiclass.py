@@ -328,17 +328,18 @@ def test_class_and_row_blocks_run_on_the_threads_with_blas_pinned(monkeypatch):
         return max(lib.num_threads for lib in what.lib_controllers if lib.user_api == "blas")
 
     calls, original = [], _parallel.over_blocks
-    caller, pool_took_one = threading.get_ident(), threading.Event()
+    caller = threading.get_ident()
 
     def spy(fn, n_blocks):
         ran, blas = set(), []
         shared = _parallel.threads_now() == 2 and n_blocks > 1
+        pool_took_one = threading.Event()
 
         def task(j):
             ran.add(threading.get_ident())
             blas.append(blas_threads())
             # on a busy machine the caller could run a whole pass before the pool wakes: its
-            # tasks of a shared pass wait (at most 10 s) until the pool has taken one
+            # tasks of a shared pass wait (at most 10 s) until the pool has taken one of the pass
             if threading.get_ident() != caller:
                 pool_took_one.set()
             elif shared:

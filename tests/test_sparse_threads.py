@@ -1,7 +1,9 @@
 """The sparse engine on threads (gpc._parallel's blocks): the same bits whatever ``n_jobs``, the
 threads really used, BLAS on one thread inside them, and the blocks' algebra against NumPy."""
 
+import multiprocessing
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -191,6 +193,45 @@ def test_over_blocks_returns_in_order_and_raises_the_first_error():
         # a block runs its nested passes in its own thread
         assert _parallel.over_blocks(lambda j: _parallel.threads_now(), 4) == [1] * 4
     assert _parallel.threads_now() == 1
+
+
+def test_over_blocks_every_block_runs_once_while_helpers_lag():
+    # helpers take passes late or not at all (one shared queue): every block still runs exactly
+    # once and the pass returns only after the slow blocks that helpers took have ended
+    ran = []
+    with _parallel.block_threads(4):
+        for n in (1, 2, 3, 7, 16, 5, 2):
+            def fn(j, n=n):
+                if j % 3 == 1:
+                    time.sleep(0.002)      # GIL released: another thread takes the next block
+                ran.append((n, j))
+                return n * 100 + j
+            assert _parallel.over_blocks(fn, n) == [n * 100 + j for j in range(n)]
+            assert sorted(j for m, j in ran if m == n) == list(range(n))
+            ran.clear()
+
+
+def _blocks_in_child(conn):
+    with _parallel.block_threads(2):
+        conn.send(_parallel.over_blocks(lambda j: j + 1, 4))
+
+
+def test_over_blocks_in_a_forked_child_has_its_own_helpers():
+    # a child made by fork has none of the parent's helper threads: it must start its own, not
+    # post to the parent's queue and wait (bounded: a hang fails the test after 60 s)
+    with _parallel.block_threads(2):
+        assert _parallel.over_blocks(lambda j: j, 4) == [0, 1, 2, 3]     # the parent's helpers
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_blocks_in_child, args=(child,))
+    proc.start()
+    try:
+        assert parent.poll(60), "over_blocks hung in a forked child"
+        assert parent.recv() == [1, 2, 3, 4]
+    finally:
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
 
 
 @pytest.mark.parametrize("n, work", [(1, 10**9), (200, 40_000), (2000, 40_000), (20_000, 40_000),

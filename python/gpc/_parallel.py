@@ -26,6 +26,7 @@ idle, and no BLAS thread spins on a core that another process or another block n
 import ctypes
 import itertools
 import os
+import queue
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -164,8 +165,6 @@ MAX_BLOCKS = 16
 STRIPE_WORK = 2 ** 16
 
 _local = threading.local()
-_block_pool = None
-_block_pool_size = 0
 _pin_lock = threading.Lock()
 _pin_depth = 0
 _pin_state = (None, False)
@@ -237,16 +236,48 @@ def block_threads(n_threads):
             _local.threads = previous
 
 
-def _block_executor(workers):
-    global _block_pool, _block_pool_size
-    with _pool_lock:
-        if _block_pool is None or _block_pool_size < workers:
-            old = _block_pool
-            _block_pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpc-blocks")
-            _block_pool_size = workers
-            if old is not None:
-                old.shutdown(wait=False)
-        return _block_pool
+class _BlockWorkers:
+    """The sleeping threads that take :func:`over_blocks`' passes: each waits on one shared queue
+    (a lock: it sleeps), takes a pass's ``work`` and runs blocks of it until none is left.  A pass
+    posts one ``work`` per helper it wants; a helper that takes it after the pass ended finds no
+    block left and returns at once, so no pass waits for a helper to wake."""
+
+    def __init__(self):
+        self.queue = queue.SimpleQueue()
+        self.started = 0
+        self.pid = os.getpid()
+
+    def post(self, work, helpers):
+        with _pool_lock:
+            while self.started < helpers:
+                self.started += 1
+                threading.Thread(target=self._serve, daemon=True,
+                                 name=f"gpc-blocks-{self.started}").start()
+        for _ in range(helpers):
+            self.queue.put(work)
+
+    def _serve(self):
+        get = self.queue.get
+        while True:
+            get()()
+
+
+_block_workers = None
+#: seconds an interrupted pass waits for its running blocks to end
+_STOP_WAIT = 30.0
+
+
+def _workers():
+    """The process's :class:`_BlockWorkers` (made anew in a child process after ``fork``, whose
+    copy of the parent's threads does not exist)."""
+    global _block_workers
+    workers = _block_workers
+    if workers is None or workers.pid != os.getpid():
+        with _pool_lock:
+            if _block_workers is None or _block_workers.pid != os.getpid():
+                _block_workers = _BlockWorkers()
+            workers = _block_workers
+    return workers
 
 
 class Deferred:
@@ -307,48 +338,64 @@ def over_blocks(fn, n_blocks):
     threads, each taking the next block when it is done with one (``fn`` releases the GIL for its
     work and writes its own block's memory).  Returns the results in block order; if blocks
     raise, the error of the first such block is raised once every block has run.  Side tasks
-    pending in this thread (:func:`defer`) run first, beside the blocks."""
+    pending in this thread (:func:`defer`) run first, beside the blocks.
+
+    The caller runs blocks itself and wakes ``threads - 1`` sleeping helpers
+    (:class:`_BlockWorkers`); it returns when every block has finished, without waiting for a
+    helper that woke too late to take one."""
     side = getattr(_local, "pending", None)
     if side and not getattr(_local, "in_block", False):
         _local.pending = []
     else:
         side = []
-    threads = min(threads_now(), n_blocks + len(side))
+    total = len(side) + n_blocks
+    threads = min(threads_now(), total)
     if threads <= 1:
         for task in side:
             task.run()
         return [fn(j) for j in range(n_blocks)]
     results = [None] * n_blocks
     errors = {}
-    next_block = itertools.count(-len(side)).__next__
     stop = []
+    claim = itertools.count().__next__          # atomic under the GIL: each index taken once
+    settled = itertools.count(1).__next__
+    finished = threading.Event()
+    first_block = len(side)
 
     def work():
+        # every index taken is settled once, run or (after a stop) skipped; the last sets finished
         _local.in_block = True
         try:
-            while not stop:
-                j = next_block()
-                if j >= n_blocks:
-                    return
-                if j < 0:
-                    side[len(side) + j].run()
-                    continue
+            while True:
+                k = total
                 try:
-                    results[j] = fn(j)
-                except Exception as exc:  # noqa: BLE001 - raised below, in block order
-                    errors[j] = exc
+                    k = claim()
+                    if k >= total:
+                        return
+                    if stop:
+                        pass
+                    elif k < first_block:
+                        side[k].run()
+                    else:
+                        try:
+                            results[k - first_block] = fn(k - first_block)
+                        except Exception as exc:  # noqa: BLE001 - raised below, in block order
+                            errors[k - first_block] = exc
+                finally:
+                    if k < total and settled() == total:
+                        finished.set()
         finally:
             _local.in_block = False
 
-    futures = [_block_executor(threads - 1).submit(work) for _ in range(threads - 1)]
+    _workers().post(work, threads - 1)
     try:
         work()
-    except BaseException:           # KeyboardInterrupt: the others stop after their block
-        stop.append(True)
+        finished.wait()
+    except BaseException:           # KeyboardInterrupt: the blocks not started are skipped,
+        stop.append(True)           # the running ones end (bounded: a lost index cannot hang)
+        work()
+        finished.wait(_STOP_WAIT)
         raise
-    finally:
-        for future in futures:
-            future.result()
     if errors:
         raise errors[min(errors)]
     return results
