@@ -343,13 +343,14 @@ def over_blocks(fn, n_blocks):
     The caller runs blocks itself and wakes ``threads - 1`` sleeping helpers
     (:class:`_BlockWorkers`); it returns when every block has finished, without waiting for a
     helper that woke too late to take one."""
+    in_block = getattr(_local, "in_block", False)
     side = getattr(_local, "pending", None)
-    if side and not getattr(_local, "in_block", False):
+    if side and not in_block:
         _local.pending = []
     else:
         side = []
     total = len(side) + n_blocks
-    threads = min(threads_now(), total)
+    threads = 1 if in_block else min(getattr(_local, "threads", 1), total)
     if threads <= 1:
         for task in side:
             task.run()

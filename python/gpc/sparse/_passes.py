@@ -23,7 +23,7 @@ def as_block(X, start, stop):
     if hasattr(block, "compute"):      # a Dask array
         block = block.compute()
     block = np.ascontiguousarray(block, dtype=np.float64)
-    if not np.all(np.isfinite(block)):
+    if not np.isfinite(block).all():
         raise ValueError(f"X contains NaN or inf (in rows {start}:{stop})")
     return block
 

@@ -19,8 +19,8 @@ from .. import _parallel, _sparse
 from ..exceptions import NotPositiveDefiniteError, NumericalError
 from ._inducing import InducingFactor
 from ._passes import as_block, block_parts, block_ranges, evidence_parts, finish_evidence, site_pass
-from .ep import (DEFAULT_ON_NEGATIVE, EP, NaturalPosterior, Rule, _rows, add_blocks, add_vectors,
-                 check_refined, partials, refine_sites, row_blocks, times_lower_rows,
+from .ep import (DEFAULT_ON_NEGATIVE, EP, NaturalPosterior, Rule, _rows, _vector, add_blocks,
+                 add_vectors, check_refined, partials, refine_sites, row_blocks, times_lower_rows,
                  transform_natural, update_sites, whitened_sums)
 
 
@@ -167,7 +167,7 @@ class SEPState:
         if not self.learns:
             return True
         grad = np.concatenate([g_theta, g_Z.ravel() if self.optimize_inducing else np.empty(0)])
-        if not np.all(np.isfinite(grad)):
+        if not np.isfinite(grad).all():
             self.optimizer.lr *= 0.5
             self.reverted += 1
             return False
@@ -428,7 +428,7 @@ def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P
     on_negative policy handled.
     """
     b, m = A.shape
-    yb, s, tau, nu = (np.ascontiguousarray(x, dtype=np.float64) for x in (yb, s, tau, nu))
+    yb, s, tau, nu = _vector(yb), _vector(s), _vector(tau), _vector(nu)
     V_old = np.ascontiguousarray(V_old, dtype=np.float32)
     n_fresh = int(np.count_nonzero((tau == 0.0) & (nu == 0.0)))
     t_new, n_new = np.empty(b), np.empty(b)

@@ -136,7 +136,7 @@ class NaturalPosterior:
         _sparse.rows_dot(Ri, _vector(h), v)
         _sparse.add_transpose_dot(Ri, v, mean)                     # P⁻¹ h = R⁻ᵀ R⁻¹ h
         # a non-finite P or h leaves its trace in the factor's diagonal or in the mean
-        if not (np.isfinite(self.logdet) and np.all(np.isfinite(mean))):
+        if not (np.isfinite(self.logdet) and np.isfinite(mean).all()):
             raise NotPositiveDefiniteError("the site sums are not finite")
         self.P, self.h, self.Ri, self.mean = P, h, Ri, mean
         self._cov = None
@@ -205,8 +205,8 @@ def row_blocks(b, m):
 
 def _rows(block, *arrays):
     """Rows ``block`` = (start, stop) of each array (C-contiguous views)."""
-    a, c = block
-    return tuple(x[a:c] for x in arrays)
+    rows = slice(*block)
+    return tuple([x[rows] for x in arrays])
 
 
 def times_lower_rows(T, B, transpose):
