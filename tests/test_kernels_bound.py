@@ -81,6 +81,8 @@ def test_the_compiled_bound_agrees_with_the_generic_path(name):
     g_theta, g_Z = bound.gram_gradient(Gs.copy(), bound.gram())
     close(g_theta, np.einsum("ij,ijk->k", Gs, dK), 1e-12)
     close(g_Z, generic.gram_gradient(Gs.copy(), bound.gram())[1], 1e-12)
+    # in Z by central differences of Σ G ∘ K(Z) (step 1e-6: see the finite-difference test)
+    close(g_Z, _central_differences(lambda Zh: float(np.vdot(Gs, kernel(Zh))), Z), 1e-6)
 
 
 @pytest.mark.parametrize("name", ["rbf_iso", "rbf_ard", "const_rbf_ard", "rbf_iso_const",
@@ -225,3 +227,35 @@ def close(actual, desired, rtol):
     desired = np.asarray(desired)
     scale = np.abs(desired).max() if desired.size else 0.0
     np.testing.assert_allclose(actual, desired, rtol=rtol, atol=rtol * scale)
+
+
+def test_a_factor_sums_the_compiled_chunks_in_order(monkeypatch):
+    # InducingFactor on the squared exponential's fine chunks (on two threads) against the same
+    # kernel bound generically (kernel_chunks of >= 512 rows): K_bu is the same bits (each entry
+    # comes from its own row), the gradients' chunk sums agree to rounding (1e-12 of the largest
+    # entry: the same terms added in other groups); and the threaded sums are one thread's bits
+    from gpc import _parallel
+    from gpc.sparse._inducing import InducingFactor
+
+    rng = np.random.default_rng(4)
+    X, Z = rng.normal(size=(3000, 4)), rng.normal(size=(200, 4))
+    G, g_s = rng.normal(size=(3000, 200)), rng.normal(size=3000)
+    kernel = ConstantKernel(1.7) * RBF(np.array([0.8, 1.1, 1.6, 2.0]))
+    fast = InducingFactor(kernel, Z)
+    assert fast.bound.nogil and len(fast.chunks(len(X))) == 11
+    results = {}
+    for threads in (1, 2):
+        with _parallel.block_threads(threads):
+            K = fast.cross(X)
+            results[threads] = (K, *fast.kernel_gradient(X, G.copy(), g_s, K),
+                                *fast.uu_gradient(G[:200] + G[:200].T))
+    for a, b in zip(results[1], results[2]):
+        np.testing.assert_array_equal(a, b)
+    monkeypatch.setattr(type(kernel), "_bound_to", lambda self, Z: BoundKernel(self, Z))
+    slow = InducingFactor(kernel, Z)
+    assert not slow.bound.nogil and len(slow.chunks(len(X))) == 6
+    K = slow.cross(X)
+    np.testing.assert_array_equal(K, results[1][0])
+    for a, b in zip(results[1][1:], (*slow.kernel_gradient(X, G.copy(), g_s, K),
+                                     *slow.uu_gradient(G[:200] + G[:200].T))):
+        close(a, b, 1e-12)
