@@ -36,6 +36,10 @@ CASES = {
     "svi minibatch": dict(method="svi", batch_size=400, max_iter=2),
     "svi batch": dict(method="svi", batch_size=None, max_iter=3),
     "gfitc": dict(method="gfitc", batch_size=None, max_iter=2, on_negative="skip"),
+    # the default kernel's compiled chunks (GIL released) several to a minibatch: 3 of 500 rows
+    "ep minibatch, kernel chunks": dict(batch_size=1500, n_inducing=100, max_iter=2),
+    "svi minibatch, kernel chunks": dict(method="svi", batch_size=1500, n_inducing=100,
+                                         max_iter=2),
 }
 
 
@@ -374,21 +378,37 @@ def test_block_entry_checks_name_the_problem():
                                q.mean, ones, ones, np.empty(4), np.empty((4, 5)))
 
 
-def test_the_kernel_is_called_on_fixed_chunks(monkeypatch):
+def test_the_kernel_chunks_case_has_several_chunks():
+    from gpc.sparse import _inducing
+
+    factor = _inducing.InducingFactor(ConstantKernel(1.0) * RBF(1.0), X[:100])
+    assert factor.bound.nogil and len(factor.chunks(1500)) == 3
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_the_kernel_is_called_on_fixed_chunks(monkeypatch, compiled):
+    # the squared exponential's compiled chunks (GIL released) are blocks of about BLOCK_WORK;
+    # any other kernel's hold the GIL and come in kernel_chunks of >= KERNEL_ROWS rows
+    from gpc.kernels import Matern
     from gpc.sparse import _inducing
 
     sizes = []
-    kernel = ConstantKernel(1.5) * RBF(1.2)
-    original = type(kernel)._cross
-
-    def cross(self, Xb, Z, *args):
-        sizes.append(len(Xb))
-        return original(self, Xb, Z, *args)
-    monkeypatch.setattr(type(kernel), "_cross", cross)
+    kernel = ConstantKernel(1.5) * (RBF(1.2) if compiled else Matern(1.2))
     factor = _inducing.InducingFactor(kernel, X[:40])
+    assert factor.bound.nogil == compiled
+    original = type(factor.bound).cross
+
+    def cross(self, Xb, out=None):
+        sizes.append(len(Xb))
+        return original(self, Xb, out)
+    monkeypatch.setattr(type(factor.bound), "cross", cross)
     with _parallel.block_threads(2):
         K2 = factor.cross(X)
-    expect = [b - a for a, b in _inducing.kernel_chunks(len(X))]
-    assert sorted(sizes[-len(expect):]) == sorted(expect) and len(expect) > 1
-    np.testing.assert_array_equal(K2, np.concatenate([original(kernel, X[a:b], factor.Z)
-                                                      for a, b in _inducing.kernel_chunks(len(X))]))
+    chunks = (_parallel.row_blocks(len(X), factor.bound.row_work) if compiled
+              else _inducing.kernel_chunks(len(X)))
+    assert factor.chunks(len(X)) == chunks and len(chunks) > 1
+    assert sorted(sizes) == sorted(b - a for a, b in chunks)
+    np.testing.assert_array_equal(K2, np.concatenate([original(factor.bound, X[a:b])
+                                                      for a, b in chunks]))
+    # the chunks are the kernel's block to rounding
+    np.testing.assert_allclose(K2, kernel(X, factor.Z), rtol=1e-12, atol=0)

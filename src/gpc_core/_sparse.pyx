@@ -616,44 +616,6 @@ def cavity_rows_gradient(double[:, ::1] G, double[:, ::1] Y, const double[:, ::1
         _cavity_rows_gradient(&G[0, 0], &Y[0, 0], &A[0, 0], &d1[0], &mu[0], &e[0], &g_s[0], k, m)
 
 
-def hadamard_sums(double[:, ::1] G, const double[:, ::1] K, double[::1] rows, double[::1] cols):
-    """G := G ∘ K (k x m) with its row sums in ``rows`` and column sums in ``cols``: the weights
-    W = G ∘ K of the squared exponential's cross gradient (gpc.kernels.stationary)."""
-    cdef Py_ssize_t k = G.shape[0], m = G.shape[1], i, j
-    if K.shape[0] != k or K.shape[1] != m:
-        raise ValueError(f"K is {K.shape[0]} x {K.shape[1]}, G is {k} x {m}")
-    if rows.shape[0] != k or cols.shape[0] != m:
-        raise ValueError(f"rows needs {k} entries and cols {m}")
-    cdef double acc, w
-    with nogil:
-        for j in range(m):
-            cols[j] = 0.0
-        for i in range(k):
-            acc = 0.0
-            for j in range(m):
-                w = G[i, j] * K[i, j]
-                G[i, j] = w
-                acc = acc + w
-                cols[j] += w
-            rows[i] = acc
-
-
-def squared_exponential_exponent(double[:, ::1] K, const double[::1] xx, const double[::1] zz,
-                                 double log_c):
-    """K (k x m, holding x̃_i^T z̃_j on entry) := log c - ½ |x̃_i - z̃_j|², the distance clipped at
-    0 (rounding), from xx_i = |x̃_i|² and zz_j = |z̃_j|²; exp of it is the squared exponential."""
-    cdef Py_ssize_t k = K.shape[0], m = K.shape[1], i, j
-    if xx.shape[0] != k or zz.shape[0] != m:
-        raise ValueError(f"xx needs {k} entries and zz {m}")
-    cdef double hx, v
-    with nogil:
-        for i in range(k):
-            hx = 0.5 * xx[i]
-            for j in range(m):
-                v = K[i, j] - hx - 0.5 * zz[j]
-                K[i, j] = (v if v < 0.0 else 0.0) + log_c
-
-
 def symmetric_from_upper(const double[:, ::1] X, double[:, ::1] out, double scale):
     """out (m x m) := scale · X's upper triangle (diagonal included) mirrored: out_ij =
     scale · X_min(i,j),max(i,j).  With scale = -½ and X = A^T G this is sym(Φ) of the Cholesky

@@ -7,7 +7,9 @@ methods, and ``+`` / ``*`` building :class:`gpc.kernels.Sum` and :class:`gpc.ker
 """
 
 import copy
+import functools
 import inspect
+import math
 import warnings
 
 import numpy as np
@@ -67,6 +69,8 @@ def _check_result(out, M, K=None):
 
 
 def _check_positive_values(value, name):
+    if type(value) is float and 0.0 < value < math.inf:     # the common case, without NumPy's checks
+        return np.array([value])
     try:
         arr = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError):
@@ -87,6 +91,10 @@ def _check_bounds(bounds, name, n):
         if bounds == "fixed":
             return None
         raise ValueError(f"{name} must be a (low, high) pair or 'fixed', got {bounds!r}")
+    if type(bounds) is tuple and len(bounds) == 2 and all(type(v) is float for v in bounds):
+        low, high = bounds                      # the common case, without NumPy's checks
+        if 0.0 < low <= high < math.inf:
+            return np.log(np.array([[low, high]] * n))
     try:
         b = np.asarray(bounds, dtype=np.float64)
     except (TypeError, ValueError):
@@ -115,6 +123,14 @@ def _params_equal(a, b):
         return np.array_equal(np.asarray(a, dtype=float), np.asarray(b, dtype=float))
     except (TypeError, ValueError):
         return a == b
+
+
+@functools.lru_cache(maxsize=None)
+def _init_parameters(init):
+    """The named parameters of a constructor (a class's signature does not change: cached)."""
+    sig = inspect.signature(init)
+    return tuple(p.name for p in sig.parameters.values()
+                 if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -184,9 +200,7 @@ class Kernel:
 
     @classmethod
     def _param_names(cls):
-        sig = inspect.signature(cls.__init__)
-        return [p.name for p in sig.parameters.values()
-                if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        return list(_init_parameters(cls.__init__))
 
     def get_params(self, deep=True):
         """Constructor arguments as a dict; with ``deep`` also ``k1__name`` entries of sub-kernels."""
@@ -466,6 +480,19 @@ class Kernel:
         g_theta, g_Z, _ = self._cross_gradient(X, Z, G, diag_weights, K)
         return _check_result(g_theta, G, K), g_Z
 
+    def _bound_to(self, Z):
+        """The kernel's blocks against the inducing inputs Z (m x d, checked, C-ordered float64):
+        a :class:`BoundKernel`, which the sparse engine asks for K_uu, K_bu by chunks of rows, diag
+        K_bb and their gradients.  Kernels with a compiled path return their own bound object."""
+        return BoundKernel(self, Z)
+
+    def _bound_scaled(self, Z, scale, constant):
+        """The compiled bound object of scale · k, this kernel times a product's constant factor
+        (``constant``: where a free log c of that factor sits in the product's θ, "first" or
+        "last", or None when it is fixed); None when this kernel has no compiled path (the product
+        then binds itself generically)."""
+        return None
+
     def _cross(self, X, Z, scale=1.0):
         """scale · K(X, Z) on checked inputs (a constant factor of a product passes its value)."""
         K = np.array(self._call(X, Z, False), dtype=np.float64, order="C")
@@ -564,6 +591,68 @@ class Kernel:
     def __repr__(self):
         args = ", ".join(f"{k}={_fmt(v)}" for k, v in self.get_params(deep=False).items())
         return f"{type(self).__name__}({args})"
+
+
+class BoundKernel:
+    """A kernel bound to inducing inputs Z (m x d): the blocks and gradients a sparse model's
+    step asks for, each call on one chunk of rows.
+
+    This generic form forwards to the kernel's own methods (``_cross``, ``_diag``,
+    ``_cross_gradient``, ``_gram_gradient``), whose Python holds the GIL; kernels with a compiled
+    path (:class:`gpc.kernels.RBF`, alone or times a constant) return their own subclass from
+    :meth:`Kernel._bound_to`, which prepares what depends on Z and θ once and runs each chunk in
+    one call without the GIL (``nogil``).
+
+    Attributes
+    ----------
+    kernel : Kernel
+    Z : ndarray of shape (m, d)
+    nogil : bool
+        Whether a chunk's calls release the GIL and cost little Python, so that fine chunks on
+        the block threads pay; ``row_work`` then estimates a row's cost in multiply-adds.
+    """
+
+    nogil = False
+    row_work = 0
+
+    def __init__(self, kernel, Z):
+        self.kernel = kernel
+        self.Z = Z
+
+    def gram(self):
+        """K_uu = K(Z) (m x m, C-ordered), with its diagonal exact (``k(z, z)``, not the
+        rounding of the cross block's zero distances) where K(Z) is the cross block K(Z, Z)
+        (:meth:`Kernel._gram_is_cross`)."""
+        kernel, Z = self.kernel, self.Z
+        if kernel._gram_is_cross():
+            K = kernel._cross(Z, Z)
+            np.fill_diagonal(K, kernel._diag(Z))
+            return K
+        return np.array(kernel(Z), dtype=np.float64, order="C")
+
+    def cross(self, X, out=None):
+        """K(X, Z) (k x m) for a chunk of rows X (k x d), written into ``out`` when given."""
+        K = self.kernel._cross(X, self.Z)
+        if out is None:
+            return K
+        out[...] = K
+        return out
+
+    def diag(self, X):
+        """diag K(X, X), shape (k,)."""
+        return self.kernel._diag(X)
+
+    def cross_gradient(self, X, G, w=None, K=None):
+        """(∂F/∂θ, ∂F/∂Z or None) of F = Σ G ∘ K(X, Z) + Σ w ∘ diag K(X, X) for a chunk of rows
+        (:meth:`Kernel.cross_gradient`); G (k x m, C-ordered float64) is scratch, ``K`` is
+        K(X, Z) when the caller holds it."""
+        g_theta, g_Z, _ = self.kernel._cross_gradient(X, self.Z, G, w, K, overwrite=True)
+        return g_theta, g_Z
+
+    def gram_gradient(self, G, K):
+        """(∂F/∂θ, ∂F/∂Z or None) of F = Σ G ∘ K(Z) for a symmetric G (m x m, C-ordered float64,
+        scratch) and ``K`` = :meth:`gram`'s K_uu."""
+        return self.kernel._gram_gradient(self.Z, G, K)
 
 
 def _fmt(v):

@@ -21,11 +21,13 @@ class _Binary(Kernel):
 
     @property
     def _a(self):
-        return as_kernel(self.k1)
+        k = self.k1
+        return k if isinstance(k, Kernel) else as_kernel(k)
 
     @property
     def _b(self):
-        return as_kernel(self.k2)
+        k = self.k2
+        return k if isinstance(k, Kernel) else as_kernel(k)
 
     @property
     def theta(self):
@@ -94,7 +96,7 @@ class Sum(_Binary):
         return K1 + K2, np.concatenate([G1, G2], axis=2)
 
     def _diag(self, X):
-        return self._a.diag(X) + self._b.diag(X)
+        return self._a._diag(X) + self._b._diag(X)
 
     def _contract(self, X, M, K=None, symmetric=False):
         a, b = self._a, self._b
@@ -158,7 +160,7 @@ class Product(_Binary):
         return K1 * K2, np.concatenate([G1 * K2[:, :, None], G2 * K1[:, :, None]], axis=2)
 
     def _diag(self, X):
-        return self._a.diag(X) * self._b.diag(X)
+        return self._a._diag(X) * self._b._diag(X)
 
     def _contract(self, X, M, K=None, symmetric=False):
         # each factor's own K is computed once and handed to its contraction (an RBF then reuses it
@@ -181,6 +183,18 @@ class Product(_Binary):
         if b.n_dims:
             parts.append(b._contract(X, M * (ca if Ka is None else Ka), K=Kb, symmetric=symmetric))
         return np.concatenate(parts) if parts else np.empty(0)
+
+    def _bound_to(self, Z):
+        # c · k with a compiled bound k: one bound object at scale c, log c's slot in θ kept
+        a, b = self._a, self._b
+        ca, cb = a._constant(), b._constant()
+        if (ca is None) != (cb is None):
+            c, const, other = (ca, a, b) if ca is not None else (cb, b, a)
+            slot = ("first" if ca is not None else "last") if const._n_free() else None
+            bound = other._bound_scaled(Z, c, slot)
+            if bound is not None:
+                return bound
+        return super()._bound_to(Z)
 
     def _cross(self, X, Z, scale=1.0):
         a, b = self._a, self._b

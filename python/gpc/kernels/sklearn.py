@@ -108,6 +108,12 @@ class _ForeignKernel(Kernel):
     def _gram_is_cross(self):
         return self._fast is not None and self._fast._gram_is_cross()
 
+    def _bound_to(self, Z):
+        return super()._bound_to(Z) if self._fast is None else self._fast._bound_to(Z)
+
+    def _bound_scaled(self, Z, scale, constant):
+        return None if self._fast is None else self._fast._bound_scaled(Z, scale, constant)
+
     def _cross(self, X, Z, scale=1.0):
         if self._fast is not None:
             return self._fast._cross(X, Z, scale)

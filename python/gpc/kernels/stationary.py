@@ -1,12 +1,14 @@
 """Stationary kernels k = f(r) of the scaled distance r: the squared exponential (RBF) and Matérn."""
 
+import math
+
 import numpy as np
 from scipy.linalg.blas import dgemm as _dgemm
 
-from .. import _kernels, _sparse
+from .. import _kernels
 from .._parallel import over_rows
 from . import matrices
-from .base import Kernel, _check_positive_values
+from .base import BoundKernel, Kernel, _check_positive_values
 from .matrices import _KIND_RBF, _gram, _gram_lower, _sqdist, _sum_parts
 
 
@@ -180,29 +182,109 @@ class RBF(_Stationary):
     def _kind(self):
         return _KIND_RBF
 
+    def _bound_scaled(self, Z, scale, constant):
+        return _SquaredExponentialBound(Z, self._length_scales(Z.shape[1]), scale, constant,
+                                        not isinstance(self.length_scale_bounds, str))
+
+    def _bound_to(self, Z):
+        return self._bound_scaled(Z, 1.0, None)
+
     def _cross(self, X, Z, scale=1.0):
-        """scale · exp(-½ |u - v|²) with u, v shifted by the mean of Z and scaled (:meth:`_scaled_by`):
-        one b x d x m product, one compiled pass for the exponent log(scale) - ½ |u - v|² and one
-        vectorised exp."""
-        _, U, V = self._scaled_by(X, Z)
-        K = U @ V.T
-        _sparse.squared_exponential_exponent(K, np.einsum("ij,ij->i", U, U),
-                                             np.einsum("ij,ij->i", V, V), np.log(scale))
-        return np.exp(K, out=K)
+        """scale · exp(-½ |u - v|²) in the compiled pass of :class:`_SquaredExponentialBound`."""
+        return self._bound_scaled(Z, scale, None).cross(X)
 
     def _cross_gradient(self, X, Z, G, w, K=None, scale=1.0, overwrite=False):
-        """For the squared exponential W = -f'(r)/r = f, so A = G ∘ W comes from K itself: one
-        compiled pass makes G ∘ K with its row and column sums (their total is F's block part),
-        then the b x m products of :meth:`_cross_parts`."""
+        """For the squared exponential W = -f'(r)/r = f, so A = G ∘ W comes from K itself: the
+        compiled contraction of :class:`_SquaredExponentialBound`."""
+        A = np.ascontiguousarray(G, dtype=np.float64) if overwrite else np.array(G, dtype=np.float64)
+        return self._bound_scaled(Z, scale, None).gradient(X, A, w, K)
+
+
+#: multiply-adds that one exponential costs, roughly: a squared exponential chunk's row of m
+#: entries is about m (2d + _EXP_WORK) of them (the b x d x m products and the exponentials)
+_EXP_WORK = 32
+
+
+class _SquaredExponentialBound(BoundKernel):
+    r"""c · exp(-½ |(x - z)/ℓ|²) bound to inducing inputs Z (R&W eq. (4.9), ARD length scales):
+    RBF alone (c = 1) or a product of RBF and a constant c.
+
+    Prepared once: ℓ (one entry per feature), the shift z̄ = mean(Z), V = (Z - z̄)/ℓ and
+    |v_j|² (gpc._kernels.scaled_inputs); a chunk of rows then runs with the GIL released:
+    gpc._kernels.squared_exponential_exponents and NumPy's vectorised exp for K_bu (a compiled
+    scalar exp is several times slower than NumPy's SIMD one), and
+    gpc._kernels.squared_exponential_gradient for the b x m contraction, whose θ part is laid
+    out as the bound kernel's θ: ∂F/∂log c = F (the constant's slot, ``constant`` "first" or
+    "last", None when c is fixed or absent) and ∂F/∂log ℓ (ARD: per feature, isotropic: their
+    sum; none when ℓ is fixed).
+    """
+
+    nogil = True
+
+    def __init__(self, Z, length_scale, scale=1.0, constant=None, length_scale_free=True):
+        m, d = Z.shape
+        n_ls = length_scale.size
+        self.Z = Z
+        self.scale = float(scale)
+        self._log_scale = math.log(self.scale)
+        self.length_scale = (np.full(d, length_scale[0]) if n_ls == 1
+                             else np.ascontiguousarray(length_scale, dtype=np.float64))
+        self.shift = Z.mean(axis=0)     # translation invariance: |u|², |v|² small, no cancelling
+        self.V, self.vv = np.empty((m, d)), np.empty(m)
+        _kernels.scaled_inputs(Z, self.shift, self.length_scale, self.V, self.vv)
+        self.row_work = m * (2 * d + _EXP_WORK)
+        self._ard = n_ls > 1
+        self._n_ls = n_ls if length_scale_free else 0
+        self._ls_at = 1 if constant == "first" else 0
+        self._const_at = None if constant is None else (0 if constant == "first" else self._n_ls)
+        self._p = self._n_ls + (constant is not None)
+
+    def gram(self):
+        K = self.cross(self.Z)
+        np.fill_diagonal(K, self.scale)             # k(z, z) = c exactly
+        return K
+
+    def cross(self, X, out=None):
+        X = np.ascontiguousarray(X, dtype=np.float64)
+        if out is None:
+            out = np.empty((X.shape[0], self.V.shape[0]))
+        _kernels.squared_exponential_exponents(X, self.shift, self.length_scale, self.V, self.vv,
+                                               self._log_scale, out)
+        return np.exp(out, out=out)
+
+    def diag(self, X):
+        return np.full(X.shape[0], self.scale)
+
+    def gradient(self, X, G, w=None, K=None):
+        """(∂F/∂θ, ∂F/∂Z, F) for F = Σ G ∘ K(X, Z) + Σ w ∘ diag K(X, X); G (C-ordered float64)
+        is scratch, ``K`` the block K(X, Z) when the caller holds it.  The diagonal k(x, x) = c
+        depends on log c only (∂/∂log c = c)."""
+        X = np.ascontiguousarray(X, dtype=np.float64)
         if K is None:
-            K = self._cross(X, Z, scale)
-        A = G if overwrite else np.array(G, dtype=np.float64, order="C")
-        rows, cols = np.empty(A.shape[0]), np.empty(A.shape[1])
-        _sparse.hadamard_sums(A, K, rows, cols)
-        ls, U, V = self._scaled_by(X, Z)
-        value = float(rows.sum()) + (scale * float(np.sum(w)) if w is not None else 0.0)
-        g_theta, g_Z = self._cross_parts(A, rows, cols, U, V, ls)
+            K = self.cross(X)
+        if w is not None:
+            w = np.ascontiguousarray(w, dtype=np.float64)
+        per_feature, g_Z = np.empty(self.V.shape[1]), np.empty_like(self.V)
+        value = _kernels.squared_exponential_gradient(
+            X, self.shift, self.length_scale, self.V, G, K, w, self.scale, self._n_ls > 0,
+            per_feature, g_Z)
+        g_theta = np.empty(self._p)
+        if self._n_ls:
+            at = self._ls_at
+            g_theta[at:at + self._n_ls] = per_feature if self._ard else per_feature.sum()
+        if self._const_at is not None:
+            g_theta[self._const_at] = value
         return g_theta, g_Z, value
+
+    def cross_gradient(self, X, G, w=None, K=None):
+        g_theta, g_Z, _ = self.gradient(X, G, w, K)
+        return g_theta, g_Z
+
+    def gram_gradient(self, G, K):
+        # K(Z) depends on Z through both arguments and G is symmetric: twice the second's part
+        g_theta, g_Z, _ = self.gradient(self.Z, G, None, K)
+        g_Z *= 2.0
+        return g_theta, g_Z
 
 
 class Matern(_Stationary):

@@ -8,14 +8,18 @@ With inducing inputs Z (m x d) and values u = f(Z), K_uu = L Lᵀ is held by its
 
 and turns the matrix derivatives of an objective F with respect to K_bu, K_uu and diag K_bb into the
 derivative with respect to the kernel's log hyperparameters and to Z.  The kernel answers for its
-blocks itself: ``_cross`` (K_bu), ``_cross_gradient`` (b x m contractions in θ and Z; the squared
-exponential, alone or times a constant, runs its compiled path) and ``_gram_gradient`` for K_uu,
-so no n x m x p tensor is formed and nothing here depends on the kernel's kind.
+blocks itself, through the object it binds to Z (``kernel._bound_to(Z)``, a
+:class:`gpc.kernels.base.BoundKernel`, made once per factor, i.e. per θ and Z): K_uu (``gram``),
+K_bu of a chunk of rows (``cross``), diag K_bb, the b x m contraction of a chunk
+(``cross_gradient``, in θ and Z) and that of K_uu (``gram_gradient``), so no n x m x p tensor is
+formed and nothing here depends on the kernel's kind.
 
-Threads: the kernel is called on fixed chunks of rows (:func:`kernel_chunks`, at least
-KERNEL_ROWS rows: each call holds the GIL for its Python) and the whitening runs by fixed blocks
-of rows (gpc.sparse.ep.row_blocks), both on the threads of the caller's
-gpc._parallel.block_threads context; chunk sums are added in chunk order.
+Threads: the kernel is called on fixed chunks of rows, which depend on the rows and the bound
+object only: where its chunks release the GIL (``nogil``, the squared exponential's compiled
+path) they are blocks of about gpc._parallel.BLOCK_WORK multiply-adds (``row_work`` a row); else
+at least KERNEL_ROWS rows (:func:`kernel_chunks`: each call holds the GIL for its Python).  The
+whitening runs by fixed blocks of rows (gpc._parallel.row_blocks); all of it on the threads of the
+caller's gpc._parallel.block_threads context, chunk sums added in chunk order.
 """
 
 import numpy as np
@@ -65,11 +69,8 @@ class InducingFactor:
         self.kernel = kernel
         self.Z = np.ascontiguousarray(Z, dtype=np.float64)
         self.fast = _AT_THETA
-        if kernel._gram_is_cross():     # no white noise: the cross block, its diagonal exact
-            self.Kuu = kernel._cross(self.Z, self.Z)
-            np.fill_diagonal(self.Kuu, kernel._diag(self.Z))
-        else:
-            self.Kuu = np.array(kernel(self.Z), dtype=np.float64, order="C")
+        self.bound = kernel._bound_to(self.Z)
+        self.Kuu = self.bound.gram()
         _sparse.mirror_lower(self.Kuu)                         # exactly symmetric
         m = self.Kuu.shape[0]
 
@@ -90,22 +91,31 @@ class InducingFactor:
     def m(self):
         return self.L.shape[0]
 
+    def chunks(self, b):
+        """The fixed chunks of b rows that the kernel is called on: blocks of about BLOCK_WORK
+        for a bound object whose chunks release the GIL, else :func:`kernel_chunks`."""
+        bound = self.bound
+        if bound.nogil:
+            return _parallel.row_blocks(b, bound.row_work)
+        return kernel_chunks(b)
+
     def cross(self, Xb):
-        """K_bu (b x m), the kernel called on fixed chunks of rows (:func:`kernel_chunks`)."""
-        chunks = kernel_chunks(Xb.shape[0])
+        """K_bu (b x m), the kernel called on fixed chunks of rows (:meth:`chunks`)."""
+        chunks = self.chunks(Xb.shape[0])
         if len(chunks) <= 1:
-            return self.kernel._cross(Xb, self.Z)
+            return self.bound.cross(Xb)
         K = np.empty((Xb.shape[0], self.m))
+        cross = self.bound.cross
 
         def chunk(j):
             a, c = chunks[j]
-            K[a:c] = self.kernel._cross(Xb[a:c], self.Z)
+            cross(Xb[a:c], K[a:c])
         _parallel.over_blocks(chunk, len(chunks))
         return K
 
     def diag(self, Xb):
         """diag K_bb."""
-        return self.kernel._diag(Xb)
+        return self.bound.diag(Xb)
 
     def whiten(self, Xb, keep_cross=False, out=None):
         """(A_b, s_b): A_b = K_bu L⁻ᵀ and s_b = diag K_bb - rowsum(A_b²), clipped at 0 (rounding).
@@ -144,18 +154,20 @@ class InducingFactor:
 
     def kernel_gradient(self, Xb, G_bu, g_s, Kbu=None):
         """Kernel and Z gradient of F's K_bu and diag K_bb parts from ∂F/∂K_bu (``G_bu``, b x m,
-        C-contiguous, used as scratch) and ∂F/∂k_ii (``g_s``): the kernel's b x m contraction
-        (``_cross_gradient``) on fixed chunks of rows, summed in chunk order.
+        C-contiguous, used as scratch) and ∂F/∂k_ii (``g_s``): the bound kernel's b x m
+        contraction (``cross_gradient``) on fixed chunks of rows (:meth:`chunks`), summed in chunk
+        order.
 
         Returns (g_theta (p,), g_Z (m, d))."""
-        chunks = kernel_chunks(Xb.shape[0])
+        chunks = self.chunks(Xb.shape[0])
+        gradient = self.bound.cross_gradient
+        Z = self.Z
 
         def chunk(j):
             a, c = chunks[j]
-            g_theta, g_Z, _ = self.kernel._cross_gradient(
-                Xb[a:c], self.Z, G_bu[a:c], None if g_s is None else g_s[a:c],
-                None if Kbu is None else Kbu[a:c], overwrite=True)
-            return g_theta, _inputs_or_zero(g_Z, self.Z)
+            g_theta, g_Z = gradient(Xb[a:c], G_bu[a:c], None if g_s is None else g_s[a:c],
+                                    None if Kbu is None else Kbu[a:c])
+            return g_theta, _inputs_or_zero(g_Z, Z)
         parts = _parallel.over_blocks(chunk, len(chunks))
         g_theta, g_Z = parts[0]
         for gt, gz in parts[1:]:
@@ -183,7 +195,7 @@ class InducingFactor:
         (C-contiguous) is the scratch."""
         G_uu = G if overwrite else np.array(G, dtype=np.float64, order="C")
         _sparse.congruence(self.Li, G_uu)
-        g_theta, g_Z = self.kernel._gram_gradient(self.Z, G_uu, self.Kuu)
+        g_theta, g_Z = self.bound.gram_gradient(G_uu, self.Kuu)
         return g_theta, _inputs_or_zero(g_Z, self.Z)
 
 
