@@ -12,7 +12,6 @@ from functools import partial
 import numpy as np
 
 from .. import _parallel
-from ._inducing import kernel_chunks
 from .ep import (EP, NaturalPosterior, block_evidence, linearisation, linearised_sites, prior_term,
                  update_sites, whitened_sums)
 
@@ -76,15 +75,15 @@ def block_parts(likelihood, Xb, y, A, s, factor, q, tau, nu, gradient=True, Kbu=
                 held="sites", rule=EP, later=False):
     """One block's share of log Z_q and of its gradient: (log_z, g_theta, g_Z, AtG, n_bad);
     ``held`` and ``rule`` as in :func:`ep.block_evidence`.  With ``later``, when the kernel takes
-    the block in one call (:func:`_inducing.kernel_chunks`; larger blocks share their chunks
-    out among the threads themselves), its contraction of the K_bu part is a side task
+    the block in one call (:meth:`_inducing.InducingFactor.chunks`; larger blocks share their
+    chunks out among the threads themselves), its contraction of the K_bu part is a side task
     (gpc._parallel.defer) beside the caller's next pass of blocks, and g_theta, g_Z are one
     :class:`gpc._parallel.Deferred` of the pair, which :func:`finish_evidence` resolves."""
     ev = block_evidence(likelihood, y, A, s, q, tau, nu, gradient=gradient, held=held, rule=rule,
                         to_kernel=factor.Li if gradient else None)
     if not gradient:
         return ev.log_z, None, None, None, ev.n_bad
-    if later and len(kernel_chunks(len(Xb))) <= 1:
+    if later and len(factor.chunks(len(Xb))) <= 1:
         pair = _parallel.defer(partial(factor.kernel_gradient, Xb, ev.G_A, ev.g_s, Kbu))
         return ev.log_z, pair, pair, ev.AtG, ev.n_bad
     g_theta, g_Z = factor.kernel_gradient(Xb, ev.G_A, ev.g_s, Kbu)
