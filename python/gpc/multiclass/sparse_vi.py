@@ -38,6 +38,7 @@ import math
 import numpy as np
 from scipy.special import log_ndtr
 
+from .._special import LOG_SQRT_2PI
 from ..exceptions import NotPositiveDefiniteError
 from ..sparse._passes import add_parts, as_block, block_ranges
 from ..sparse._trainer import LBFGSTrainer, SVIMinibatch
@@ -51,7 +52,6 @@ from .sparse import (RANGE_ROWS, SERIAL, ArgmaxLikelihood, RowBlock, SparseMulti
 _GH_X, _GH_W = np.polynomial.hermite.hermgauss(N_NODES)
 _GH_W = _GH_W / math.sqrt(math.pi)
 _SQRT2 = math.sqrt(2.0)
-_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 #: the floor of a latent variance (a unit prior's rounding level): the rule's nodes need σ > 0
 MIN_VARIANCE = 1e-12
 
@@ -91,7 +91,7 @@ def argmax_probability(means, varis, y):
     log_cdf[rows, y, :] = 0.0                                                 # no k = y factor
     log_prod = log_cdf.sum(axis=1)                                            # (b, J)
     P = np.exp(log_prod) @ _GH_W
-    R = np.exp(log_prod[:, None, :] - log_cdf - 0.5 * z * z - _LOG_SQRT_2PI)  # (b, C, J)
+    R = np.exp(log_prod[:, None, :] - log_cdf - 0.5 * z * z - LOG_SQRT_2PI)  # (b, C, J)
     R[rows, y, :] = 0.0
     R /= sd[:, :, None]                                                       # R_jk / σ_k
     d_mean = -(R @ _GH_W)
