@@ -215,6 +215,38 @@ def test_over_blocks_every_block_runs_once_while_helpers_lag():
             ran.clear()
 
 
+class _Abort(BaseException):
+    """Not an Exception: what a block raising SystemExit or a KeyboardInterrupt looks like."""
+
+
+def test_over_blocks_hands_a_helpers_base_exception_to_the_caller():
+    # a block that raises a BaseException on a helper thread must not end that thread silently
+    # and leave its block's result None: the caller raises it, and the helpers keep serving
+    helper_ran = threading.Event()
+
+    def fn(j):
+        if threading.current_thread() is not threading.main_thread():
+            helper_ran.set()
+            raise _Abort(f"block {j}")
+        helper_ran.wait(10.0)          # bounded: the helper takes a block while the caller waits
+        return j
+    with _parallel.block_threads(2):
+        with pytest.raises(_Abort, match="block"):
+            _parallel.over_blocks(fn, 4)
+        assert _parallel.over_blocks(lambda j: j * 2, 6) == [0, 2, 4, 6, 8, 10]
+        seen = set()
+
+        def where(j):
+            seen.add(threading.get_ident())
+            time.sleep(0.002)
+            return j
+        for _ in range(20):                 # bounded: a helper still takes blocks
+            _parallel.over_blocks(where, 8)
+            if len(seen) > 1:
+                break
+        assert len(seen) > 1
+
+
 def _blocks_in_child(conn):
     with _parallel.block_threads(2):
         conn.send(_parallel.over_blocks(lambda j: j + 1, 4))

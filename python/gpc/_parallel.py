@@ -259,7 +259,7 @@ class _BlockWorkers:
     def _serve(self):
         get = self.queue.get
         while True:
-            get()()
+            get()()             # a pass's work: its blocks' errors go to the pass's caller
 
 
 _block_workers = None
@@ -363,7 +363,7 @@ def over_blocks(fn, n_blocks):
     finished = threading.Event()
     first_block = len(side)
 
-    def work():
+    def work(caller=False):
         # every index taken is settled once, run or (after a stop) skipped; the last sets finished
         _local.in_block = True
         try:
@@ -382,6 +382,10 @@ def over_blocks(fn, n_blocks):
                             results[k - first_block] = fn(k - first_block)
                         except Exception as exc:  # noqa: BLE001 - raised below, in block order
                             errors[k - first_block] = exc
+                        except BaseException as exc:    # a helper's goes to the caller too
+                            if caller:
+                                raise
+                            errors[k - first_block] = exc
                 finally:
                     if k < total and settled() == total:
                         finished.set()
@@ -390,11 +394,11 @@ def over_blocks(fn, n_blocks):
 
     _workers().post(work, threads - 1)
     try:
-        work()
+        work(caller=True)
         finished.wait()
     except BaseException:           # KeyboardInterrupt: the blocks not started are skipped,
         stop.append(True)           # the running ones end (bounded: a lost index cannot hang)
-        work()
+        work(caller=True)
         finished.wait(_STOP_WAIT)
         raise
     if errors:
