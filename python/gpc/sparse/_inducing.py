@@ -39,20 +39,6 @@ def kernel_chunks(b):
     return _parallel.row_blocks(b, _parallel.BLOCK_WORK / KERNEL_ROWS, KERNEL_CHUNKS)
 
 
-class _KernelAtTheta:
-    """``factor.fast``, what a θ step asks for (``SEPState``): the kernel at a new θ by
-    :meth:`gpc.kernels.Kernel._with_theta`, shallow copies without a full clone's checks."""
-
-    def with_theta(self, kernel, theta):
-        return kernel._with_theta(theta)
-
-    def at(self, kernel):
-        return self
-
-
-_AT_THETA = _KernelAtTheta()
-
-
 class InducingFactor:
     """K_uu = L Lᵀ for one kernel and one Z; ``jitter`` (relative to the mean diagonal) is added first.
 
@@ -62,13 +48,11 @@ class InducingFactor:
     Z : ndarray (m, d)
     jitter : float
         Added to the diagonal of K_uu as ``jitter * mean(diag K_uu)``; 0 is allowed (the Z = X check).
-    fast : ignored (the kernel makes its own blocks); kept for ``SEPState``'s θ steps
     """
 
-    def __init__(self, kernel, Z, jitter=1e-8, fast=None):
+    def __init__(self, kernel, Z, jitter=1e-8):
         self.kernel = kernel
         self.Z = np.ascontiguousarray(Z, dtype=np.float64)
-        self.fast = _AT_THETA
         self.bound = kernel._bound_to(self.Z)
         self.Kuu = self.bound.gram()
         _sparse.mirror_lower(self.Kuu)                         # exactly symmetric

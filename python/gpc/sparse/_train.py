@@ -129,16 +129,11 @@ class SEPState:
         k = len(self._theta)
         bounds = self._bounds
         theta = np.clip(p[:k], bounds[:, 0], bounds[:, 1]) if k else p[:k]
-        fast = self.factor.fast
-        if not k:
-            kernel = self.kernel
-        elif fast is not None:
-            kernel = fast.with_theta(self.kernel, theta)
-            fast = fast.at(kernel)
-        else:
-            kernel = self.kernel.clone_with_theta(theta)
+        # Kernel._with_theta: shallow copies without a full clone's checks (θ is this kernel's own,
+        # moved by a step and clipped to its bounds)
+        kernel = self.kernel._with_theta(theta) if k else self.kernel
         Z = p[k:].reshape(self.Z.shape) if self.optimize_inducing else self.Z
-        factor = InducingFactor(kernel, Z, self.jitter, fast)
+        factor = InducingFactor(kernel, Z, self.jitter)
         q = NaturalPosterior(*transform_natural(self.q.P, self.q.h, self.factor.Li, factor.L))
         self.kernel, self.Z, self.factor, self.q = kernel, np.array(Z), factor, q
         self._theta = theta
