@@ -162,19 +162,29 @@ class Product(_Binary):
     def _diag(self, X):
         return self._a._diag(X) * self._b._diag(X)
 
+    def _scaled_factor(self):
+        """(c, constant factor, other factor, whether the constant is k1) when exactly one factor
+        is a constant c, else None: c · k, whose passes are k's own at scale c."""
+        a, b = self._a, self._b
+        ca, cb = a._constant(), b._constant()
+        if (ca is None) == (cb is None):
+            return None
+        return (ca, a, b, True) if ca is not None else (cb, b, a, False)
+
     def _contract(self, X, M, K=None, symmetric=False):
         # each factor's own K is computed once and handed to its contraction (an RBF then reuses it
         # instead of recomputing distances and exponentials); a constant factor scales M instead of
         # being expanded into an n x n matrix
-        a, b = self._a, self._b
-        ca, cb = a._constant(), b._constant()
-        if (ca is None) != (cb is None):
+        scaled = self._scaled_factor()
+        if scaled is not None:
             # c * k: d/dlog c = c sum M o K_k and d/dtheta_k = c sum M o dK_k, both from one pass of k
-            c, const, other = (ca, a, b) if ca is not None else (cb, b, a)
+            c, const, other, first = scaled
             g_other, value = other._contract_value(X, M, K, c, symmetric)
             g_const = np.array([c * value]) if const.n_dims else np.empty(0)
-            parts = (g_const, c * np.asarray(g_other)) if ca is not None else (c * np.asarray(g_other), g_const)
+            parts = (g_const, c * np.asarray(g_other)) if first else (c * np.asarray(g_other), g_const)
             return np.concatenate(parts)
+        a, b = self._a, self._b
+        ca, cb = a._constant(), b._constant()
         Ka = None if ca is not None else a(X)
         Kb = None if cb is not None else b(X)
         parts = []
@@ -186,11 +196,10 @@ class Product(_Binary):
 
     def _bound_to(self, Z):
         # c · k with a compiled bound k: one bound object at scale c, log c's slot in θ kept
-        a, b = self._a, self._b
-        ca, cb = a._constant(), b._constant()
-        if (ca is None) != (cb is None):
-            c, const, other = (ca, a, b) if ca is not None else (cb, b, a)
-            slot = ("first" if ca is not None else "last") if const._n_free() else None
+        scaled = self._scaled_factor()
+        if scaled is not None:
+            c, const, other, first = scaled
+            slot = ("first" if first else "last") if const._n_free() else None
             bound = other._bound_scaled(Z, c, slot)
             if bound is not None:
                 return bound
@@ -210,14 +219,14 @@ class Product(_Binary):
     def _cross_gradient(self, X, Z, G, w, K=None, scale=1.0, overwrite=False):
         # F = s Σ G ∘ K_a ∘ K_b + s Σ w ∘ d_a ∘ d_b: each factor sees G ∘ K_other and w ∘ d_other;
         # c · k: k's own pass at scale s c gives ∂F/∂log c = F as well
-        a, b = self._a, self._b
-        ca, cb = a._constant(), b._constant()
-        if (ca is None) != (cb is None):
-            c, const, other = (ca, a, b) if ca is not None else (cb, b, a)
+        scaled = self._scaled_factor()
+        if scaled is not None:
+            c, const, other, first = scaled
             g_other, g_Z, value = other._cross_gradient(X, Z, G, w, K, scale * c, overwrite)
             g_const = np.array([value]) if const._n_free() else np.empty(0)
-            parts = (g_const, g_other) if ca is not None else (g_other, g_const)
+            parts = (g_const, g_other) if first else (g_other, g_const)
             return np.concatenate(parts), g_Z, value
+        a, b = self._a, self._b
         Ka, Kb = a._cross(X, Z), b._cross(X, Z)
         wa = None if w is None else w * b._diag(X)
         wb = None if w is None else w * a._diag(X)
