@@ -376,7 +376,7 @@ def test_refine_block_swap_removes_the_old_sites_along_their_directions():
     V = RNG.standard_normal((k, m)).astype(np.float32)
     Li = np.ascontiguousarray(np.linalg.inv(L))
     t, n, dP, dh = np.empty(k), np.empty(k), np.empty((m, m)), np.empty(m)
-    V_new = np.empty((k, m), np.float32)
+    V_new = np.empty((k, m))
     status = _sparse.refine_block(*lik.compiled_spec(), 0, 4, 1.0, _sparse.SUMS_SWAP, y, A,
                                   RNG.random(k), q.Ri, q.mean, tau, nu, t, n, dP, dh, V, L, Li,
                                   V_new)
@@ -386,8 +386,48 @@ def test_refine_block_swap_removes_the_old_sites_along_their_directions():
     # sums of 80 terms of size ~10: rounding ~1e-13
     np.testing.assert_allclose(np.tril(dP), np.tril(expect), rtol=0, atol=1e-11)
     np.testing.assert_allclose(dh, A.T @ n - A_old.T @ nu, rtol=0, atol=1e-11)
-    # the new directions v_i = L⁻ᵀ a_i in float32 (7 digits)
-    np.testing.assert_allclose(V_new, A @ Li, rtol=1e-6, atol=1e-6)
+    # the new directions v_i = L⁻ᵀ a_i (10 terms of size ~1: rounding ~1e-15)
+    np.testing.assert_allclose(V_new, A @ Li, rtol=0, atol=1e-13)
+
+
+def test_cavity_gradient_is_the_w_space_form_carried_to_u_space():
+    # evidence_block's cavity form returns ∂F/∂K_bu = (γ_i - 2 g_s a_i)ᵀL⁻¹ row by row and the
+    # K_uu part L⁻ᵀ(Σ (g_s a_i - γ_i) a_iᵀ)L⁻¹, γ_i = d1 μ + e Σ_w a_i (ep.block_evidence), with
+    # the rows' directions v_i = L⁻ᵀa_i given (the minibatch's swap makes them) or made there:
+    # against those formulas in NumPy, with Σ_w and L⁻¹ explicit
+    m, k = 12, 50
+    lik, q, A, y, L = _block_problem(m, k)
+    Li = np.ascontiguousarray(np.linalg.inv(L))
+    RiLi = np.ascontiguousarray(np.tril(q.Ri @ Li))
+    # τ_i below 1/|a_i|², which bounds a_iᵀΣ_w a_i (Σ_w ≤ I): every cavity proper
+    s, tau, nu = RNG.random(k), 0.02 * RNG.random(k), 0.2 * RNG.standard_normal(k)
+    spec = lik.compiled_spec()
+    out = []
+    for V in (None, np.ascontiguousarray(A @ Li)):
+        g_s, G, AtG = np.empty(k), np.empty((k, m)), np.empty((m, m))
+        total, bad = _sparse.evidence_block(*spec, 0, True, y, A, s, q.Ri, q.mean, tau, nu, g_s,
+                                            G, AtG, Li, RiLi, V)
+        assert bad == 0
+        out.append((total, G, AtG, g_s))
+    Sigma = np.linalg.inv(q.P)
+    mean, var = A @ q.mean, np.einsum("ij,jk,ik->i", A, Sigma, A)
+    g_ref, d1, e = np.empty(k), np.empty(k), np.empty(k)
+    total, _ = _sparse.evidence_rows(*spec, 0, y, mean, var, s, tau, nu, g_ref, d1, e)
+    gamma = d1[:, None] * q.mean + e[:, None] * (A @ Sigma)
+    G_ref = (gamma - 2.0 * g_ref[:, None] * A) @ Li
+    AtG_ref = Li.T @ ((g_ref[:, None] * A - gamma).T @ A) @ Li
+    for t, G, AtG, g_s in out:
+        # 50 rows of O(1) terms through m = 12 products: rounding ~1e-13
+        assert abs(t - total) < 1e-10
+        np.testing.assert_allclose(g_s, g_ref, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(G, G_ref, rtol=0, atol=1e-11)
+        np.testing.assert_allclose(AtG, AtG_ref, rtol=0, atol=1e-10)
+    with pytest.raises(ValueError, match="needs Li and RiLi"):
+        _sparse.evidence_block(*spec, 0, True, y, A, s, q.Ri, q.mean, tau, nu, np.empty(k),
+                               np.empty((k, m)), np.empty((m, m)), Li)
+    with pytest.raises(ValueError, match="V is 3 x 12, the block is 50 x 12"):
+        _sparse.evidence_block(*spec, 0, True, y, A, s, q.Ri, q.mean, tau, nu, np.empty(k),
+                               np.empty((k, m)), np.empty((m, m)), Li, RiLi, np.ones((3, m)))
 
 
 def test_block_entry_checks_name_the_problem():

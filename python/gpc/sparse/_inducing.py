@@ -180,13 +180,15 @@ class InducingFactor:
         _sparse.symmetric_from_upper(np.ascontiguousarray(AtG, dtype=np.float64), G, -0.5)
         return self.uu_gradient_whitened(G, overwrite=True)
 
-    def uu_gradient_whitened(self, G, overwrite=False):
-        """Kernel and Z gradient of ∂F/∂K_uu = L⁻ᵀ G L⁻¹ for a symmetric w-space G (m x m): one
-        congruence with the explicit L⁻¹ (gpc._sparse.congruence: its lower triangle by fixed column
-        panels on the block threads) and the kernel's contraction.  With ``overwrite`` G
-        (C-contiguous) is the scratch."""
+    def uu_gradient_whitened(self, G, overwrite=False, plus=None):
+        """Kernel and Z gradient of ∂F/∂K_uu = L⁻ᵀ G L⁻¹ (+ ``plus``, a symmetric u-space part)
+        for a symmetric w-space G (m x m): one congruence with the explicit L⁻¹
+        (gpc._sparse.congruence: its lower triangle by fixed column panels on the block threads)
+        and the kernel's contraction.  With ``overwrite`` G (C-contiguous) is the scratch."""
         G_uu = G if overwrite else np.array(G, dtype=np.float64, order="C")
         _sparse.congruence(self.Li, G_uu)
+        if plus is not None:
+            G_uu += plus
         g_theta, g_Z = self.bound.gram_gradient(G_uu, self.Kuu)
         return g_theta, _inputs_or_zero(g_Z, self.Z)
 

@@ -72,15 +72,15 @@ def natural_sums(X, factor, tau, nu, block_rows):
 
 
 def block_parts(likelihood, Xb, y, A, s, factor, q, tau, nu, gradient=True, Kbu=None,
-                held="sites", rule=EP, later=False):
+                held="sites", rule=EP, later=False, directions=None):
     """One block's share of log Z_q and of its gradient: (log_z, g_theta, g_Z, AtG, n_bad);
-    ``held`` and ``rule`` as in :func:`ep.block_evidence`.  With ``later``, when the kernel takes
+    ``held``, ``rule`` and ``directions`` as in :func:`ep.block_evidence`.  With ``later``, when the kernel takes
     the block in one call (:meth:`_inducing.InducingFactor.chunks`; larger blocks share their
     chunks out among the threads themselves), its contraction of the K_bu part is a side task
     (gpc._parallel.defer) beside the caller's next pass of blocks, and g_theta, g_Z are one
     :class:`gpc._parallel.Deferred` of the pair, which :func:`finish_evidence` resolves."""
     ev = block_evidence(likelihood, y, A, s, q, tau, nu, gradient=gradient, held=held, rule=rule,
-                        to_kernel=factor.Li if gradient else None)
+                        to_kernel=factor.Li if gradient else None, directions=directions)
     if not gradient:
         return ev.log_z, None, None, None, ev.n_bad
     if later and len(factor.chunks(len(Xb))) <= 1:
@@ -110,14 +110,16 @@ def evidence_parts(likelihood, X, y, factor, q, tau, nu, block_rows, gradient=Tr
     return parts
 
 
-def finish_evidence(factor, q, parts, scale=1.0, held="sites"):
+def finish_evidence(factor, q, parts, scale=1.0, held="sites", whitened=False):
     """From the summed block parts add the K_uu part: (log_z, g_theta, g_Z, n_bad).
 
     ``scale`` multiplies the data terms (n/|M| for a minibatch, SEP eq. (6)).  With ``held`` =
     "sites" (:func:`ep.block_evidence`) the prior's part rides on the per-row terms and is scaled
-    with them; with "cavity" it is eq. (4)'s prior term, from q alone and not scaled.  Either
-    way a minibatch of all the data gives the batch value.  The K_bu part may still be a side
-    task (:func:`block_parts` with ``later``): it runs beside the K_uu part's congruence panels.
+    with them; with "cavity" it is eq. (4)'s prior term, from q alone and not scaled, and the
+    rows' K_uu part is u-space (:func:`ep.block_evidence`), or w-space with ``whitened`` (the
+    multi-class engine's).  Either way a minibatch of all the data gives the batch value.  The
+    K_bu part may still be a side task (:func:`block_parts` with ``later``): it runs beside the
+    K_uu part's congruence panels.
     """
     log_z, g_theta, g_Z, AtG, n_bad = parts
     log_z = q.log_normaliser_ratio() + scale * log_z
@@ -126,10 +128,12 @@ def finish_evidence(factor, q, parts, scale=1.0, held="sites"):
     if held == "sites":
         gt, gz = factor.uu_gradient(scale * AtG)
     else:
-        G = prior_term(q)
-        G += (0.5 * scale) * AtG
-        G += (0.5 * scale) * AtG.T
-        gt, gz = factor.uu_gradient_whitened(G, overwrite=True)
+        G, rows = prior_term(q), AtG
+        if whitened:
+            G, rows = G + (0.5 * scale) * (AtG + AtG.T), None
+        else:
+            rows = (0.5 * scale) * (AtG + AtG.T)
+        gt, gz = factor.uu_gradient_whitened(G, overwrite=True, plus=rows)
     if isinstance(g_theta, _parallel.Deferred):
         g_theta, g_Z = g_theta.result()
     return log_z, scale * g_theta + gt, scale * g_Z + gz, n_bad

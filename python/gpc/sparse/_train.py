@@ -7,7 +7,7 @@ non-finite value is reverted, and the learning rate is halved; the trainer recor
 batch_size = n a minibatch step is the batch step (same sites, same q, same gradient): tested.
 
 A minibatch step of b rows (m inducing points) costs the kernel blocks K_bm and K_uu and about
-twenty BLAS-3 and LAPACK calls of b x m x m or m x m x m size, 7.2 (first epoch) to 8.7 products'
+twenty BLAS-3 and LAPACK calls of b x m x m or m x m x m size, 6.8 (first epoch) to 8.3 products'
 worth at b = m = 200 (docs/sparse.md, "One minibatch step").
 """
 
@@ -240,7 +240,7 @@ class LocalBatch:
     def __init__(self, state, likelihood, Xb, yb, rows):
         self.state, self.likelihood, self.Xb, self.yb, self.rows = state, likelihood, Xb, yb, rows
         self.size = len(yb)
-        self._pending = self._matched = None
+        self._pending = self._matched = self._directions = None
         self.n_fixed = 0
 
     def _whiten(self, factor):
@@ -283,12 +283,14 @@ class LocalBatch:
             self.likelihood, self.yb, A, s, q, state.tau[self.rows], state.nu[self.rows],
             state.V[self.rows], factor, damping, P, h, state.workspace, rule, self._first_row())
         self._pending = t_new, n_new, V_new
+        self._directions = V_new
         return P, h, n_fresh
 
     def commit(self):
-        """Keep the pending sites; their directions are copied into ``state.V`` beside the
+        """Keep the pending sites; their directions are stored in ``state.V`` (float32) beside the
         step's next pass of blocks (:meth:`SEPState.later`: nothing reads those rows of V before
-        the step ends)."""
+        the step ends; the evidence's pass reads the full-precision directions, which nothing
+        writes before the step ends either)."""
         tau, nu, V = self._pending
         self.state.tau[self.rows], self.state.nu[self.rows] = tau, nu
         if V is not None:
@@ -304,7 +306,7 @@ class LocalBatch:
                    else (self.state.tau[self.rows], self.state.nu[self.rows]))
         # the K_bu part's kernel contraction beside the K_uu part (_inner_step's finish_evidence)
         return block_parts(self.likelihood, self.Xb, self.yb, A, s, factor, q, tau, nu, gradient,
-                           Kbu, held, rule, later=True)
+                           Kbu, held, rule, later=True, directions=self._directions)
 
 
 def iteration(state, rows, damping):
@@ -418,16 +420,17 @@ def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P
     site rule, the sub-block's sums and new directions) on the caller's threads, the sub-blocks'
     sums added in block order (:func:`ep.add_blocks`).
 
-    Returns (τ_new, ν_new, V_new, n_fresh, n_fixed): V_new (b x m, float32) holds the rows' new
-    directions v_i = L⁻ᵀa_i, n_fresh the rows that had no site, n_fixed the updates the rule's
-    on_negative policy handled.
+    Returns (τ_new, ν_new, V_new, n_fresh, n_fixed): V_new (b x m, float64, a workspace) holds
+    the rows' new directions v_i = L⁻ᵀa_i (stored in float32 by the caller; the gradient's pass
+    reads them first, :func:`ep.block_evidence`), n_fresh the rows that had no site, n_fixed
+    the updates the rule's on_negative policy handled.
     """
     b, m = A.shape
     yb, s, tau, nu = _vector(yb), _vector(s), _vector(tau), _vector(nu)
     V_old = np.ascontiguousarray(V_old, dtype=np.float32)
     n_fresh = int(np.count_nonzero((tau == 0.0) & (nu == 0.0)))
     t_new, n_new = np.empty(b), np.empty(b)
-    V_new = workspace("directions", (b, m), np.float32)
+    V_new = workspace("directions", (b, m))
     spec, codes = likelihood.compiled_spec(), rule.codes
     blocks = row_blocks(b, m)
     dPs, dhs = partials("sums", len(blocks), m), np.empty((len(blocks), m))

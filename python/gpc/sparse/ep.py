@@ -445,12 +445,13 @@ class BlockEvidence:
     G_A: np.ndarray       # the K_bu part, ∂/∂A_b (b x m), for InducingFactor.block_gradient
                           # (with block_evidence's to_kernel: ∂/∂K_bu, for kernel_gradient)
     g_s: np.ndarray       # ∂/∂s_b
-    AtG: np.ndarray       # the K_uu part (m x m), summed over blocks (see block_evidence)
+    AtG: np.ndarray       # the K_uu part (m x m), summed over blocks: w-space for "sites",
+                          # u-space for "cavity" (see block_evidence)
     n_bad: int            # rows with a non-positive cavity (their terms are left out)
 
 
 def block_evidence(likelihood, y, A, s, q, tau, nu, gradient=True, held="sites", rule=EP,
-                   to_kernel=None):
+                   to_kernel=None, directions=None):
     """Σ_b log Z̃_i of SEP eq. (3) and the block's parts of its gradient, eq. (4).
 
     Under ``rule`` PL the same sum is PL eq. (18) for the sparse model (log p̂(D) plus the
@@ -489,17 +490,22 @@ def block_evidence(likelihood, y, A, s, q, tau, nu, gradient=True, held="sites",
 
     The cavity is q less the row's site, Σ_c a_i = Σ_w a_i v_c/σ² and μ_c = μ_w + Σ_w a_i (τμ_i -
     ν_i) v_c/σ², so γ_i = d1 μ_w + e_i Σ_w a_i (e_i from :func:`gpc._sparse.evidence_rows`).
-    G_A has rows γ_i - 2 g_s a_i and AtG = Σ_b (g_s a_i - γ_i) a_iᵀ, the w-space K_uu part for
-    :func:`gpc.sparse._passes.finish_evidence`.  The rows' terms depend on their cavities, not
-    on their own sites, so a minibatch refined just before the gradient is a fair sample of all
-    rows (the "sites" form weighted them by their fresh sites: the mean over minibatches was +550
-    in log c where the converged gradient was +20, and the amplitude ran away).
+    This form is returned in u-space: G_A := ∂F/∂K_bu, rows L⁻ᵀ(γ_i - 2 g_s a_i), and AtG :=
+    -Σ_b (L⁻ᵀ(γ_i - g_s a_i)) v_iᵀ with v_i = L⁻ᵀa_i, the rows' ∂F/∂K_uu before symmetrising
+    (:func:`gpc.sparse._passes.finish_evidence`; L⁻ᵀ of the w-space part Σ_b (g_s a_i - γ_i)
+    a_iᵀ, L⁻¹).  ``to_kernel`` (the factor's L⁻¹) is needed; ``directions``, the rows' v_i (b x m,
+    float64) when the caller has them (the minibatch's site swap makes them), saves one
+    triangular product.  The rows' terms depend on their cavities, not on their own sites, so a
+    minibatch refined just before the gradient is a fair sample of all rows (the "sites" form
+    weighted them by their fresh sites: the mean over minibatches was +550 in log c where the
+    converged gradient was +20, and the amplitude ran away).
 
-    Either form costs A Σ_w (two triangular products with R⁻¹) and one m x b x m product.  With
-    ``to_kernel`` (the factor's L⁻¹) G_A is returned as G_A L⁻¹ = ∂F/∂K_bu, what the kernel's
-    contraction takes (:meth:`InducingFactor.kernel_gradient`).  The rows and their m x k x m
-    products run by fixed sub-blocks (gpc._sparse.evidence_block) on the caller's threads, the
-    blocks' sums added in block order.
+    "sites" costs A Σ_w (two triangular products with R⁻¹), one m x b x m product and, with
+    ``to_kernel``, G_A L⁻¹ = ∂F/∂K_bu, what the kernel's contraction takes
+    (:meth:`InducingFactor.kernel_gradient`).  "cavity" costs R⁻¹a_i and (R⁻¹L⁻¹)ᵀ R⁻¹a_i = L⁻ᵀ
+    Σ_w a_i (two triangular products), one m x b x m product, and L⁻ᵀa_i when ``directions`` is
+    not given.  The rows and their m x k x m products run by fixed sub-blocks
+    (gpc._sparse.evidence_block) on the caller's threads, the blocks' sums added in block order.
     """
     if held not in ("sites", "cavity"):
         raise ValueError(f"held must be 'sites' or 'cavity', got {held!r}")
@@ -511,12 +517,22 @@ def block_evidence(likelihood, y, A, s, q, tau, nu, gradient=True, held="sites",
     spec = likelihood.compiled_spec()
     blocks = row_blocks(b, m)
     AtGs = partials("evidence", len(blocks), m) if gradient else None
+    RiLi = None
+    if gradient and held == "cavity":
+        if to_kernel is None:
+            raise ValueError("the cavity form's gradient needs to_kernel (the factor's L⁻¹)")
+        RiLi = np.tril(to_kernel)
+        _sparse.lower_lower_times(q.Ri, RiLi)                   # R⁻¹L⁻¹, m³/6
+    if directions is not None and directions.shape != A.shape:
+        raise ValueError(f"directions are {directions.shape[0]} x {directions.shape[1]}, A is "
+                         f"{b} x {m}")
 
     def block(j):
         grads = (_rows(blocks[j], G)[0], AtGs[j]) if gradient else (None, None)
+        V = None if directions is None or RiLi is None else _rows(blocks[j], directions)[0]
         return _sparse.evidence_block(*spec, rule.codes[0], held == "cavity",
                                       *_rows(blocks[j], y, A, s), q.Ri, q.mean,
-                                      *_rows(blocks[j], tau, nu, g_s), *grads, to_kernel)
+                                      *_rows(blocks[j], tau, nu, g_s), *grads, to_kernel, RiLi, V)
     parts = _parallel.over_blocks(block, len(blocks))
     total = 0.0
     for part, _ in parts:
