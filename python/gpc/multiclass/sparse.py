@@ -45,7 +45,7 @@ import math
 import numpy as np
 from scipy.special import betaln, expit
 
-from .. import _lapack, _parallel, _sparse
+from .. import _lapack, _pages, _parallel, _sparse
 from .._estimator import BLOCK_ROWS
 from .._multiclass import refine_outlier_prior
 from .._sparse_multiclass import evidence_block, local_ep_block, refine_block
@@ -535,7 +535,7 @@ class SparseMultiClassState:
         sited = np.any((tau != 0.0) | (eta != 0.0), axis=1)
         self.n_sited = int(np.count_nonzero(sited))
         if not self.n_sited:
-            self.V = [np.zeros((self.n, f.m), dtype=np.float32) for f in self.factors]
+            self.V = [_pages.zeros((self.n, f.m), dtype=np.float32) for f in self.factors]
             return
         V, naturals = [], []
         for k, f in enumerate(self.factors):

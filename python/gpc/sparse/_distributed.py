@@ -41,6 +41,7 @@ import copy
 
 import numpy as np
 
+from .. import _pages
 from ..distributed import DistributedError
 from ..exceptions import NotPositiveDefiniteError
 from ._passes import as_block, block_parts, block_ranges, evidence_parts, site_pass
@@ -168,7 +169,7 @@ def swap_task(X, Y, T0, N0, q, theta, sites):
         if np.any(current.tau) or np.any(current.nu):
             raise RuntimeError("minibatch steps on sites without their directions: call "
                                "DistributedFit.start_minibatches first")
-        current.V = np.zeros((len(current.tau), m), dtype=np.float32)
+        current.V = _pages.zeros((len(current.tau), m), dtype=np.float32)
     A, s = factor.whiten(as_block(X, start, stop))
     dP, dh = np.zeros((m, m)), np.zeros(m)
     tau, nu, V, n_fresh, n_fixed = swap_block_sites(

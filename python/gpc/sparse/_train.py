@@ -15,7 +15,7 @@ from functools import partial
 
 import numpy as np
 
-from .. import _parallel, _sparse
+from .. import _pages, _parallel, _sparse
 from ..exceptions import NotPositiveDefiniteError, NumericalError
 from ._inducing import InducingFactor
 from ._passes import as_block, block_parts, block_ranges, evidence_parts, finish_evidence, site_pass
@@ -104,7 +104,7 @@ class SEPState:
         batch fit or a distributed one left sites but no directions)."""
         if self.tied or self.V is not None:
             return
-        self.V = np.zeros((self.n, self.factor.m), dtype=np.float32)
+        self.V = _pages.zeros((self.n, self.factor.m), dtype=np.float32)
         sited = (self.tau != 0.0) | (self.nu != 0.0)
         self.n_sited = int(np.count_nonzero(sited))
         if not self.n_sited:
@@ -181,7 +181,7 @@ def site_directions(X, factor, tau, nu, block_rows, P, h):
     factor; their sums Σ τ_i a_i a_iᵀ, Σ ν_i a_i are added to (P, h) in place.  One pass over X:
     the start of minibatch training on sites that a batch or distributed fit left without
     directions (:meth:`SEPState.start_minibatches`, and a shard's share of it)."""
-    V = np.zeros((len(tau), factor.m), dtype=np.float32)
+    V = _pages.zeros((len(tau), factor.m), dtype=np.float32)
     for start, stop in block_ranges(len(tau), block_rows):
         A, _ = factor.whiten(as_block(X, start, stop))
         dP, dh = whitened_sums(A, tau[start:stop], nu[start:stop])
@@ -276,7 +276,7 @@ class LocalBatch:
             if np.any(state.tau) or np.any(state.nu):
                 raise RuntimeError("minibatch steps on sites without their directions: call "
                                    "SEPState.start_minibatches first")
-            state.V = np.zeros((state.n, factor.m), dtype=np.float32)
+            state.V = _pages.zeros((state.n, factor.m), dtype=np.float32)
         A, s, _ = self._whiten(factor)
         P, h = q.P.copy(), q.h.copy()
         t_new, n_new, V_new, n_fresh, self.n_fixed = swap_block_sites(
