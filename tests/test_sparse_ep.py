@@ -205,14 +205,15 @@ def test_compiled_step_checks_its_inputs():
 
 @pytest.mark.parametrize("m", [1, 7, 32, 33, 64, 200, 257])
 def test_product_of_two_lower_triangles(m):
-    # the recursive product M = L_old⁻¹ L_new (transform_natural) against NumPy; the strict upper
-    # triangle stays exactly zero.  Sums of at most m terms of size ~3: rounding below 1e-12.
+    # the recursive product M = L_old⁻¹ L_new (transform_natural) against NumPy; B's strict upper
+    # triangle is not read and comes out exactly zero.  Sums of at most m terms of size ~3:
+    # rounding below 1e-12.
     from gpc import _sparse
 
     rng = np.random.default_rng(m)
     A = np.tril(rng.standard_normal((m, m))) + 3 * np.eye(m)
     B = np.tril(rng.standard_normal((m, m))) + 3 * np.eye(m)
-    C = B.copy()
+    C = B + np.triu(rng.standard_normal((m, m)), 1)
     _sparse.lower_lower_times(A, C)
     np.testing.assert_allclose(C, A @ B, rtol=0, atol=1e-12 * m)
     assert not np.any(np.triu(C, 1))

@@ -403,10 +403,10 @@ def test_cavity_gradient_is_the_w_space_form_carried_to_u_space():
     s, tau, nu = RNG.random(k), 0.02 * RNG.random(k), 0.2 * RNG.standard_normal(k)
     spec = lik.compiled_spec()
     out = []
-    for V in (None, np.ascontiguousarray(A @ Li)):
+    for V, make_v in ((np.full((k, m), np.nan), True), (np.ascontiguousarray(A @ Li), False)):
         g_s, G, AtG = np.empty(k), np.empty((k, m)), np.empty((m, m))
         total, bad = _sparse.evidence_block(*spec, 0, True, y, A, s, q.Ri, q.mean, tau, nu, g_s,
-                                            G, AtG, Li, RiLi, V)
+                                            G, AtG, Li, RiLi, V, make_v)
         assert bad == 0
         out.append((total, G, AtG, g_s))
     Sigma = np.linalg.inv(q.P)
@@ -425,6 +425,9 @@ def test_cavity_gradient_is_the_w_space_form_carried_to_u_space():
     with pytest.raises(ValueError, match="needs Li and RiLi"):
         _sparse.evidence_block(*spec, 0, True, y, A, s, q.Ri, q.mean, tau, nu, np.empty(k),
                                np.empty((k, m)), np.empty((m, m)), Li)
+    with pytest.raises(ValueError, match="needs V"):
+        _sparse.evidence_block(*spec, 0, True, y, A, s, q.Ri, q.mean, tau, nu, np.empty(k),
+                               np.empty((k, m)), np.empty((m, m)), Li, RiLi)
     with pytest.raises(ValueError, match="V is 3 x 12, the block is 50 x 12"):
         _sparse.evidence_block(*spec, 0, True, y, A, s, q.Ri, q.mean, tau, nu, np.empty(k),
                                np.empty((k, m)), np.empty((m, m)), Li, RiLi, np.ones((3, m)))

@@ -125,15 +125,17 @@ cdef void _lower_lower(const double* A, double* B, int n, int ld, double* work) 
 
 
 def lower_lower_times(const double[:, ::1] L, double[:, ::1] B):
-    """B (m x m) := L B for lower-triangular L and B (B's strict upper triangle must be zero; it
-    stays zero): M = L_old^-1 L_new in place, m³/6 multiply-adds (one dtrmm that treats L_new
-    as full takes m³/2)."""
+    """B (m x m) := L B for lower-triangular L and B (B's strict upper triangle is not read: it is
+    zeroed): M = L_old^-1 L_new in place, m³/6 multiply-adds (one dtrmm that treats L_new as
+    full takes m³/2)."""
     _check_square(L.shape[0], L.shape[1], "L")
     _check_square(B.shape[0], B.shape[1], "B")
     _check_columns(B.shape[1], L.shape[0], "B")
-    cdef int m = <int> L.shape[0]
+    cdef int m = <int> L.shape[0], i
     cdef double[::1] work = np.empty((m // 2 + 1) ** 2)
     with nogil:
+        for i in range(m - 1):
+            memset(&B[i, i + 1], 0, <size_t> (m - 1 - i) * sizeof(double))
         _lower_lower(&L[0, 0], &B[0, 0], m, m, &work[0])
 
 
@@ -862,7 +864,7 @@ def evidence_block(int kind, double eps, const double[::1] gh_nodes, const doubl
                    const double[::1] mu, const double[::1] tau, const double[::1] nu,
                    double[::1] g_s, double[:, ::1] G=None, double[:, ::1] AtG=None,
                    const double[:, ::1] Li=None, const double[:, ::1] RiLi=None,
-                   const double[:, ::1] V=None):
+                   double[:, ::1] V=None, bint make_v=False):
     """One block's Σ log Z̃_i (SEP eq. (3), :func:`evidence_rows`) at q = N(μ, R^-T R^-1), with
     g_s = ∂ log Z_i/∂s_i; returns (total, rows left out).
 
@@ -875,13 +877,14 @@ def evidence_block(int kind, double eps, const double[::1] gh_nodes, const doubl
     With the cavities held (``cavity``; ``Li`` and ``RiLi`` = R^-1 L^-1 needed) both in u-space:
     G := ∂F/∂K_bu = L^-T(d1 μ + e Σ_w a_i - 2 g_s a_i) row by row = d1 L^-Tμ + e (RiLi)^T (R^-1 a_i)
     - 2 g_s v_i, and AtG := -Σ (G_i + g_s v_i) v_i^T, the rows' ∂F/∂K_uu (before symmetrising),
-    with v_i = L^-T a_i the rows of ``V`` (k x m; from A and Li when not given).  That is
+    with v_i = L^-T a_i the rows of ``V`` (k x m; with ``make_v`` V is scratch that receives
+    them, from A and Li).  That is
     L^-T (the w-space part -Σ (γ_i - g_s a_i) a_i^T) L^-1: one triangular product of the rows and
     one m x k x m product, where the w-space form takes a third (:func:`cavity_rows_gradient`).
     """
     cdef LikelihoodSpec spec
     cdef Py_ssize_t k = y.shape[0], m = A.shape[1], i
-    cdef bint gradient = G is not None, to_kernel = Li is not None, given_v = V is not None
+    cdef bint gradient = G is not None, to_kernel = Li is not None
     _check_square(Ri.shape[0], Ri.shape[1], "Ri")
     _check_columns(m, Ri.shape[0], "A")
     _check_block(k, m, "A", A.shape[0], A.shape[1])
@@ -901,19 +904,18 @@ def evidence_block(int kind, double eps, const double[::1] gh_nodes, const doubl
             raise ValueError("the cavity form's gradient needs Li and RiLi")
         _check_square(RiLi.shape[0], RiLi.shape[1], "RiLi")
         _check_columns(m, RiLi.shape[0], "A")
-        if given_v:
-            _check_block(k, m, "V", V.shape[0], V.shape[1])
+        if V is None:
+            raise ValueError("the cavity form's gradient needs V (the rows' directions or scratch "
+                             "for them)")
+        _check_block(k, m, "V", V.shape[0], V.shape[1])
     check_codes(rule, 0)
     make_spec(&spec, kind, eps, gh_nodes, gh_weights, py_likelihood)
     cdef double total = 0.0
     cdef int bad = 0, kk = <int> k, mm = <int> m
     cdef double[:, ::1] B = G if gradient and k > 0 else np.empty((max(k, 1), m))
     cdef double[:, ::1] Y = np.empty((max(k, 1), m)) if gradient and cavity else None
-    cdef double[:, ::1] own_v = (np.empty((max(k, 1), m)) if gradient and cavity and not given_v
-                                 else None)
     cdef double[::1] mu_u = np.empty(m) if gradient and cavity else None
     cdef double[:, ::1] rows = np.empty((4, max(k, 1)))    # mean, var, d1, e
-    cdef const double* v = NULL
     cdef char notrans = b'N', trans = b'T'
     cdef double one = 1.0, minus_one = -1.0, zero = 0.0
     with nogil:
@@ -924,18 +926,15 @@ def evidence_block(int kind, double eps, const double[::1] gh_nodes, const doubl
         if gradient and k == 0:
             memset(&AtG[0, 0], 0, <size_t> m * m * sizeof(double))
         elif gradient and cavity:
-            if given_v:
-                v = &V[0, 0]
-            else:
-                memcpy(&own_v[0, 0], &A[0, 0], <size_t> k * m * sizeof(double))
-                _times_lower(&Li[0, 0], &own_v[0, 0], kk, mm, True)         # v = L^-T a
-                v = &own_v[0, 0]
+            if make_v:
+                memcpy(&V[0, 0], &A[0, 0], <size_t> k * m * sizeof(double))
+                _times_lower(&Li[0, 0], &V[0, 0], kk, mm, True)             # v = L^-T a
             _gemv(&Li[0, 0], &mu[0], &mu_u[0], mm, mm, True, 0.0)           # L^-T μ
             _times_lower(&RiLi[0, 0], &B[0, 0], kk, mm, True)               # rows L^-T Σ_w a_i
-            _cavity_rows_gradient(&G[0, 0], &Y[0, 0], v, &rows[2, 0], &mu_u[0], &rows[3, 0],
-                                  &g_s[0], k, m)
+            _cavity_rows_gradient(&G[0, 0], &Y[0, 0], &V[0, 0], &rows[2, 0], &mu_u[0],
+                                  &rows[3, 0], &g_s[0], k, m)
             # Fortran holds X^T (m x k) for each (k x m) X: (X^T Z)^T = Z^T X is Z_F X_F^T
-            dgemm(&notrans, &trans, &mm, &mm, &kk, &minus_one, <double*> v, &mm, &Y[0, 0], &mm,
+            dgemm(&notrans, &trans, &mm, &mm, &kk, &minus_one, &V[0, 0], &mm, &Y[0, 0], &mm,
                   &zero, &AtG[0, 0], &mm)                                     # -Y^T V
         elif gradient:
             _times_lower(&Ri[0, 0], &B[0, 0], kk, mm, True)                 # rows Σ_w a_i

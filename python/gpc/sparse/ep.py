@@ -222,15 +222,20 @@ def times_lower_rows(T, B, transpose):
 _scratch = threading.local()
 
 
-def partials(name, n, m):
-    """Scratch for n blocks' m x m partial sums (n x m x m), kept per thread and per ``name``
-    between calls (a fresh one would be paged in at every step)."""
-    key = f"parts_{name}"
+def scratch(name, n, *tail):
+    """Scratch of shape (n, *tail), kept per thread and per ``name`` between calls (a fresh array
+    of a step's size would be paged in at every step)."""
+    key = f"scratch_{name}"
     buf = getattr(_scratch, key, None)
-    if buf is None or buf.shape[0] < n or buf.shape[1] != m:
-        buf = np.empty((n, m, m))
+    if buf is None or buf.shape[0] < n or buf.shape[1:] != tail:
+        buf = np.empty((n, *tail))
         setattr(_scratch, key, buf)
     return buf[:n]
+
+
+def partials(name, n, m):
+    """Scratch for n blocks' m x m partial sums (n x m x m), :func:`scratch`."""
+    return scratch(f"parts_{name}", n, m, m)
 
 
 def add_blocks(parts, out, lower=False):
@@ -517,22 +522,27 @@ def block_evidence(likelihood, y, A, s, q, tau, nu, gradient=True, held="sites",
     spec = likelihood.compiled_spec()
     blocks = row_blocks(b, m)
     AtGs = partials("evidence", len(blocks), m) if gradient else None
-    RiLi = None
+    RiLi, make_v = None, directions is None
     if gradient and held == "cavity":
         if to_kernel is None:
             raise ValueError("the cavity form's gradient needs to_kernel (the factor's L⁻¹)")
-        RiLi = np.tril(to_kernel)
+        RiLi = np.array(to_kernel, dtype=np.float64, order="C")
         _sparse.lower_lower_times(q.Ri, RiLi)                   # R⁻¹L⁻¹, m³/6
-    if directions is not None and directions.shape != A.shape:
-        raise ValueError(f"directions are {directions.shape[0]} x {directions.shape[1]}, A is "
-                         f"{b} x {m}")
+        if make_v:
+            directions = scratch("directions", b, m)
+        elif directions.shape != A.shape:
+            raise ValueError(f"directions are {directions.shape[0]} x {directions.shape[1]}, A "
+                             f"is {b} x {m}")
+    else:
+        directions = None
 
     def block(j):
         grads = (_rows(blocks[j], G)[0], AtGs[j]) if gradient else (None, None)
-        V = None if directions is None or RiLi is None else _rows(blocks[j], directions)[0]
+        V = None if directions is None else _rows(blocks[j], directions)[0]
         return _sparse.evidence_block(*spec, rule.codes[0], held == "cavity",
                                       *_rows(blocks[j], y, A, s), q.Ri, q.mean,
-                                      *_rows(blocks[j], tau, nu, g_s), *grads, to_kernel, RiLi, V)
+                                      *_rows(blocks[j], tau, nu, g_s), *grads, to_kernel, RiLi, V,
+                                      make_v)
     parts = _parallel.over_blocks(block, len(blocks))
     total = 0.0
     for part, _ in parts:
