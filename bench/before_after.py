@@ -1,6 +1,6 @@
 """gpc's fits under two (or more) gpc builds, alternated on the same data.
 
-    python bench/before_after.py PYTHON [PYTHON ...] [--n N] [--rounds R] [--fits NAME ...]
+    python bench/before_after.py PYTHON [PYTHON ...] [--n N] [--m M] [--rounds R] [--fits NAME ...]
 
 Each PYTHON is an interpreter whose environment has a gpc build installed, e.g. one virtual
 environment per source tree (``python -m venv /tmp/a && /tmp/a/bin/pip install
@@ -14,7 +14,8 @@ builds compare, whatever their internals.  The fits (``--fits``, default all):
 * the exact multi-class classifier, ``MultiClassGPC(kernel=RBF(1))`` with type-II ML on glass,
   standardised: ``rmgpc`` (model="robust");
 * the sparse classifier on n rows (default 20,000) of ``bench_sparse.py``'s problem (d = 8,
-  y = sign(sin x₀ + x₁x₂ - x₃/2 + 0.3 ε)), m = 100 inducing points from the same random rows:
+  y = sign(sin x₀ + x₁x₂ - x₃/2 + 0.3 ε)), m (``--m``, default 100) inducing points from the same
+  random rows:
   ``sep-minibatch`` (minibatches of 200 rows, 2 epochs), ``sep-minibatch-2000`` (minibatches
   of 2,000 rows, the estimator's default, 4 epochs), ``sep-tied`` (tied sites, 200 rows, 2 epochs),
   ``sep-batch`` (5 passes), ``svi-minibatch`` (minibatches of 200 rows, 2 epochs), ``gfitc``
@@ -55,7 +56,7 @@ try:
 except ImportError:
     limit = None
 from gpc.kernels import RBF, ConstantKernel
-n, params = int(sys.argv[1]), json.loads(sys.argv[2])
+n, params, m = int(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3])
 model = params.pop("model", "sparse")
 if model == "exact":
     from gpc import GaussianProcessClassifier, datasets
@@ -74,9 +75,9 @@ else:
     X = rng.standard_normal((n, 8))
     f = np.sin(X[:, 0]) + X[:, 1] * X[:, 2] - 0.5 * X[:, 3]
     y = np.where(f + 0.3 * rng.standard_normal(n) > 0, 1.0, -1.0)
-    Z = X[np.sort(np.random.default_rng(1).choice(n, 100, replace=False))]
+    Z = X[np.sort(np.random.default_rng(1).choice(n, m, replace=False))]
     clf = SparseGaussianProcessClassifier(kernel=ConstantKernel(1.0) * RBF(np.full(8, 2.0)),
-                                          n_inducing=100, inducing_points=Z, random_state=0,
+                                          n_inducing=m, inducing_points=Z, random_state=0,
                                           progress=False, **params)
 start = time.process_time()
 clf.fit(X, y)
@@ -86,10 +87,10 @@ print(json.dumps({"seconds": seconds, "log_z": float(np.sum(log_z))}))
 """
 
 
-def run(python, n, params):
+def run(python, n, params, m=100):
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    out = subprocess.run([python, "-c", CHILD, str(n), json.dumps(params)], capture_output=True,
-                         text=True, env=env, check=False)
+    out = subprocess.run([python, "-c", CHILD, str(n), json.dumps(params), str(m)],
+                         capture_output=True, text=True, env=env, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"{python} failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -100,17 +101,18 @@ def main(argv=None):
     parser.add_argument("pythons", nargs="+", metavar="PYTHON",
                         help="interpreters with a gpc build each ('this': the one running this)")
     parser.add_argument("--n", type=int, default=20_000, help="training rows (default 20,000)")
+    parser.add_argument("--m", type=int, default=100, help="inducing points (default 100)")
     parser.add_argument("--rounds", type=int, default=3, help="alternations (default 3)")
     parser.add_argument("--fits", nargs="+", choices=sorted(FITS), default=list(FITS))
     args = parser.parse_args(argv)
     pythons = [sys.executable if p == "this" else p for p in args.pythons]
-    print(f"sparse: n = {args.n}, m = 100; BLAS 1 thread, {args.rounds} rounds; "
+    print(f"sparse: n = {args.n}, m = {args.m}; BLAS 1 thread, {args.rounds} rounds; "
           f"load average {os.getloadavg()[0]:.1f}")
     for name in args.fits:
         best = [None] * len(pythons)
         for _ in range(args.rounds):
             for k, python in enumerate(pythons):
-                result = run(python, args.n, FITS[name])
+                result = run(python, args.n, FITS[name], args.m)
                 if best[k] is None or result["seconds"] < best[k]["seconds"]:
                     best[k] = result
         cells = [f"{r['seconds']:.2f} s ({r['seconds'] / best[0]['seconds']:.3f}x, "
