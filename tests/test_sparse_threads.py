@@ -390,11 +390,11 @@ def test_refine_block_swap_removes_the_old_sites_along_their_directions():
     np.testing.assert_allclose(V_new, A @ Li, rtol=0, atol=1e-13)
 
 
-def test_cavity_gradient_is_the_w_space_form_carried_to_u_space():
-    # evidence_block's cavity form returns ∂F/∂K_bu = (γ_i - 2 g_s a_i)ᵀL⁻¹ row by row and the
-    # K_uu part L⁻ᵀ(Σ (g_s a_i - γ_i) a_iᵀ)L⁻¹, γ_i = d1 μ + e Σ_w a_i (ep.block_evidence), with
-    # the rows' directions v_i = L⁻ᵀa_i given (the minibatch's swap makes them) or made there:
-    # against those formulas in NumPy, with Σ_w and L⁻¹ explicit
+def test_cavity_gradient_with_directions_is_the_w_space_form_carried_to_u_space():
+    # evidence_block's cavity form: ∂F/∂K_bu = (γ_i - 2 g_s a_i)ᵀL⁻¹ row by row either way, and
+    # the K_uu part Σ (g_s a_i - γ_i) a_iᵀ (w-space), or with the rows' directions v_i = L⁻ᵀa_i
+    # (the minibatch's swap makes them) L⁻ᵀ(that)L⁻¹ (u-space), γ_i = d1 μ + e Σ_w a_i
+    # (ep.block_evidence): against those formulas in NumPy, with Σ_w and L⁻¹ explicit
     m, k = 12, 50
     lik, q, A, y, L = _block_problem(m, k)
     Li = np.ascontiguousarray(np.linalg.inv(L))
@@ -403,10 +403,10 @@ def test_cavity_gradient_is_the_w_space_form_carried_to_u_space():
     s, tau, nu = RNG.random(k), 0.02 * RNG.random(k), 0.2 * RNG.standard_normal(k)
     spec = lik.compiled_spec()
     out = []
-    for V, make_v in ((np.full((k, m), np.nan), True), (np.ascontiguousarray(A @ Li), False)):
+    for V in (None, np.ascontiguousarray(A @ Li)):
         g_s, G, AtG = np.empty(k), np.empty((k, m)), np.empty((m, m))
         total, bad = _sparse.evidence_block(*spec, 0, True, y, A, s, q.Ri, q.mean, tau, nu, g_s,
-                                            G, AtG, Li, RiLi, V, make_v)
+                                            G, AtG, Li, RiLi, V)
         assert bad == 0
         out.append((total, G, AtG, g_s))
     Sigma = np.linalg.inv(q.P)
@@ -415,8 +415,8 @@ def test_cavity_gradient_is_the_w_space_form_carried_to_u_space():
     total, _ = _sparse.evidence_rows(*spec, 0, y, mean, var, s, tau, nu, g_ref, d1, e)
     gamma = d1[:, None] * q.mean + e[:, None] * (A @ Sigma)
     G_ref = (gamma - 2.0 * g_ref[:, None] * A) @ Li
-    AtG_ref = Li.T @ ((g_ref[:, None] * A - gamma).T @ A) @ Li
-    for t, G, AtG, g_s in out:
+    AtG_w = (g_ref[:, None] * A - gamma).T @ A
+    for (t, G, AtG, g_s), AtG_ref in zip(out, (AtG_w, Li.T @ AtG_w @ Li)):
         # 50 rows of O(1) terms through m = 12 products: rounding ~1e-13
         assert abs(t - total) < 1e-10
         np.testing.assert_allclose(g_s, g_ref, rtol=0, atol=1e-12)
@@ -424,13 +424,38 @@ def test_cavity_gradient_is_the_w_space_form_carried_to_u_space():
         np.testing.assert_allclose(AtG, AtG_ref, rtol=0, atol=1e-10)
     with pytest.raises(ValueError, match="needs Li and RiLi"):
         _sparse.evidence_block(*spec, 0, True, y, A, s, q.Ri, q.mean, tau, nu, np.empty(k),
-                               np.empty((k, m)), np.empty((m, m)), Li)
-    with pytest.raises(ValueError, match="needs V"):
-        _sparse.evidence_block(*spec, 0, True, y, A, s, q.Ri, q.mean, tau, nu, np.empty(k),
-                               np.empty((k, m)), np.empty((m, m)), Li, RiLi)
+                               np.empty((k, m)), np.empty((m, m)), Li, None, A @ Li)
     with pytest.raises(ValueError, match="V is 3 x 12, the block is 50 x 12"):
         _sparse.evidence_block(*spec, 0, True, y, A, s, q.Ri, q.mean, tau, nu, np.empty(k),
                                np.empty((k, m)), np.empty((m, m)), Li, RiLi, np.ones((3, m)))
+
+
+def test_a_minibatch_step_takes_the_same_gradient_in_u_space_as_in_w_space():
+    # the minibatch step's gradient from the swap's directions (u-space K_uu part) against the
+    # same parts without them (w-space, as the shards and tied sites take it): the same θ and Z
+    # gradient to rounding (products of m = 20 terms of size ~1-10: 1e-9 relative is rounding)
+    from gpc.sparse._passes import block_parts, finish_evidence
+    from gpc.sparse._train import LocalBatch, SEPState, _refine_minibatch
+
+    rng = np.random.default_rng(5)
+    Xs = rng.standard_normal((300, 3))
+    ys = np.where(Xs[:, 0] + 0.3 * rng.standard_normal(300) > 0, 1.0, -1.0)
+    lik = get_likelihood("probit")
+    state = SEPState(ConstantKernel(1.0) * RBF(1.5), Xs[:20], 300, 1e-8, True, 1.0)
+    rows = slice(100, 220)
+    batch = LocalBatch(state, lik, Xs[rows], ys[rows], rows)
+    _refine_minibatch(state, batch, 1.0)
+    state.settle()
+    assert batch.u_space
+    grads = []
+    for u_space in (True, False):
+        A, s, Kbu = batch._whitened
+        parts = block_parts(lik, Xs[rows], ys[rows], A, s, state.factor, state.q,
+                            state.tau[rows], state.nu[rows], True, Kbu, "cavity",
+                            directions=batch._directions if u_space else None)
+        grads.append(finish_evidence(state.factor, state.q, parts, 2.5, "cavity", u_space)[1:3])
+    for a, b in zip(*grads):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9)
 
 
 def test_block_entry_checks_name_the_problem():

@@ -864,27 +864,26 @@ def evidence_block(int kind, double eps, const double[::1] gh_nodes, const doubl
                    const double[::1] mu, const double[::1] tau, const double[::1] nu,
                    double[::1] g_s, double[:, ::1] G=None, double[:, ::1] AtG=None,
                    const double[:, ::1] Li=None, const double[:, ::1] RiLi=None,
-                   double[:, ::1] V=None, bint make_v=False):
+                   const double[:, ::1] V=None):
     """One block's Σ log Z̃_i (SEP eq. (3), :func:`evidence_rows`) at q = N(μ, R^-T R^-1), with
     g_s = ∂ log Z_i/∂s_i; returns (total, rows left out).
 
-    With G (k x m) and AtG (m x m) also the rows' gradient parts (:func:`gpc.sparse.ep.block_evidence`).
+    With G (k x m) and AtG (m x m) also the rows' gradient parts (:func:`gpc.sparse.ep.block_evidence`),
+    in w-space: G := ∂F/∂A, in the form with the sites following their rows (``cavity`` False:
+    β μ^T - diag(τ) A Σ_w - 2 diag(g_s) A, :func:`site_rows_gradient`; AtG := A^T G) or with the
+    cavities held (:func:`cavity_rows_gradient`; AtG := -Y^T A); with ``Li``, G := G L^-1
+    afterwards, the K_bu part ∂F/∂K_bu.
 
-    With the sites following their rows (``cavity`` False): G := ∂F/∂A = β μ^T - diag(τ) A Σ_w -
-    2 diag(g_s) A (:func:`site_rows_gradient`) and AtG := A^T G; with ``Li`` G := G L^-1 afterwards,
-    the K_bu part ∂F/∂K_bu.
-
-    With the cavities held (``cavity``; ``Li`` and ``RiLi`` = R^-1 L^-1 needed) both in u-space:
-    G := ∂F/∂K_bu = L^-T(d1 μ + e Σ_w a_i - 2 g_s a_i) row by row = d1 L^-Tμ + e (RiLi)^T (R^-1 a_i)
-    - 2 g_s v_i, and AtG := -Σ (G_i + g_s v_i) v_i^T, the rows' ∂F/∂K_uu (before symmetrising),
-    with v_i = L^-T a_i the rows of ``V`` (k x m; with ``make_v`` V is scratch that receives
-    them, from A and Li).  That is
-    L^-T (the w-space part -Σ (γ_i - g_s a_i) a_i^T) L^-1: one triangular product of the rows and
-    one m x k x m product, where the w-space form takes a third (:func:`cavity_rows_gradient`).
+    With the cavities held and ``V``, the rows' directions v_i = L^-T a_i (k x m; ``Li`` and
+    ``RiLi`` = R^-1 L^-1 needed), both parts in u-space instead: G := ∂F/∂K_bu = L^-T(d1 μ +
+    e Σ_w a_i - 2 g_s a_i) row by row = d1 L^-T μ + e (RiLi)^T (R^-1 a_i) - 2 g_s v_i, and AtG :=
+    -Σ (G_i + g_s v_i) v_i^T = L^-T (the w-space AtG) L^-1, the rows' ∂F/∂K_uu before
+    symmetrising: one triangular product of the rows fewer than the w-space form with ``Li``.
     """
     cdef LikelihoodSpec spec
     cdef Py_ssize_t k = y.shape[0], m = A.shape[1], i
     cdef bint gradient = G is not None, to_kernel = Li is not None
+    cdef bint u_space = gradient and cavity and V is not None
     _check_square(Ri.shape[0], Ri.shape[1], "Ri")
     _check_columns(m, Ri.shape[0], "A")
     _check_block(k, m, "A", A.shape[0], A.shape[1])
@@ -899,14 +898,11 @@ def evidence_block(int kind, double eps, const double[::1] gh_nodes, const doubl
     if to_kernel:
         _check_square(Li.shape[0], Li.shape[1], "Li")
         _check_columns(m, Li.shape[0], "A")
-    if gradient and cavity:
+    if u_space:
         if Li is None or RiLi is None:
-            raise ValueError("the cavity form's gradient needs Li and RiLi")
+            raise ValueError("the u-space cavity gradient (V given) needs Li and RiLi")
         _check_square(RiLi.shape[0], RiLi.shape[1], "RiLi")
         _check_columns(m, RiLi.shape[0], "A")
-        if V is None:
-            raise ValueError("the cavity form's gradient needs V (the rows' directions or scratch "
-                             "for them)")
         _check_block(k, m, "V", V.shape[0], V.shape[1])
     check_codes(rule, 0)
     make_spec(&spec, kind, eps, gh_nodes, gh_weights, py_likelihood)
@@ -914,7 +910,7 @@ def evidence_block(int kind, double eps, const double[::1] gh_nodes, const doubl
     cdef int bad = 0, kk = <int> k, mm = <int> m
     cdef double[:, ::1] B = G if gradient and k > 0 else np.empty((max(k, 1), m))
     cdef double[:, ::1] Y = np.empty((max(k, 1), m)) if gradient and cavity else None
-    cdef double[::1] mu_u = np.empty(m) if gradient and cavity else None
+    cdef double[::1] mu_u = np.empty(m) if u_space else None
     cdef double[:, ::1] rows = np.empty((4, max(k, 1)))    # mean, var, d1, e
     cdef char notrans = b'N', trans = b'T'
     cdef double one = 1.0, minus_one = -1.0, zero = 0.0
@@ -925,24 +921,28 @@ def evidence_block(int kind, double eps, const double[::1] gh_nodes, const doubl
                                  &nu[0], &g_s[0], &rows[2, 0], &rows[3, 0], &total)
         if gradient and k == 0:
             memset(&AtG[0, 0], 0, <size_t> m * m * sizeof(double))
-        elif gradient and cavity:
-            if make_v:
-                memcpy(&V[0, 0], &A[0, 0], <size_t> k * m * sizeof(double))
-                _times_lower(&Li[0, 0], &V[0, 0], kk, mm, True)             # v = L^-T a
+        elif u_space:
             _gemv(&Li[0, 0], &mu[0], &mu_u[0], mm, mm, True, 0.0)           # L^-T μ
             _times_lower(&RiLi[0, 0], &B[0, 0], kk, mm, True)               # rows L^-T Σ_w a_i
             _cavity_rows_gradient(&G[0, 0], &Y[0, 0], &V[0, 0], &rows[2, 0], &mu_u[0],
                                   &rows[3, 0], &g_s[0], k, m)
             # Fortran holds X^T (m x k) for each (k x m) X: (X^T Z)^T = Z^T X is Z_F X_F^T
-            dgemm(&notrans, &trans, &mm, &mm, &kk, &minus_one, &V[0, 0], &mm, &Y[0, 0], &mm,
-                  &zero, &AtG[0, 0], &mm)                                     # -Y^T V
+            dgemm(&notrans, &trans, &mm, &mm, &kk, &minus_one, <double*> &V[0, 0], &mm,
+                  &Y[0, 0], &mm, &zero, &AtG[0, 0], &mm)                      # -Y^T V
         elif gradient:
             _times_lower(&Ri[0, 0], &B[0, 0], kk, mm, True)                 # rows Σ_w a_i
-            for i in range(k):                                               # β = ν - T μ
-                rows[2, i] = nu[i] - tau[i] * rows[0, i]
-            _site_rows_gradient(&G[0, 0], &A[0, 0], &rows[2, 0], &mu[0], &tau[0], &g_s[0], k, m)
-            dgemm(&notrans, &trans, &mm, &mm, &kk, &one, &G[0, 0], &mm,
-                  <double*> &A[0, 0], &mm, &zero, &AtG[0, 0], &mm)         # A^T G
+            if cavity:
+                _cavity_rows_gradient(&G[0, 0], &Y[0, 0], &A[0, 0], &rows[2, 0], &mu[0],
+                                      &rows[3, 0], &g_s[0], k, m)
+                dgemm(&notrans, &trans, &mm, &mm, &kk, &minus_one, <double*> &A[0, 0], &mm,
+                      &Y[0, 0], &mm, &zero, &AtG[0, 0], &mm)                # -Y^T A
+            else:
+                for i in range(k):                                           # β = ν - T μ
+                    rows[2, i] = nu[i] - tau[i] * rows[0, i]
+                _site_rows_gradient(&G[0, 0], &A[0, 0], &rows[2, 0], &mu[0], &tau[0], &g_s[0],
+                                    k, m)
+                dgemm(&notrans, &trans, &mm, &mm, &kk, &one, &G[0, 0], &mm,
+                      <double*> &A[0, 0], &mm, &zero, &AtG[0, 0], &mm)     # A^T G
             if to_kernel:
                 _times_lower(&Li[0, 0], &G[0, 0], kk, mm, True)             # G L^-1
     return total, bad

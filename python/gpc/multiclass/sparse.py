@@ -727,8 +727,7 @@ def evidence_and_gradient(state, parts, scale, held):
         class_grads = []
         for k, (g_theta, g_Z, AtG) in enumerate(parts.classes):
             _, gt, gz, _ = finish_evidence(state.factors[k], state.qs[k],
-                                           (0.0, g_theta, g_Z, AtG, 0), scale=scale, held=held,
-                                           whitened=True)
+                                           (0.0, g_theta, g_Z, AtG, 0), scale=scale, held=held)
             class_grads.append((gt, gz))
         g_eps = scale * parts.outlier_excess / (1.0 - state.rho) if state.eps is not None else 0.0
         grads = state.assemble(class_grads, g_eps)

@@ -281,6 +281,8 @@ class ShardedRows:
     batch : list of (start, stop) per shard, or None for every row
     """
 
+    u_space = False          # the shards' evidence parts are w-space (gpc.sparse.ep.block_evidence)
+
     def __init__(self, engine, column, likelihood, block_rows, batch=None):
         self.engine, self.column, self.likelihood, self.block_rows, self.batch = (
             engine, column, likelihood, block_rows, batch)

@@ -110,14 +110,14 @@ def evidence_parts(likelihood, X, y, factor, q, tau, nu, block_rows, gradient=Tr
     return parts
 
 
-def finish_evidence(factor, q, parts, scale=1.0, held="sites", whitened=False):
+def finish_evidence(factor, q, parts, scale=1.0, held="sites", u_space=False):
     """From the summed block parts add the K_uu part: (log_z, g_theta, g_Z, n_bad).
 
     ``scale`` multiplies the data terms (n/|M| for a minibatch, SEP eq. (6)).  With ``held`` =
     "sites" (:func:`ep.block_evidence`) the prior's part rides on the per-row terms and is scaled
-    with them; with "cavity" it is eq. (4)'s prior term, from q alone and not scaled, and the
-    rows' K_uu part is u-space (:func:`ep.block_evidence`), or w-space with ``whitened`` (the
-    multi-class engine's).  Either way a minibatch of all the data gives the batch value.  The
+    with them; with "cavity" it is eq. (4)'s prior term, from q alone and not scaled, and with
+    ``u_space`` the rows' K_uu part is in u-space (:func:`ep.block_evidence` given the rows'
+    directions).  Either way a minibatch of all the data gives the batch value.  The
     K_bu part may still be a side task (:func:`block_parts` with ``later``): it runs beside the
     K_uu part's congruence panels.
     """
@@ -128,11 +128,9 @@ def finish_evidence(factor, q, parts, scale=1.0, held="sites", whitened=False):
     if held == "sites":
         gt, gz = factor.uu_gradient(scale * AtG)
     else:
-        G, rows = prior_term(q), AtG
-        if whitened:
-            G, rows = G + (0.5 * scale) * (AtG + AtG.T), None
-        else:
-            rows = (0.5 * scale) * (AtG + AtG.T)
+        G, rows = prior_term(q), (0.5 * scale) * (AtG + AtG.T)
+        if not u_space:
+            G, rows = G + rows, None
         gt, gz = factor.uu_gradient_whitened(G, overwrite=True, plus=rows)
     if isinstance(g_theta, _parallel.Deferred):
         g_theta, g_Z = g_theta.result()

@@ -197,9 +197,12 @@ class LocalRows:
     The interface a batch iteration needs (:func:`iteration` with all n rows): ``size``,
     ``update_sites``, ``commit``, ``revert``, ``evidence_parts`` (each refit or evidence by the
     site rule it is given, :class:`ep.Rule`), and ``n_fixed``, the updates of the last refit that
-    the rule's on_negative policy handled; the distributed twin is
+    the rule's on_negative policy handled, and ``u_space``, whether ``evidence_parts`` gives the
+    K_uu part in u-space (:func:`ep.block_evidence`); the distributed twin is
     :class:`gpc.sparse._distributed.ShardedRows`.
     """
+
+    u_space = False
 
     def __init__(self, state, likelihood, X, y, block_rows):
         self.state, self.likelihood, self.X, self.y, self.block_rows = (
@@ -300,6 +303,12 @@ class LocalBatch:
     def revert(self):
         self._pending = None
 
+    @property
+    def u_space(self):
+        """Whether :meth:`evidence_parts` gives the K_uu part in u-space: after a site swap, whose
+        directions v_i = L⁻ᵀa_i the cavity form's gradient takes (:func:`ep.block_evidence`)."""
+        return self._directions is not None
+
     def evidence_parts(self, factor, q, gradient, held, rule=EP):
         A, s, Kbu = self._whitened
         tau, nu = (self._matched if self._matched is not None
@@ -375,7 +384,7 @@ def _inner_step(state, rows, n_held, held):
     b = rows.size
     parts = rows.evidence_parts(state.factor, state.q, state.learns, held, state.rule)
     _, g_theta, g_Z, _ = finish_evidence(state.factor, state.q, parts, scale=n_held / b,
-                                         held=held)
+                                         held=held, u_space=rows.u_space)
     log_z = state.q.log_normaliser_ratio() + state.n / b * parts[0]
     state.log_z = log_z
     if state.learns:

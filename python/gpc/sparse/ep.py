@@ -222,20 +222,15 @@ def times_lower_rows(T, B, transpose):
 _scratch = threading.local()
 
 
-def scratch(name, n, *tail):
-    """Scratch of shape (n, *tail), kept per thread and per ``name`` between calls (a fresh array
-    of a step's size would be paged in at every step)."""
-    key = f"scratch_{name}"
+def partials(name, n, m):
+    """Scratch for n blocks' m x m partial sums (n x m x m), kept per thread and per ``name``
+    between calls (a fresh one would be paged in at every step)."""
+    key = f"parts_{name}"
     buf = getattr(_scratch, key, None)
-    if buf is None or buf.shape[0] < n or buf.shape[1:] != tail:
-        buf = np.empty((n, *tail))
+    if buf is None or buf.shape[0] < n or buf.shape[1] != m:
+        buf = np.empty((n, m, m))
         setattr(_scratch, key, buf)
     return buf[:n]
-
-
-def partials(name, n, m):
-    """Scratch for n blocks' m x m partial sums (n x m x m), :func:`scratch`."""
-    return scratch(f"parts_{name}", n, m, m)
 
 
 def add_blocks(parts, out, lower=False):
@@ -450,8 +445,8 @@ class BlockEvidence:
     G_A: np.ndarray       # the K_bu part, ∂/∂A_b (b x m), for InducingFactor.block_gradient
                           # (with block_evidence's to_kernel: ∂/∂K_bu, for kernel_gradient)
     g_s: np.ndarray       # ∂/∂s_b
-    AtG: np.ndarray       # the K_uu part (m x m), summed over blocks: w-space for "sites",
-                          # u-space for "cavity" (see block_evidence)
+    AtG: np.ndarray       # the K_uu part (m x m), summed over blocks: w-space, or u-space
+                          # for "cavity" with the rows' directions (see block_evidence)
     n_bad: int            # rows with a non-positive cavity (their terms are left out)
 
 
@@ -495,22 +490,23 @@ def block_evidence(likelihood, y, A, s, q, tau, nu, gradient=True, held="sites",
 
     The cavity is q less the row's site, Σ_c a_i = Σ_w a_i v_c/σ² and μ_c = μ_w + Σ_w a_i (τμ_i -
     ν_i) v_c/σ², so γ_i = d1 μ_w + e_i Σ_w a_i (e_i from :func:`gpc._sparse.evidence_rows`).
-    This form is returned in u-space: G_A := ∂F/∂K_bu, rows L⁻ᵀ(γ_i - 2 g_s a_i), and AtG :=
-    -Σ_b (L⁻ᵀ(γ_i - g_s a_i)) v_iᵀ with v_i = L⁻ᵀa_i, the rows' ∂F/∂K_uu before symmetrising
-    (:func:`gpc.sparse._passes.finish_evidence`; L⁻ᵀ of the w-space part Σ_b (g_s a_i - γ_i)
-    a_iᵀ, L⁻¹).  ``to_kernel`` (the factor's L⁻¹) is needed; ``directions``, the rows' v_i (b x m,
-    float64) when the caller has them (the minibatch's site swap makes them), saves one
-    triangular product.  The rows' terms depend on their cavities, not on their own sites, so a
-    minibatch refined just before the gradient is a fair sample of all rows (the "sites" form
-    weighted them by their fresh sites: the mean over minibatches was +550 in log c where the
-    converged gradient was +20, and the amplitude ran away).
+    G_A has rows γ_i - 2 g_s a_i and AtG = Σ_b (g_s a_i - γ_i) a_iᵀ, the w-space K_uu part for
+    :func:`gpc.sparse._passes.finish_evidence`.  With ``directions``, the rows' v_i = L⁻ᵀa_i
+    (b x m, float64; the minibatch's site swap makes them) and ``to_kernel``, both come in
+    u-space instead: G_A := ∂F/∂K_bu with rows L⁻ᵀ(γ_i - 2 g_s a_i), and AtG := L⁻ᵀ(the w-space
+    AtG)L⁻¹ = -Σ_b (L⁻ᵀ(γ_i - g_s a_i)) v_iᵀ, the rows' ∂F/∂K_uu before symmetrising
+    (finish_evidence's ``u_space``).  The rows' terms depend on their cavities, not on their own
+    sites, so a minibatch refined just before the gradient is a fair sample of all rows (the
+    "sites" form weighted them by their fresh sites: the mean over minibatches was +550 in log c
+    where the converged gradient was +20, and the amplitude ran away).
 
-    "sites" costs A Σ_w (two triangular products with R⁻¹), one m x b x m product and, with
-    ``to_kernel``, G_A L⁻¹ = ∂F/∂K_bu, what the kernel's contraction takes
-    (:meth:`InducingFactor.kernel_gradient`).  "cavity" costs R⁻¹a_i and (R⁻¹L⁻¹)ᵀ R⁻¹a_i = L⁻ᵀ
-    Σ_w a_i (two triangular products), one m x b x m product, and L⁻ᵀa_i when ``directions`` is
-    not given.  The rows and their m x k x m products run by fixed sub-blocks
-    (gpc._sparse.evidence_block) on the caller's threads, the blocks' sums added in block order.
+    Either form costs A Σ_w (two triangular products with R⁻¹) and one m x b x m product, and
+    with ``to_kernel`` (the factor's L⁻¹) G_A is returned as G_A L⁻¹ = ∂F/∂K_bu, what the
+    kernel's contraction takes (:meth:`InducingFactor.kernel_gradient`): a third triangular
+    product.  With ``directions`` the cavity form needs two in all: R⁻¹a_i and (R⁻¹L⁻¹)ᵀ R⁻¹a_i
+    = L⁻ᵀΣ_w a_i (R⁻¹L⁻¹ once, m³/6).  The rows and their m x k x m products run by fixed
+    sub-blocks (gpc._sparse.evidence_block) on the caller's threads, the blocks' sums added in
+    block order.
     """
     if held not in ("sites", "cavity"):
         raise ValueError(f"held must be 'sites' or 'cavity', got {held!r}")
@@ -522,27 +518,25 @@ def block_evidence(likelihood, y, A, s, q, tau, nu, gradient=True, held="sites",
     spec = likelihood.compiled_spec()
     blocks = row_blocks(b, m)
     AtGs = partials("evidence", len(blocks), m) if gradient else None
-    RiLi, make_v = None, directions is None
-    if gradient and held == "cavity":
+    RiLi = None
+    if not (gradient and held == "cavity"):
+        directions = None
+    elif directions is not None:
         if to_kernel is None:
-            raise ValueError("the cavity form's gradient needs to_kernel (the factor's L⁻¹)")
-        RiLi = np.array(to_kernel, dtype=np.float64, order="C")
-        _sparse.lower_lower_times(q.Ri, RiLi)                   # R⁻¹L⁻¹, m³/6
-        if make_v:
-            directions = scratch("directions", b, m)
-        elif directions.shape != A.shape:
+            raise ValueError("the u-space gradient (directions given) needs to_kernel (the "
+                             "factor's L⁻¹)")
+        if directions.shape != A.shape:
             raise ValueError(f"directions are {directions.shape[0]} x {directions.shape[1]}, A "
                              f"is {b} x {m}")
-    else:
-        directions = None
+        RiLi = np.array(to_kernel, dtype=np.float64, order="C")
+        _sparse.lower_lower_times(q.Ri, RiLi)                   # R⁻¹L⁻¹, m³/6
 
     def block(j):
         grads = (_rows(blocks[j], G)[0], AtGs[j]) if gradient else (None, None)
         V = None if directions is None else _rows(blocks[j], directions)[0]
         return _sparse.evidence_block(*spec, rule.codes[0], held == "cavity",
                                       *_rows(blocks[j], y, A, s), q.Ri, q.mean,
-                                      *_rows(blocks[j], tau, nu, g_s), *grads, to_kernel, RiLi, V,
-                                      make_v)
+                                      *_rows(blocks[j], tau, nu, g_s), *grads, to_kernel, RiLi, V)
     parts = _parallel.over_blocks(block, len(blocks))
     total = 0.0
     for part, _ in parts:
