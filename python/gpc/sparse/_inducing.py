@@ -152,20 +152,20 @@ class InducingFactor:
 
         Returns (g_theta (p,), g_Z (m, d))."""
         chunks = self.chunks(Xb.shape[0])
-        gradient = self.bound.cross_gradient
-        Z = self.Z
 
         def chunk(j):
-            a, c = chunks[j]
-            g_theta, g_Z = gradient(Xb[a:c], G_bu[a:c], None if g_s is None else g_s[a:c],
-                                    None if Kbu is None else Kbu[a:c])
-            return g_theta, _inputs_or_zero(g_Z, Z)
-        parts = _parallel.over_blocks(chunk, len(chunks))
-        g_theta, g_Z = parts[0]
-        for gt, gz in parts[1:]:
-            g_theta = g_theta + gt
-            g_Z = g_Z + gz
-        return g_theta, g_Z
+            rows = slice(*chunks[j])
+            return self.chunk_gradient(Xb[rows], G_bu[rows], None if g_s is None else g_s[rows],
+                                       None if Kbu is None else Kbu[rows])
+        return add_gradients(_parallel.over_blocks(chunk, len(chunks)))
+
+    def chunk_gradient(self, Xc, G_c, g_c=None, K_c=None):
+        """One chunk's part of :meth:`kernel_gradient` (the bound kernel's ``cross_gradient``;
+        G_c is scratch): (g_theta, g_Z).  A compiled kernel (``bound.nogil``) releases the GIL
+        here, so the evidence's blocks can take their own rows' parts
+        (:func:`gpc.sparse._passes.block_parts`)."""
+        g_theta, g_Z = self.bound.cross_gradient(Xc, G_c, g_c, K_c)
+        return g_theta, _inputs_or_zero(g_Z, self.Z)
 
     def uu_gradient(self, AtG):
         """Kernel and Z gradient of the K_uu part, given Σ_b A_bᵀ G_A,b (m x m) at fixed K_bu.
@@ -191,6 +191,16 @@ class InducingFactor:
             G_uu += plus
         g_theta, g_Z = self.bound.gram_gradient(G_uu, self.Kuu)
         return g_theta, _inputs_or_zero(g_Z, self.Z)
+
+
+def add_gradients(parts):
+    """Σ of (g_theta, g_Z) pairs in their order (chunks or blocks: the same bits at any thread
+    count)."""
+    g_theta, g_Z = parts[0]
+    for gt, gz in parts[1:]:
+        g_theta = g_theta + gt
+        g_Z = g_Z + gz
+    return g_theta, g_Z
 
 
 def _inputs_or_zero(g_Z, Z):

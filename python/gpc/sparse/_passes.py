@@ -12,6 +12,7 @@ from functools import partial
 import numpy as np
 
 from .. import _parallel
+from ._inducing import add_gradients
 from .ep import (EP, NaturalPosterior, block_evidence, linearisation, linearised_sites, prior_term,
                  update_sites, whitened_sums)
 
@@ -74,20 +75,34 @@ def natural_sums(X, factor, tau, nu, block_rows):
 def block_parts(likelihood, Xb, y, A, s, factor, q, tau, nu, gradient=True, Kbu=None,
                 held="sites", rule=EP, later=False, directions=None):
     """One block's share of log Z_q and of its gradient: (log_z, g_theta, g_Z, AtG, n_bad);
-    ``held``, ``rule`` and ``directions`` as in :func:`ep.block_evidence`.  With ``later``, when the kernel takes
-    the block in one call (:meth:`_inducing.InducingFactor.chunks`; larger blocks share their
-    chunks out among the threads themselves), its contraction of the K_bu part is a side task
-    (gpc._parallel.defer) beside the caller's next pass of blocks, and g_theta, g_Z are one
-    :class:`gpc._parallel.Deferred` of the pair, which :func:`finish_evidence` resolves."""
+    ``held``, ``rule`` and ``directions`` as in :func:`ep.block_evidence`.
+
+    The kernel's contraction of the K_bu part: with a compiled kernel (``bound.nogil``) and K_bu
+    at hand, inside the evidence's own blocks of rows (one pass fewer), their parts added in
+    block order.  Otherwise a pass of its own, and with ``later``, when the kernel takes the block
+    in one call (:meth:`_inducing.InducingFactor.chunks`; larger blocks share their chunks out
+    among the threads themselves), a side task (gpc._parallel.defer) beside the caller's next
+    pass of blocks, g_theta, g_Z then one :class:`gpc._parallel.Deferred` of the pair, which
+    :func:`finish_evidence` resolves."""
+    fused = (partial(_contract_rows, factor, Xb, Kbu)
+             if gradient and Kbu is not None and factor.bound.nogil else None)
     ev = block_evidence(likelihood, y, A, s, q, tau, nu, gradient=gradient, held=held, rule=rule,
-                        to_kernel=factor.Li if gradient else None, directions=directions)
+                        to_kernel=factor.Li if gradient else None, directions=directions,
+                        per_block=fused)
     if not gradient:
         return ev.log_z, None, None, None, ev.n_bad
+    if fused is not None:
+        return (ev.log_z, *add_gradients(ev.blocks), ev.AtG, ev.n_bad)
     if later and len(factor.chunks(len(Xb))) <= 1:
         pair = _parallel.defer(partial(factor.kernel_gradient, Xb, ev.G_A, ev.g_s, Kbu))
         return ev.log_z, pair, pair, ev.AtG, ev.n_bad
     g_theta, g_Z = factor.kernel_gradient(Xb, ev.G_A, ev.g_s, Kbu)
     return ev.log_z, g_theta, g_Z, ev.AtG, ev.n_bad
+
+
+def _contract_rows(factor, Xb, Kbu, start, stop, G_rows, g_rows):
+    """Rows start:stop's part of the kernel's K_bu contraction, inside an evidence block."""
+    return factor.chunk_gradient(Xb[start:stop], G_rows, g_rows, Kbu[start:stop])
 
 
 def add_parts(total, part):

@@ -448,10 +448,11 @@ class BlockEvidence:
     AtG: np.ndarray       # the K_uu part (m x m), summed over blocks: w-space, or u-space
                           # for "cavity" with the rows' directions (see block_evidence)
     n_bad: int            # rows with a non-positive cavity (their terms are left out)
+    blocks: "list | None" = None  # block_evidence's per_block results, in block order
 
 
 def block_evidence(likelihood, y, A, s, q, tau, nu, gradient=True, held="sites", rule=EP,
-                   to_kernel=None, directions=None):
+                   to_kernel=None, directions=None, per_block=None):
     """Σ_b log Z̃_i of SEP eq. (3) and the block's parts of its gradient, eq. (4).
 
     Under ``rule`` PL the same sum is PL eq. (18) for the sparse model (log p̂(D) plus the
@@ -506,7 +507,9 @@ def block_evidence(likelihood, y, A, s, q, tau, nu, gradient=True, held="sites",
     product.  With ``directions`` the cavity form needs two in all: R⁻¹a_i and (R⁻¹L⁻¹)ᵀ R⁻¹a_i
     = L⁻ᵀΣ_w a_i (R⁻¹L⁻¹ once, m³/6).  The rows and their m x k x m products run by fixed
     sub-blocks (gpc._sparse.evidence_block) on the caller's threads, the blocks' sums added in
-    block order.
+    block order.  ``per_block(start, stop, G_A rows, g_s rows)``, when given, runs in each block
+    after its rows (a kernel contraction that releases the GIL, :func:`gpc.sparse._passes.block_parts`);
+    its results come back in block order as ``blocks``.
     """
     if held not in ("sites", "cavity"):
         raise ValueError(f"held must be 'sites' or 'cavity', got {held!r}")
@@ -519,6 +522,7 @@ def block_evidence(likelihood, y, A, s, q, tau, nu, gradient=True, held="sites",
     blocks = row_blocks(b, m)
     AtGs = partials("evidence", len(blocks), m) if gradient else None
     RiLi = None
+    per_block = per_block if gradient else None
     if not (gradient and held == "cavity"):
         directions = None
     elif directions is not None:
@@ -534,17 +538,21 @@ def block_evidence(likelihood, y, A, s, q, tau, nu, gradient=True, held="sites",
     def block(j):
         grads = (_rows(blocks[j], G)[0], AtGs[j]) if gradient else (None, None)
         V = None if directions is None else _rows(blocks[j], directions)[0]
-        return _sparse.evidence_block(*spec, rule.codes[0], held == "cavity",
+        part = _sparse.evidence_block(*spec, rule.codes[0], held == "cavity",
                                       *_rows(blocks[j], y, A, s), q.Ri, q.mean,
                                       *_rows(blocks[j], tau, nu, g_s), *grads, to_kernel, RiLi, V)
+        if per_block is None:
+            return part, None
+        return part, per_block(*blocks[j], *_rows(blocks[j], G, g_s))
     parts = _parallel.over_blocks(block, len(blocks))
     total = 0.0
-    for part, _ in parts:
+    for (part, _), _ in parts:
         total += part
-    n_bad = sum(bad for _, bad in parts)
+    n_bad = sum(bad for (_, bad), _ in parts)
     if not gradient:
         return BlockEvidence(total, None, None, None, n_bad)
-    return BlockEvidence(total, G, g_s, add_blocks(AtGs, np.zeros((m, m))), n_bad)
+    extra = None if per_block is None else [out for _, out in parts]
+    return BlockEvidence(total, G, g_s, add_blocks(AtGs, np.zeros((m, m))), n_bad, extra)
 
 
 def rows_gradient(A, q, G_A, mean, tau, nu, g_s, d1, e, held):
