@@ -387,9 +387,13 @@ class SVIState(_LBFGSState):
             self.optimizer.lr *= 0.5
             self.reverted += 1
             return value
-        lo, hi = np.array(self.bounds(), dtype=float).T
-        new = np.clip(p + self.optimizer.step(grad), np.nan_to_num(lo, nan=-np.inf),
-                      np.nan_to_num(hi, nan=np.inf))
+        limits = getattr(self, "_limits", None)
+        if limits is None or len(limits[0]) != len(p):
+            # bounds() is a list of one pair per parameter (m(m+1)/2 + m + md of them at least):
+            # made into arrays once per fit, not at every step
+            lo, hi = np.array(self.bounds(), dtype=float).T
+            limits = self._limits = (np.nan_to_num(lo, nan=-np.inf), np.nan_to_num(hi, nan=np.inf))
+        new = np.clip(p + self.optimizer.step(grad), *limits)
         try:
             self._set(new)
         except NotPositiveDefiniteError:
