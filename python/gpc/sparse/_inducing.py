@@ -154,17 +154,18 @@ class InducingFactor:
         chunks = self.chunks(Xb.shape[0])
 
         def chunk(j):
-            rows = slice(*chunks[j])
-            return self.chunk_gradient(Xb[rows], G_bu[rows], None if g_s is None else g_s[rows],
-                                       None if Kbu is None else Kbu[rows])
+            a, c = chunks[j]
+            return self.chunk_gradient(Xb, Kbu, a, c, G_bu[a:c],
+                                       None if g_s is None else g_s[a:c])
         return add_gradients(_parallel.over_blocks(chunk, len(chunks)))
 
-    def chunk_gradient(self, Xc, G_c, g_c=None, K_c=None):
-        """One chunk's part of :meth:`kernel_gradient` (the bound kernel's ``cross_gradient``;
-        G_c is scratch): (g_theta, g_Z).  A compiled kernel (``bound.nogil``) releases the GIL
-        here, so the evidence's blocks can take their own rows' parts
-        (:func:`gpc.sparse._passes.block_parts`)."""
-        g_theta, g_Z = self.bound.cross_gradient(Xc, G_c, g_c, K_c)
+    def chunk_gradient(self, Xb, Kbu, start, stop, G_rows, g_rows=None):
+        """Rows start:stop's part of :meth:`kernel_gradient` (the bound kernel's
+        ``cross_gradient``; ``G_rows``, those rows of ∂F/∂K_bu, is scratch): (g_theta, g_Z).  A
+        compiled kernel (``bound.nogil``) releases the GIL here, so the evidence's blocks can take
+        their own rows' parts (:func:`gpc.sparse._passes.block_parts`)."""
+        g_theta, g_Z = self.bound.cross_gradient(Xb[start:stop], G_rows, g_rows,
+                                                 None if Kbu is None else Kbu[start:stop])
         return g_theta, _inputs_or_zero(g_Z, self.Z)
 
     def uu_gradient(self, AtG):

@@ -84,7 +84,7 @@ def block_parts(likelihood, Xb, y, A, s, factor, q, tau, nu, gradient=True, Kbu=
     among the threads themselves), a side task (gpc._parallel.defer) beside the caller's next
     pass of blocks, g_theta, g_Z then one :class:`gpc._parallel.Deferred` of the pair, which
     :func:`finish_evidence` resolves."""
-    fused = (partial(_contract_rows, factor, Xb, Kbu)
+    fused = (partial(factor.chunk_gradient, Xb, Kbu)
              if gradient and Kbu is not None and factor.bound.nogil else None)
     ev = block_evidence(likelihood, y, A, s, q, tau, nu, gradient=gradient, held=held, rule=rule,
                         to_kernel=factor.Li if gradient else None, directions=directions,
@@ -98,11 +98,6 @@ def block_parts(likelihood, Xb, y, A, s, factor, q, tau, nu, gradient=True, Kbu=
         return ev.log_z, pair, pair, ev.AtG, ev.n_bad
     g_theta, g_Z = factor.kernel_gradient(Xb, ev.G_A, ev.g_s, Kbu)
     return ev.log_z, g_theta, g_Z, ev.AtG, ev.n_bad
-
-
-def _contract_rows(factor, Xb, Kbu, start, stop, G_rows, g_rows):
-    """Rows start:stop's part of the kernel's K_bu contraction, inside an evidence block."""
-    return factor.chunk_gradient(Xb[start:stop], G_rows, g_rows, Kbu[start:stop])
 
 
 def add_parts(total, part):
@@ -145,8 +140,8 @@ def finish_evidence(factor, q, parts, scale=1.0, held="sites", u_space=False):
     else:
         G, rows = prior_term(q), (0.5 * scale) * (AtG + AtG.T)
         if not u_space:
-            G, rows = G + rows, None
-        gt, gz = factor.uu_gradient_whitened(G, overwrite=True, plus=rows)
+            G += rows
+        gt, gz = factor.uu_gradient_whitened(G, overwrite=True, plus=rows if u_space else None)
     if isinstance(g_theta, _parallel.Deferred):
         g_theta, g_Z = g_theta.result()
     return log_z, scale * g_theta + gt, scale * g_Z + gz, n_bad
