@@ -11,7 +11,7 @@ from sklearn.base import clone
 from sklearn.gaussian_process import kernels as sk
 
 from gpc.kernels import (RBF, ConstantKernel, Kernel, Linear, Matern, Polynomial, Product, Sum,
-                         WhiteKernel, as_kernel)
+                         WhiteKernel, as_kernel, user_kernel)
 
 RNG = np.random.default_rng(20240601)
 X = RNG.normal(size=(25, 3))
@@ -363,6 +363,59 @@ def test_as_kernel_adapts_sklearn_kernels():
                     np.einsum("ij,ijk->k", M, mixed(X, eval_gradient=True)[1]), rtol=1e-10)
     with pytest.raises(TypeError, match="not a kernel"):
         as_kernel("rbf")
+
+
+
+class _MyRBF(sk.RBF):
+    """A subclass, which may change the formula: called as is, not translated."""
+
+
+# scikit-learn kernels whose training step moves the translation only (_ForeignKernel._with_theta),
+# and two whose step clones: DotProduct's free σ0 (its translation holds σ0²) and an untranslated
+# subclass
+STEP_KERNELS = {
+    "const_rbf_ard": lambda: sk.ConstantKernel(2.0) * sk.RBF(LS3),
+    "matern_sum_white": lambda: sk.Matern(0.9, nu=1.5) + sk.WhiteKernel(0.3),
+    "fixed_ls": lambda: sk.ConstantKernel(2.0) * sk.RBF(0.7, "fixed"),
+    "dot_fixed_sigma": lambda: sk.ConstantKernel(1.7) * sk.DotProduct(1.5, sigma_0_bounds="fixed"),
+    "dot_free_sigma": lambda: sk.DotProduct(1.0) + sk.WhiteKernel(0.2),
+    "untranslated": lambda: _MyRBF(0.8),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STEP_KERNELS))
+def test_sklearn_kernel_step_equals_its_clone(name):
+    """A training step's kernel (_with_theta) is clone_with_theta's: the same θ, the same K to the
+    bit (both hold exp(θ)) and, once asked for, the same scikit-learn kernel; three steps in a
+    row clone from the kernel the user gave, and the original is left as it was."""
+    user = STEP_KERNELS[name]()
+    before = user.get_params()
+    k = as_kernel(user)
+    lazy = name not in ("dot_free_sigma", "untranslated")
+    assert k._same_theta() is lazy
+    step, full = k, k
+    for shift in (0.3, -0.1, 0.2):                 # steps with nothing asked of the kernel between
+        theta = k.theta + shift
+        step, full = step._with_theta(theta), full.clone_with_theta(theta)
+        assert (step._kernel is None) is lazy and (step._root is user) is lazy
+    assert np.array_equal(step(X), full(X)) and np.array_equal(step.diag(X), full.diag(X))
+    assert np.array_equal(step(X, Y), full(X, Y))
+    assert np.array_equal(step.theta, full.theta)
+    assert repr(user_kernel(step)) == repr(user_kernel(full))
+    assert np.array_equal(user_kernel(step).theta, user_kernel(full).theta)
+    assert step._kernel is not None and step._root is None
+    assert user.get_params().keys() == before.keys()
+    assert all(np.array_equal(user.get_params()[p], v) for p, v in before.items()
+               if not isinstance(v, sk.Kernel))
+    # set_params on the adapter reaches the scikit-learn kernel and its translation
+    k.set_params(kernel=STEP_KERNELS[name]())
+    assert np.array_equal(k(X), as_kernel(STEP_KERNELS[name]())(X))
+    if name == "const_rbf_ard":
+        k.set_params(kernel__k2__length_scale=2 * LS3)
+        assert np.array_equal(k(X), as_kernel(sk.ConstantKernel(2.0) * sk.RBF(2 * LS3))(X))
+    # pickled before its scikit-learn kernel is made, it makes the same one after
+    again = pickle.loads(pickle.dumps(k._with_theta(k.theta + 0.5)))
+    assert repr(user_kernel(again)) == repr(user_kernel(k.clone_with_theta(k.theta + 0.5)))
 
 
 BAD_CONSTRUCTORS = [
