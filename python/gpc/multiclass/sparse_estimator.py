@@ -307,7 +307,8 @@ class SparseMultiClassGPC(GPCEstimator):
         if len(classes) < 2:
             raise ValueError(f"only one class ({classes[0]!r}) is present in y; classification "
                              "needs at least two")
-        self._start_fit(X, y, classes, noise)
+        with _parallel.pinned_blas():   # the first K_uu factors as every later one's:
+            self._start_fit(X, y, classes, noise)   # the same bits whatever BLAS's threads
         self._train(X, y, self._epochs(X.shape[0], self._batch))
         return self
 
@@ -331,7 +332,8 @@ class SparseMultiClassGPC(GPCEstimator):
             if len(unknown):
                 raise ValueError(f"y has classes {unknown.tolist()} not in classes "
                                  f"{classes.tolist()}")
-            self._start_fit(X, y, classes, noise)
+            with _parallel.pinned_blas():   # the first K_uu factors as every later one's:
+                self._start_fit(X, y, classes, noise)   # the same bits whatever BLAS's threads
         elif not self._sites_home:
             raise ValueError("the sites of this model's interrupted distributed fit stayed on its "
                              "cluster: partial_fit cannot continue it; call fit")

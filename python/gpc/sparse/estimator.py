@@ -401,7 +401,8 @@ class SparseGaussianProcessClassifier(GPCEstimator):
         if len(classes) < 2:
             raise ValueError(f"only one class ({classes[0]!r}) is present in y; GP classification "
                              "needs at least two classes")
-        self._start_fit(X, y, classes, likelihood)
+        with _parallel.pinned_blas():   # the first K_uu factors as every later one's:
+            self._start_fit(X, y, classes, likelihood)   # the same bits whatever BLAS's threads
         self._train(X, y, self._epochs(X.shape[0], self._batch))
         return self
 
@@ -474,7 +475,8 @@ class SparseGaussianProcessClassifier(GPCEstimator):
             raise ValueError(f"y has classes {unknown.tolist()} not in classes_ "
                              f"{classes.tolist()}")
         if first:
-            self._start_fit(X, y, classes, likelihood)
+            with _parallel.pinned_blas():   # the first K_uu factors as every later one's:
+                self._start_fit(X, y, classes, likelihood)   # the same bits whatever BLAS's threads
         elif not getattr(self, "_sites_home", True):
             raise ValueError("the sites of this model's interrupted distributed fit stayed on its "
                              "cluster, which is gone: partial_fit cannot continue it; call fit")
