@@ -48,9 +48,12 @@ class InducingFactor:
     Z : ndarray (m, d)
     jitter : float
         Added to the diagonal of K_uu as ``jitter * mean(diag K_uu)``; 0 is allowed (the Z = X check).
+    invert : bool, default True
+        Form L⁻¹ now; with False, ``Li`` is None until :meth:`invert` (a caller that runs it
+        beside other work: :func:`gpc.sparse.ep.transform_natural`).
     """
 
-    def __init__(self, kernel, Z, jitter=1e-8):
+    def __init__(self, kernel, Z, jitter=1e-8, invert=True):
         self.kernel = kernel
         self.Z = np.ascontiguousarray(Z, dtype=np.float64)
         self.bound = kernel._bound_to(self.Z)
@@ -65,11 +68,17 @@ class InducingFactor:
 
         self.L, _ = cholesky_lower(jittered(), name="K_uu (kernel at the inducing points)",
                                    overwrite=True, rebuild=jittered)
-        # L⁻¹, explicit: every product with it is a triangular multiply (dtrmm), cheaper than a
-        # triangular solve (dtrsm), and serves the whitening, the gradient and the move of q to a
-        # new factor alike
-        self.Li = self.L.copy()
-        _sparse.lower_inverse_in_place(self.Li)   # L has a positive diagonal: never singular
+        self.Li = None
+        if invert:
+            self.invert()
+
+    def invert(self):
+        """Form ``Li`` = L⁻¹ (one nogil LAPACK call).  Explicit: every product with it is a
+        triangular multiply (dtrmm), cheaper than a triangular solve (dtrsm), and serves the
+        whitening, the gradient and the move of q to a new factor alike."""
+        Li = self.L.copy()
+        _sparse.lower_inverse_in_place(Li)        # L has a positive diagonal: never singular
+        self.Li = Li
 
     @property
     def m(self):

@@ -133,8 +133,9 @@ class SEPState:
         # moved by a step and clipped to its bounds)
         kernel = self.kernel._with_theta(theta) if k else self.kernel
         Z = p[k:].reshape(self.Z.shape) if self.optimize_inducing else self.Z
-        factor = InducingFactor(kernel, Z, self.jitter)
-        q = NaturalPosterior(*transform_natural(self.q.P, self.q.h, self.factor.Li, factor.L))
+        factor = InducingFactor(kernel, Z, self.jitter, invert=False)
+        q = NaturalPosterior(*transform_natural(self.q.P, self.q.h, self.factor.Li, factor.L,
+                                                beside=(factor.invert,)))
         self.kernel, self.Z, self.factor, self.q = kernel, np.array(Z), factor, q
         self._theta = theta
 

@@ -279,7 +279,7 @@ def whitened_sums_blocks(A, tau, nu, scratch="sums"):
     return calls, finish
 
 
-def transform_natural(P, h, Li_old, L_new):
+def transform_natural(P, h, Li_old, L_new, beside=()):
     """(P', h') for the same sites seen from a new factor L' of K_uu (after a θ or Z step).
 
     The sites are fixed in u-space (S2 = L⁻ᵀ(P - I)L⁻¹, S1 = L⁻ᵀh), so with M = L⁻¹L'
@@ -287,11 +287,13 @@ def transform_natural(P, h, Li_old, L_new):
     explicit L⁻¹ (``Li_old``; m³/6 multiply-adds, no solve) and the symmetric congruence by fixed
     column panels on the caller's threads (gpc._sparse.congruence, about m³/2; P' exactly
     symmetric).  ``L_new`` is lower triangular with a zero strict upper triangle (a factor of
-    :class:`InducingFactor`).
+    :class:`InducingFactor`).  ``beside``: calls independent of all this (the new factor's
+    :meth:`InducingFactor.invert`, which the move does not need), run on the caller's threads
+    together with the product M.
     """
     m = P.shape[0]
     M = np.array(L_new, dtype=np.float64, order="C")
-    _sparse.lower_lower_times(Li_old, M)                       # M = L⁻¹ L'
+    _parallel.over_calls([partial(_sparse.lower_lower_times, Li_old, M), *beside])   # M = L⁻¹ L'
     S = np.array(P, dtype=np.float64, order="C")
     S.flat[:: m + 1] -= 1.0
     P_new = _sparse.congruence(M, S, np.empty((m, m)))         # exactly symmetric
