@@ -480,6 +480,38 @@ def test_a_minibatch_step_takes_the_same_gradient_in_u_space_as_in_w_space():
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9)
 
 
+
+def test_the_u_space_prior_term_is_the_congruence_of_the_w_space_one():
+    # prior_term_u = L⁻ᵀ ½(Σ_w + μμᵀ - I) L⁻¹ from two Gram products ((R⁻¹L⁻¹)ᵀ(R⁻¹L⁻¹), L⁻ᵀL⁻¹)
+    # and ν = L⁻ᵀμ, against NumPy's congruence of prior_term (m = 15 products of O(1) terms:
+    # 1e-12 is rounding); exactly symmetric; its parts prefetched as side tasks or formed on
+    # demand, the same bits
+    from gpc.sparse._inducing import InducingFactor
+    from gpc.sparse.ep import prior_term, prior_term_u
+
+    m = 15
+    Z = np.random.default_rng(3).standard_normal((m, 2))
+    factor = InducingFactor(ConstantKernel(1.3) * RBF(0.9), Z, 1e-6)
+    q = _posterior(m)
+    Li = np.linalg.inv(factor.L)
+    expect = Li.T @ prior_term(q) @ Li
+    got = prior_term_u(q, factor)
+    scale = np.abs(expect).max()
+    np.testing.assert_allclose(got, expect, rtol=0, atol=1e-12 * scale)
+    np.testing.assert_array_equal(got, got.T)
+    np.testing.assert_allclose(factor.inverse(), np.linalg.inv(factor.L @ factor.L.T),
+                               rtol=0, atol=1e-10 * np.abs(factor.inverse()).max())
+    fresh, q2 = InducingFactor(ConstantKernel(1.3) * RBF(0.9), Z, 1e-6), NaturalPosterior(q.P, q.h)
+    q2.prefetch_cov(fresh.Li)
+    fresh.prefetch_inverse()
+    with _parallel.block_threads(2):
+        _parallel.over_blocks(lambda j: None, 2)       # a pass the side tasks run beside
+    assert q2._cov[1].done and fresh._inverse.done
+    np.testing.assert_array_equal(prior_term_u(q2, fresh), got)
+    # a prefetch for another factor's L⁻¹ is not taken for this one
+    q2.prefetch_cov(np.eye(m))
+    np.testing.assert_array_equal(q2.cov_u(fresh.Li), q.cov_u(factor.Li))
+
 def test_block_entry_checks_name_the_problem():
     lik = get_likelihood("probit")
     q = _posterior(5)

@@ -68,7 +68,7 @@ class InducingFactor:
 
         self.L, _ = cholesky_lower(jittered(), name="K_uu (kernel at the inducing points)",
                                    overwrite=True, rebuild=jittered)
-        self.Li = None
+        self.Li = self._inverse = None
         if invert:
             self.invert()
 
@@ -79,6 +79,27 @@ class InducingFactor:
         Li = self.L.copy()
         _sparse.lower_inverse_in_place(Li)        # L has a positive diagonal: never singular
         self.Li = Li
+
+    def inverse(self):
+        """K_uu⁻¹ = L⁻ᵀL⁻¹ (m x m, both triangles; dlauum of ``Li``, m³/6, once; the caller must
+        not write to it): the prior term's -K_uu⁻¹ in u-space (:func:`gpc.sparse.ep.prior_term_u`).
+        :meth:`prefetch_inverse` may have started it."""
+        if self._inverse is None:
+            self._inverse = self._gram_of_inverse()
+        elif isinstance(self._inverse, _parallel.Deferred):
+            self._inverse = self._inverse.result()
+        return self._inverse
+
+    def prefetch_inverse(self):
+        """Form :meth:`inverse` as a side task beside the caller's next pass of blocks
+        (gpc._parallel.defer; it reads ``Li`` alone, which nothing writes)."""
+        if self._inverse is None:
+            self._inverse = _parallel.defer(self._gram_of_inverse)
+
+    def _gram_of_inverse(self):
+        K = np.empty_like(self.Li)
+        _sparse.lower_gram(self.Li, K)
+        return K
 
     @property
     def m(self):
@@ -190,15 +211,18 @@ class InducingFactor:
         _sparse.symmetric_from_upper(np.ascontiguousarray(AtG, dtype=np.float64), G, -0.5)
         return self.uu_gradient_whitened(G, overwrite=True)
 
-    def uu_gradient_whitened(self, G, overwrite=False, plus=None):
-        """Kernel and Z gradient of ∂F/∂K_uu = L⁻ᵀ G L⁻¹ (+ ``plus``, a symmetric u-space part)
-        for a symmetric w-space G (m x m): one congruence with the explicit L⁻¹
-        (gpc._sparse.congruence: its lower triangle by fixed column panels on the block threads)
-        and the kernel's contraction.  With ``overwrite`` G (C-contiguous) is the scratch."""
+    def uu_gradient_whitened(self, G, overwrite=False):
+        """Kernel and Z gradient of ∂F/∂K_uu = L⁻ᵀ G L⁻¹ for a symmetric w-space G (m x m): one
+        congruence with the explicit L⁻¹ (gpc._sparse.congruence: its lower triangle by fixed
+        column panels on the block threads), then :meth:`uu_gradient_u`.  With ``overwrite`` G
+        (C-contiguous) is the scratch."""
         G_uu = G if overwrite else np.array(G, dtype=np.float64, order="C")
         _sparse.congruence(self.Li, G_uu)
-        if plus is not None:
-            G_uu += plus
+        return self.uu_gradient_u(G_uu)
+
+    def uu_gradient_u(self, G_uu):
+        """Kernel and Z gradient of a symmetric ∂F/∂K_uu (m x m, C-contiguous): the kernel's
+        contraction with ∂K_uu/∂θ and ∂K_uu/∂Z."""
         g_theta, g_Z = self.bound.gram_gradient(G_uu, self.Kuu)
         return g_theta, _inputs_or_zero(g_Z, self.Z)
 

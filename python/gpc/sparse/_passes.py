@@ -14,7 +14,7 @@ import numpy as np
 from .. import _parallel
 from ._inducing import add_gradients
 from .ep import (EP, NaturalPosterior, block_evidence, linearisation, linearised_sites, prior_term,
-                 update_sites, whitened_sums)
+                 prior_term_u, update_sites, whitened_sums)
 
 
 def as_block(X, start, stop):
@@ -137,11 +137,14 @@ def finish_evidence(factor, q, parts, scale=1.0, held="sites", u_space=False):
         return log_z, None, None, n_bad
     if held == "sites":
         gt, gz = factor.uu_gradient(scale * AtG)
+    elif u_space:
+        G = prior_term_u(q, factor)
+        G += (0.5 * scale) * (AtG + AtG.T)
+        gt, gz = factor.uu_gradient_u(G)
     else:
-        G, rows = prior_term(q), (0.5 * scale) * (AtG + AtG.T)
-        if not u_space:
-            G += rows
-        gt, gz = factor.uu_gradient_whitened(G, overwrite=True, plus=rows if u_space else None)
+        G = prior_term(q)
+        G += (0.5 * scale) * (AtG + AtG.T)
+        gt, gz = factor.uu_gradient_whitened(G, overwrite=True)
     if isinstance(g_theta, _parallel.Deferred):
         g_theta, g_Z = g_theta.result()
     return log_z, scale * g_theta + gt, scale * g_Z + gz, n_bad

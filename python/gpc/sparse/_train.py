@@ -371,8 +371,12 @@ def _refine_minibatch(state, rows, damping):
         state.skipped_passes += 1
         rows.revert()
     else:
-        if state.learns:
-            state.q.prefetch_cov()           # the prior term's Σ_w, beside the evidence's blocks
+        if state.learns:     # the prior term's Σ_w beside the evidence's blocks; with the rows'
+            if rows.u_space:  # directions its u-space parts L⁻ᵀΣ_wL⁻¹ and K_uu⁻¹ (prior_term_u)
+                state.q.prefetch_cov(state.factor.Li)
+                state.factor.prefetch_inverse()
+            else:
+                state.q.prefetch_cov()
         rows.commit()
         state.n_sited = min(state.n, state.n_sited + n_fresh)
         state.n_fixed += rows.n_fixed

@@ -111,6 +111,13 @@ class Posterior:
         return mean, var
 
 
+def _gram(T):
+    """TᵀT (m x m, both triangles, a new array) for lower-triangular T (dlauum, m³/6)."""
+    C = np.empty_like(T)
+    _sparse.lower_gram(T, C)
+    return C
+
+
 class NaturalPosterior:
     """q(w) ∝ exp(-½ wᵀPw + hᵀw) from its natural parameters, held by the inverse R⁻¹ of P's
     Cholesky factor (P = R Rᵀ, R lower): products with it are triangular multiplies (dtrmm), which
@@ -139,7 +146,7 @@ class NaturalPosterior:
         if not (np.isfinite(self.logdet) and np.isfinite(mean).all()):
             raise NotPositiveDefiniteError("the site sums are not finite")
         self.P, self.h, self.Ri, self.mean = P, h, Ri, mean
-        self._cov = None
+        self._cov = self._to_u = None
 
     def solve_rows(self, A, out=None):
         """B = A R⁻ᵀ (b x m): rows R⁻¹ a_i, so that |B[i]|² = a_iᵀ P⁻¹ a_i (``out``: scratch for
@@ -178,18 +185,37 @@ class NaturalPosterior:
     def cov(self):
         """Σ_w = P⁻¹ = R⁻ᵀ R⁻¹ (formed on demand, a new array: the prior term of the gradient;
         the one :meth:`prefetch_cov` started, if any, goes to the first reader)."""
+        return self._take_gram(None)
+
+    def cov_u(self, Li):
+        """Σ_w seen in u-space, L⁻ᵀ Σ_w L⁻¹ = (R⁻¹L⁻¹)ᵀ(R⁻¹L⁻¹) for the factor's L⁻¹ ``Li`` (a
+        new array: the Gram product of :meth:`to_u`, m³/6, where the congruence of Σ_w by L⁻¹
+        takes m³/2); the one :meth:`prefetch_cov` started for this ``Li``, if any, goes to the
+        first reader."""
+        return self._take_gram(Li)
+
+    def prefetch_cov(self, Li=None):
+        """Form :attr:`cov` (with ``Li``, :meth:`cov_u`) as a side task of the caller's block
+        threads (gpc._parallel.defer: beside the next pass of blocks), for its first reader.
+        With ``Li`` the product :meth:`to_u` is taken now (the next pass reads it too)."""
+        T = self.Ri if Li is None else self.to_u(Li)
+        self._cov = Li, _parallel.defer(partial(_gram, T))
+
+    def _take_gram(self, Li):
         pending, self._cov = self._cov, None
-        return self._gram() if pending is None else pending.result()
+        if pending is not None and pending[0] is Li:
+            return pending[1].result()
+        return _gram(self.Ri if Li is None else self.to_u(Li))
 
-    def prefetch_cov(self):
-        """Form :attr:`cov` as a side task of the caller's block threads
-        (gpc._parallel.defer: beside the next pass of blocks), for its first reader."""
-        self._cov = _parallel.defer(self._gram)
-
-    def _gram(self):
-        C = np.empty_like(self.Ri)
-        _sparse.lower_gram(self.Ri, C)                              # dlauum
-        return C
+    def to_u(self, Li):
+        """R⁻¹L⁻¹ (lower triangular; a product of two triangles, m³/6, kept for this ``Li``): with
+        it (R⁻¹L⁻¹)ᵀ R⁻¹a_i = L⁻ᵀ Σ_w a_i, the rows of the cavity form's u-space gradient
+        (:func:`block_evidence`), and its Gram product is :meth:`cov_u`."""
+        if self._to_u is None or self._to_u[0] is not Li:
+            RiLi = np.array(Li, dtype=np.float64, order="C")
+            _sparse.lower_lower_times(self.Ri, RiLi)              # R⁻¹L⁻¹
+            self._to_u = Li, RiLi
+        return self._to_u[1]
 
     def log_normaliser_ratio(self):
         """g(θ) - g(θ_prior) of SEP eq. (3): ½ hᵀ P⁻¹ h - ½ log|P| (in w, where g(θ_prior) is that
@@ -534,8 +560,7 @@ def block_evidence(likelihood, y, A, s, q, tau, nu, gradient=True, held="sites",
         if directions.shape != A.shape:
             raise ValueError(f"directions are {directions.shape[0]} x {directions.shape[1]}, A "
                              f"is {b} x {m}")
-        RiLi = np.array(to_kernel, dtype=np.float64, order="C")
-        _sparse.lower_lower_times(q.Ri, RiLi)                   # R⁻¹L⁻¹, m³/6
+        RiLi = q.to_u(to_kernel)                                # R⁻¹L⁻¹, m³/6
 
     def block(j):
         grads = (_rows(blocks[j], G)[0], AtGs[j]) if gradient else (None, None)
@@ -585,6 +610,19 @@ def prior_term(q):
     G = q.cov
     G += np.outer(q.mean, q.mean)
     G.flat[:: len(G) + 1] -= 1.0
+    G *= 0.5
+    return G
+
+
+def prior_term_u(q, factor):
+    """:func:`prior_term` in u-space, ∂/∂K_uu = L⁻ᵀ G L⁻¹ itself, without the congruence:
+    ½(L⁻ᵀΣ_wL⁻¹ + ν νᵀ - K_uu⁻¹) with ν = L⁻ᵀμ_w, the first from R⁻¹L⁻¹ (:meth:`NaturalPosterior.cov_u`)
+    and the last from L⁻¹ (:meth:`InducingFactor.inverse`), two Gram products of m³/6 each where
+    the congruence takes m³/2 (exactly symmetric, as each of its terms)."""
+    G = q.cov_u(factor.Li)
+    nu = factor.Li.T @ q.mean
+    G += np.outer(nu, nu)
+    G -= factor.inverse()
     G *= 0.5
     return G
 
