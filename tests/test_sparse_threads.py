@@ -512,6 +512,44 @@ def test_the_u_space_prior_term_is_the_congruence_of_the_w_space_one():
     q2.prefetch_cov(np.eye(m))
     np.testing.assert_array_equal(q2.cov_u(fresh.Li), q.cov_u(factor.Li))
 
+
+def test_the_whitening_inside_the_swap_pass_gives_the_swap_after_a_whitening():
+    # swap_block_sites(before=) whitens each block of rows right before its swap (one pass):
+    # the same bits as a whitening pass and then the swap, on 1 and 3 threads
+    from gpc.sparse._inducing import InducingFactor
+    from gpc.sparse._train import swap_block_sites
+
+    rng = np.random.default_rng(11)
+    m, b = 40, 900                       # 900 rows against m = 40: several blocks
+    Xb = rng.standard_normal((b, 3))
+    yb = np.where(Xb[:, 0] > 0, 1.0, -1.0)
+    factor = InducingFactor(ConstantKernel(1.2) * RBF(1.1), Xb[:m], 1e-8)
+    lik, q = get_likelihood("probit"), _posterior(m)
+    tau, nu = 0.05 * rng.random(b), 0.1 * rng.standard_normal(b)
+    V_old = rng.standard_normal((b, m)).astype(np.float32) * 0.1
+    runs = []
+    for threads in (1, 3):
+        for fused in (False, True):
+            work = {}
+
+            def workspace(name, shape, work=work):
+                return work.setdefault(name, np.empty(shape))
+            P, h = q.P.copy(), q.h.copy()
+            with _parallel.block_threads(threads):       # BLAS pinned for the kernel's too
+                if fused:
+                    before, _, (A, s) = factor.whiten_blocks(Xb)
+                else:
+                    before, (A, s) = None, factor.whiten(Xb)
+                out = swap_block_sites(lik, yb, A, s, q, tau, nu, V_old, factor, 1.0, P, h,
+                                       workspace, before=before)
+            runs.append((A.copy(), s.copy(), out[0], out[1], out[2].copy(), P, h))
+    for run in runs[1:]:
+        for a, b_ in zip(run, runs[0]):
+            np.testing.assert_array_equal(a, b_)
+    with pytest.raises(ValueError, match="C-contiguous float64"):
+        swap_block_sites(lik, yb, np.asfortranarray(A), s, q, tau, nu, V_old, factor, 1.0,
+                         q.P.copy(), q.h.copy(), workspace, before=before)
+
 def test_block_entry_checks_name_the_problem():
     lik = get_likelihood("probit")
     q = _posterior(5)

@@ -140,6 +140,16 @@ class InducingFactor:
         Where the bound kernel's chunks release the GIL, each block of rows makes its own K_bu
         rows and whitens them in one task (one pass over the threads instead of two; a row's
         kernel values do not depend on the chunk it is computed in)."""
+        block, n_blocks, result = self.whiten_blocks(Xb, keep_cross, out)
+        _parallel.over_blocks(block, n_blocks)
+        return result
+
+    def whiten_blocks(self, Xb, keep_cross=False, out=None):
+        """:meth:`whiten` as (block, n_blocks, result): ``block(j)`` fills the result's rows of
+        fixed block j (``gpc.sparse.ep.row_blocks(b, m)``, one nogil call, and with a compiled
+        kernel its K_bu rows first), for a caller whose own pass takes block j's rows right
+        after (:func:`gpc.sparse._train.swap_block_sites`'s ``before``).  A kernel that holds
+        the GIL is called here, on its chunks, before any block."""
         b, m = Xb.shape[0], self.m
         kdiag = np.ascontiguousarray(self.diag(Xb), dtype=np.float64)
         fused = self.bound.nogil
@@ -154,8 +164,7 @@ class InducingFactor:
             if fused:
                 cross(Xb[a:c], Kbu[a:c])
             _sparse.whiten_block(Li, Kbu[a:c], A[a:c], kdiag[a:c], s[a:c])
-        _parallel.over_blocks(block, len(blocks))
-        return (A, s, Kbu) if keep_cross else (A, s)
+        return block, len(blocks), ((A, s, Kbu) if keep_cross else (A, s))
 
     def block_gradient(self, Xb, G_A, g_s, Kbu=None, overwrite=False):
         """Kernel and Z gradient of the K_bu and diag K_bb parts of dF.

@@ -281,11 +281,15 @@ class LocalBatch:
                 raise RuntimeError("minibatch steps on sites without their directions: call "
                                    "SEPState.start_minibatches first")
             state.V = _pages.zeros((state.n, factor.m), dtype=np.float32)
-        A, s, _ = self._whiten(factor)
+        # each block of rows whitened right before its sites are swapped, in one pass
+        whiten, _, self._whitened = factor.whiten_blocks(
+            self.Xb, keep_cross=True, out=state.workspace("whitened", (self.size, factor.m)))
+        A, s, _ = self._whitened
         P, h = q.P.copy(), q.h.copy()
         t_new, n_new, V_new, n_fresh, self.n_fixed = swap_block_sites(
             self.likelihood, self.yb, A, s, q, state.tau[self.rows], state.nu[self.rows],
-            state.V[self.rows], factor, damping, P, h, state.workspace, rule, self._first_row())
+            state.V[self.rows], factor, damping, P, h, state.workspace, rule, self._first_row(),
+            before=whiten)
         self._pending = t_new, n_new, V_new
         self._directions = V_new
         return P, h, n_fresh
@@ -416,7 +420,7 @@ def minibatch_step(state, likelihood, Xb, yb, rows, n, damping):
 
 
 def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P, h, workspace,
-                     rule=EP, first_row=0):
+                     rule=EP, first_row=0, before=None):
     """A minibatch block's sites refined along SEP eq. (6) and swapped into (P, h), in place.
 
     ``A`` (b x m) holds the rows' current directions a_i = L⁻¹k_i, ``V_old`` their kept u-space
@@ -432,7 +436,9 @@ def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P
 
     The rows run by fixed sub-blocks (gpc._sparse.refine_block: marginals, old directions, the
     site rule, the sub-block's sums and new directions) on the caller's threads, the sub-blocks'
-    sums added in block order (:func:`ep.add_blocks`).
+    sums added in block order (:func:`ep.add_blocks`).  ``before(j)``, when given, runs in
+    sub-block j first and fills its rows of ``A`` and ``s`` (the whitening's blocks,
+    :meth:`InducingFactor.whiten_blocks`: one pass instead of two).
 
     Returns (τ_new, ν_new, V_new, n_fresh, n_fixed): V_new (b x m, float64, a workspace) holds
     the rows' new directions v_i = L⁻ᵀa_i (stored in float32 by the caller; the gradient's pass
@@ -440,6 +446,9 @@ def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P
     the updates the rule's on_negative policy handled.
     """
     b, m = A.shape
+    if before is not None and not (A.flags.c_contiguous and A.dtype == np.float64
+                                   and s.flags.c_contiguous and s.dtype == np.float64):
+        raise ValueError("A and s, which before(j) fills, must be C-contiguous float64 arrays")
     yb, s, tau, nu = _vector(yb), _vector(s), _vector(tau), _vector(nu)
     V_old = np.ascontiguousarray(V_old, dtype=np.float32)
     n_fresh = int(np.count_nonzero((tau == 0.0) & (nu == 0.0)))
@@ -448,13 +457,16 @@ def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P
     spec, codes = likelihood.compiled_spec(), rule.codes
     blocks = row_blocks(b, m)
     dPs, dhs = partials("sums", len(blocks), m), np.empty((len(blocks), m))
-    results = _parallel.over_blocks(
-        lambda j: _sparse.refine_block(*spec, *codes, float(damping), _sparse.SUMS_SWAP,
-                                       *_rows(blocks[j], yb, A, s), q.Ri, q.mean,
-                                       *_rows(blocks[j], tau, nu, t_new, n_new), dPs[j], dhs[j],
-                                       _rows(blocks[j], V_old)[0], factor.L, factor.Li,
-                                       _rows(blocks[j], V_new)[0]),
-        len(blocks))
+
+    def block(j):
+        if before is not None:
+            before(j)
+        return _sparse.refine_block(*spec, *codes, float(damping), _sparse.SUMS_SWAP,
+                                    *_rows(blocks[j], yb, A, s), q.Ri, q.mean,
+                                    *_rows(blocks[j], tau, nu, t_new, n_new), dPs[j], dhs[j],
+                                    _rows(blocks[j], V_old)[0], factor.L, factor.Li,
+                                    _rows(blocks[j], V_new)[0])
+    results = _parallel.over_blocks(block, len(blocks))
     _, n_fixed = check_refined(results, blocks, first_row)
     # P + Σ τ_new a aᵀ - Σ τ_old a'a'ᵀ, h + Σ ν_new a - Σ ν_old a'
     add_blocks(dPs, P, lower=True)
