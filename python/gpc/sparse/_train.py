@@ -7,7 +7,7 @@ non-finite value is reverted, and the learning rate is halved; the trainer recor
 batch_size = n a minibatch step is the batch step (same sites, same q, same gradient): tested.
 
 A minibatch step of b rows (m inducing points) costs the kernel blocks K_bm and K_uu and about
-twenty BLAS-3 and LAPACK calls of b x m x m or m x m x m size, 6.8 (first epoch) to 8.3 products'
+twenty BLAS-3 and LAPACK calls of b x m x m or m x m x m size, 6.3 (first epoch) to 7.8 products'
 worth at b = m = 200 (docs/sparse.md, "One minibatch step").
 """
 
