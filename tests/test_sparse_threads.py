@@ -515,9 +515,10 @@ def test_the_u_space_prior_term_is_the_congruence_of_the_w_space_one():
 
 def test_the_whitening_inside_the_swap_pass_gives_the_swap_after_a_whitening():
     # swap_block_sites(before=) whitens each block of rows right before its swap (one pass):
-    # the same bits as a whitening pass and then the swap, on 1 and 3 threads
+    # the same bits as a whitening pass and then the swap, on 1 and 3 threads; the tied sites'
+    # match (tied_block_sites(before=)) likewise
     from gpc.sparse._inducing import InducingFactor
-    from gpc.sparse._train import swap_block_sites
+    from gpc.sparse._train import swap_block_sites, tied_block_sites
 
     rng = np.random.default_rng(11)
     m, b = 40, 900                       # 900 rows against m = 40: several blocks
@@ -549,6 +550,24 @@ def test_the_whitening_inside_the_swap_pass_gives_the_swap_after_a_whitening():
     with pytest.raises(ValueError, match="C-contiguous float64"):
         swap_block_sites(lik, yb, np.asfortranarray(A), s, q, tau, nu, V_old, factor, 1.0,
                          q.P.copy(), q.h.copy(), workspace, before=before)
+    # the tied sites' match: the same, and its sums those of the matched sites (whitened_sums)
+    tied = []
+    for threads in (1, 3):
+        for fused in (False, True):
+            with _parallel.block_threads(threads):
+                if fused:
+                    before, _, (A, s) = factor.whiten_blocks(Xb)
+                else:
+                    before, (A, s) = None, factor.whiten(Xb)
+                tied.append(tied_block_sites(lik, yb, A, s, q, before=before))
+    for run in tied[1:]:
+        for a, b_ in zip(run, tied[0]):
+            np.testing.assert_array_equal(a, b_)
+    t_m, n_m, dP, dh = tied[0]
+    assert np.count_nonzero(t_m) > b // 2
+    dP_ref, dh_ref = whitened_sums(A, t_m, n_m)     # 900 terms of size ~0.1-1: rounding 1e-12
+    np.testing.assert_allclose(dP, dP_ref, rtol=0, atol=1e-12 * np.abs(dP_ref).max())
+    np.testing.assert_allclose(dh, dh_ref, rtol=0, atol=1e-12 * np.abs(dh_ref).max())
 
 def test_block_entry_checks_name_the_problem():
     lik = get_likelihood("probit")

@@ -47,7 +47,7 @@ from ..exceptions import NotPositiveDefiniteError
 from ._passes import as_block, block_parts, block_ranges, evidence_parts, site_pass
 from ._train import site_directions, swap_block_sites, tied_block_sites
 from .baselines import svi_parts
-from .ep import EP, NaturalPosterior, whitened_sums
+from .ep import EP, NaturalPosterior
 
 
 class ShardSites:
@@ -225,11 +225,11 @@ def tied_task(X, Y, T0, N0, q, theta, sites):
     if start == stop:
         return sites, (np.zeros((factor.m, factor.m)), np.zeros(factor.m))
     A, s = factor.whiten(as_block(X, start, stop))
-    matched = tied_block_sites(likelihood, Y[start:stop, column], A, s, q, rule)
+    tau, nu, dP, dh = tied_block_sites(likelihood, Y[start:stop, column], A, s, q, rule)
     columns = _columns(T0, N0, sites)
     current = columns[column].settled()
-    current.pending = (start, stop, *matched, None)
-    return _with(columns, column, current), whitened_sums(A, *matched)
+    current.pending = (start, stop, tau, nu, None)
+    return _with(columns, column, current), (dP, dh)
 
 
 def svi_task(X, Y, T0, N0, q, theta, sites):

@@ -20,7 +20,7 @@ from ..exceptions import NotPositiveDefiniteError, NumericalError
 from ._inducing import InducingFactor
 from ._passes import as_block, block_parts, block_ranges, evidence_parts, finish_evidence, site_pass
 from .ep import (DEFAULT_ON_NEGATIVE, EP, NaturalPosterior, Rule, _rows, _vector, add_blocks,
-                 add_vectors, check_refined, partials, refine_sites, row_blocks, times_lower_rows,
+                 add_vectors, check_filled, check_refined, partials, row_blocks, times_lower_rows,
                  transform_natural, update_sites, whitened_sums)
 
 
@@ -256,10 +256,15 @@ class LocalBatch:
         return 0 if self.rows is None else self.rows.start or 0
 
     def match_sites(self, factor, cavity, rule=EP):
-        """Each row's site matched against the tied cavity; their sums (Σ τ a aᵀ, Σ ν a)."""
-        A, s, _ = self._whiten(factor)
-        self._matched = tied_block_sites(self.likelihood, self.yb, A, s, cavity, rule)
-        return whitened_sums(A, *self._matched)
+        """Each row's site matched against the tied cavity; their sums (Σ τ a aᵀ, Σ ν a).  Each
+        block of rows is whitened right before its match, in one pass."""
+        whiten, _, self._whitened = factor.whiten_blocks(
+            self.Xb, keep_cross=True, out=self.state.workspace("whitened", (self.size, factor.m)))
+        A, s, _ = self._whitened
+        tau, nu, dP, dh = tied_block_sites(self.likelihood, self.yb, A, s, cavity, rule,
+                                           before=whiten)
+        self._matched = tau, nu
+        return dP, dh
 
     def update_sites(self, factor, q, damping, rule=EP):
         """All n rows: :meth:`LocalRows.update_sites` on one block."""
@@ -446,9 +451,8 @@ def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P
     the updates the rule's on_negative policy handled.
     """
     b, m = A.shape
-    if before is not None and not (A.flags.c_contiguous and A.dtype == np.float64
-                                   and s.flags.c_contiguous and s.dtype == np.float64):
-        raise ValueError("A and s, which before(j) fills, must be C-contiguous float64 arrays")
+    if before is not None:
+        check_filled(A, s)
     yb, s, tau, nu = _vector(yb), _vector(s), _vector(tau), _vector(nu)
     V_old = np.ascontiguousarray(V_old, dtype=np.float32)
     n_fresh = int(np.count_nonzero((tau == 0.0) & (nu == 0.0)))
@@ -475,12 +479,15 @@ def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P
     return t_new, n_new, V_new, n_fresh, n_fixed
 
 
-def tied_block_sites(likelihood, y, A, s, cavity, rule=EP):
-    """The sites (τ, ν) of a block's rows matched against the tied cavity: a refinement from zero
-    sites by ``rule``, undamped (rows whose likelihood integral fails keep the zero site)."""
+def tied_block_sites(likelihood, y, A, s, cavity, rule=EP, before=None):
+    """The sites (τ, ν) of a block's rows matched against the tied cavity, and their sums
+    (Σ τ a aᵀ, Σ ν a): a refinement from zero sites by ``rule``, undamped (rows whose likelihood
+    integral fails keep the zero site), by fixed sub-blocks (:func:`ep.update_sites`; ``before``
+    as there)."""
     zero = np.zeros(len(y))
-    tau, nu, _, _ = refine_sites(likelihood, y, A, s, cavity, zero, zero, 1.0, rule)
-    return tau, nu
+    up = update_sites(likelihood, y, A, s, cavity, zero, zero, 1.0, sums="new", rule=rule,
+                      before=before)
+    return up.tau, up.nu, up.dP, up.dh
 
 
 def tied_iteration(state, rows, damping):

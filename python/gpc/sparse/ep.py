@@ -374,23 +374,20 @@ def refine_rows(likelihood, y, mean, var, s, tau, nu, damping, rule=EP, moved=No
     return t_new, n_new, failed, n_fixed
 
 
-def refine_sites(likelihood, y, A, s, q, tau, nu, damping, rule=EP, first_row=0):
-    """Damped refinement of a block's sites against q by ``rule`` (SEP §2.2): (τ_new, ν_new,
-    n_skipped, n_fixed).
-
-    EP matches each row's cavity (q less its site) with φ_i (:func:`matched_site`'s algebra in
-    the site rule of gpc._site_rule); PL linearises φ_i against q's marginal.  Rows whose
-    likelihood integral fails or whose new site is not finite keep their sites (counted in
-    ``n_skipped``); the on_negative policy's updates are counted in ``n_fixed``."""
-    mean, var = q.marginals(A)
-    return refine_rows(likelihood, y, mean, var, s, tau, nu, damping, rule, first_row=first_row)
-
-
 def _vector(v):
     return np.ascontiguousarray(v, dtype=np.float64)
 
 
-def update_sites(likelihood, y, A, s, q, tau, nu, damping, sums="change", rule=EP, first_row=0):
+def check_filled(A, s):
+    """A block's A and s that a pass fills block by block (``before``): they must be written
+    where the pass reads them, C-contiguous float64 arrays (no converted copy)."""
+    if not (A.flags.c_contiguous and A.dtype == np.float64
+            and s.flags.c_contiguous and s.dtype == np.float64):
+        raise ValueError("A and s, which before(j) fills, must be C-contiguous float64 arrays")
+
+
+def update_sites(likelihood, y, A, s, q, tau, nu, damping, sums="change", rule=EP, first_row=0,
+                 before=None):
     """Parallel damped update of one block's sites (SEP §2.2).
 
     Parameters
@@ -407,12 +404,17 @@ def update_sites(likelihood, y, A, s, q, tau, nu, damping, sums="change", rule=E
         the current factor (a batch pass sums these into q afresh: :func:`_passes.site_pass`).
     rule : Rule, default EP with the exact EP's on_negative
     first_row : int, the block's first row in the data (named by a NegativeVarianceError)
+    before : callable, optional
+        ``before(j)`` runs in sub-block j first and fills its rows of A and s (the whitening's
+        blocks, :meth:`InducingFactor.whiten_blocks`: one pass instead of two).
 
     The rows' marginals, the site rule and the sums run by fixed sub-blocks
     (gpc._sparse.refine_block) on the caller's threads, their partial sums added in block order.
     """
     if sums not in ("change", "new"):
         raise ValueError(f"sums must be 'change' or 'new', got {sums!r}")
+    if before is not None:
+        check_filled(A, s)
     A = np.ascontiguousarray(A, dtype=np.float64)
     b, m = A.shape
     y, s, tau, nu = _vector(y), _vector(s), _vector(tau), _vector(nu)
@@ -421,11 +423,14 @@ def update_sites(likelihood, y, A, s, q, tau, nu, damping, sums="change", rule=E
     mode = _sparse.SUMS_CHANGE if sums == "change" else _sparse.SUMS_NEW
     blocks = row_blocks(b, m)
     dPs, dhs = partials("sums", len(blocks), m), np.empty((len(blocks), m))
-    results = _parallel.over_blocks(
-        lambda j: _sparse.refine_block(*spec, *codes, float(damping), mode,
-                                       *_rows(blocks[j], y, A, s), q.Ri, q.mean,
-                                       *_rows(blocks[j], tau, nu, t_new, n_new), dPs[j], dhs[j]),
-        len(blocks))
+
+    def block(j):
+        if before is not None:
+            before(j)
+        return _sparse.refine_block(*spec, *codes, float(damping), mode,
+                                    *_rows(blocks[j], y, A, s), q.Ri, q.mean,
+                                    *_rows(blocks[j], tau, nu, t_new, n_new), dPs[j], dhs[j])
+    results = _parallel.over_blocks(block, len(blocks))
     skipped, n_fixed = check_refined(results, blocks, first_row)
     dP = add_blocks(dPs, np.zeros((m, m)), lower=True)
     _sparse.mirror_lower(dP)
