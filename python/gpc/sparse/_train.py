@@ -252,14 +252,20 @@ class LocalBatch:
             "whitened", (self.size, factor.m)))
         return self._whitened
 
+    def _whiten_blocks(self, factor):
+        """:meth:`_whiten` as per-block tasks (InducingFactor.whiten_blocks) for the caller's
+        own pass to run first in each of its blocks; the result kept as :meth:`_whiten` keeps it."""
+        block, _, self._whitened = factor.whiten_blocks(
+            self.Xb, keep_cross=True, out=self.state.workspace("whitened", (self.size, factor.m)))
+        return block
+
     def _first_row(self):
         return 0 if self.rows is None else self.rows.start or 0
 
     def match_sites(self, factor, cavity, rule=EP):
         """Each row's site matched against the tied cavity; their sums (Σ τ a aᵀ, Σ ν a).  Each
         block of rows is whitened right before its match, in one pass."""
-        whiten, _, self._whitened = factor.whiten_blocks(
-            self.Xb, keep_cross=True, out=self.state.workspace("whitened", (self.size, factor.m)))
+        whiten = self._whiten_blocks(factor)
         A, s, _ = self._whitened
         tau, nu, dP, dh = tied_block_sites(self.likelihood, self.yb, A, s, cavity, rule,
                                            before=whiten)
@@ -286,9 +292,7 @@ class LocalBatch:
                 raise RuntimeError("minibatch steps on sites without their directions: call "
                                    "SEPState.start_minibatches first")
             state.V = _pages.zeros((state.n, factor.m), dtype=np.float32)
-        # each block of rows whitened right before its sites are swapped, in one pass
-        whiten, _, self._whitened = factor.whiten_blocks(
-            self.Xb, keep_cross=True, out=state.workspace("whitened", (self.size, factor.m)))
+        whiten = self._whiten_blocks(factor)   # each block whitened right before its swap
         A, s, _ = self._whitened
         P, h = q.P.copy(), q.h.copy()
         t_new, n_new, V_new, n_fresh, self.n_fixed = swap_block_sites(
@@ -380,8 +384,10 @@ def _refine_minibatch(state, rows, damping):
         state.skipped_passes += 1
         rows.revert()
     else:
-        if state.learns:     # the prior term's Σ_w beside the evidence's blocks; with the rows'
-            if rows.u_space:  # directions its u-space parts L⁻ᵀΣ_wL⁻¹ and K_uu⁻¹ (prior_term_u)
+        if state.learns:
+            # the prior term's parts as side tasks beside the evidence's blocks: Σ_w, or with
+            # the rows' directions its u-space L⁻ᵀΣ_wL⁻¹ and K_uu⁻¹ (ep.prior_term_u)
+            if rows.u_space:
                 state.q.prefetch_cov(state.factor.Li)
                 state.factor.prefetch_inverse()
             else:

@@ -621,9 +621,10 @@ def prior_term(q):
 
 def prior_term_u(q, factor):
     """:func:`prior_term` in u-space, ∂/∂K_uu = L⁻ᵀ G L⁻¹ itself, without the congruence:
-    ½(L⁻ᵀΣ_wL⁻¹ + ν νᵀ - K_uu⁻¹) with ν = L⁻ᵀμ_w, the first from R⁻¹L⁻¹ (:meth:`NaturalPosterior.cov_u`)
-    and the last from L⁻¹ (:meth:`InducingFactor.inverse`), two Gram products of m³/6 each where
-    the congruence takes m³/2 (exactly symmetric, as each of its terms)."""
+    ½(L⁻ᵀΣ_wL⁻¹ + ν νᵀ - K_uu⁻¹) with ν = L⁻ᵀμ_w, the first from R⁻¹L⁻¹
+    (:meth:`NaturalPosterior.cov_u`) and the last from L⁻¹ (:meth:`InducingFactor.inverse`), two
+    Gram products of m³/6 each where the congruence takes m³/2 (exactly symmetric, as each of its
+    terms)."""
     G = q.cov_u(factor.Li)
     nu = factor.Li.T @ q.mean
     G += np.outer(nu, nu)
