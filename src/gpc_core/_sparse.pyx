@@ -36,6 +36,12 @@ cdef int _check_columns(Py_ssize_t cols, Py_ssize_t m, str name) except -1:
     return 0
 
 
+cdef int _check_factor(Py_ssize_t rows, Py_ssize_t cols, str name, Py_ssize_t m) except -1:
+    """An m x m factor (or m x m sums) beside a block A of m columns: square, and A's columns."""
+    _check_square(rows, cols, name)
+    return _check_columns(m, rows, "A")
+
+
 cdef int _upper_inverse(double* U, int n, int lda) noexcept nogil:
     """U (Fortran upper triangular, n x n, leading dimension lda) := U^-1 in place, recursively:
     inv([[U11, U12], [0, U22]]) = [[U11^-1, -U11^-1 U12 U22^-1], [0, U22^-1]], the off-diagonal
@@ -738,8 +744,7 @@ def weighted_sums_block(const double[:, ::1] A, const double[::1] tau, const dou
     :func:`add_weighted_gram`)."""
     cdef Py_ssize_t k = A.shape[0], m = A.shape[1]
     _check_rows(k, (tau.shape[0], nu.shape[0]))
-    _check_square(dP.shape[0], dP.shape[1], "dP")
-    _check_columns(m, dP.shape[0], "A")
+    _check_factor(dP.shape[0], dP.shape[1], "dP", m)
     _check_rows(m, (dh.shape[0],))
     cdef double[:, ::1] work = np.empty((max(k, 1), m))
     with nogil:
@@ -779,24 +784,20 @@ def refine_block(int kind, double eps, const double[::1] gh_nodes, const double[
     cdef bint directions = V_out is not None
     if sums not in (_SUMS_NEW, _SUMS_CHANGE, _SUMS_SWAP):
         raise ValueError(f"sums must be SUMS_NEW, SUMS_CHANGE or SUMS_SWAP, got {sums}")
-    _check_square(Ri.shape[0], Ri.shape[1], "Ri")
-    _check_columns(m, Ri.shape[0], "A")
+    _check_factor(Ri.shape[0], Ri.shape[1], "Ri", m)
     _check_block(k, m, "A", A.shape[0], A.shape[1])
     _check_rows(k, (s.shape[0], tau.shape[0], nu.shape[0], tau_out.shape[0], nu_out.shape[0]))
-    _check_square(dP.shape[0], dP.shape[1], "dP")
-    _check_columns(m, dP.shape[0], "A")
+    _check_factor(dP.shape[0], dP.shape[1], "dP", m)
     _check_rows(m, (mu.shape[0], dh.shape[0]))
     if swap:
         if V_old is None or L is None:
             raise ValueError("SUMS_SWAP needs V_old and L")
-        _check_square(L.shape[0], L.shape[1], "L")
-        _check_columns(m, L.shape[0], "A")
+        _check_factor(L.shape[0], L.shape[1], "L", m)
         _check_block(k, m, "V_old", V_old.shape[0], V_old.shape[1])
     if (Li is None) != (V_out is None):
         raise ValueError("Li and V_out go together")
     if directions:
-        _check_square(Li.shape[0], Li.shape[1], "Li")
-        _check_columns(m, Li.shape[0], "A")
+        _check_factor(Li.shape[0], Li.shape[1], "Li", m)
         _check_block(k, m, "V_out", V_out.shape[0], V_out.shape[1])
     if not (0.0 < damping <= 1.0):
         raise ValueError(f"damping must be in (0, 1], got {damping}")
@@ -884,8 +885,7 @@ def evidence_block(int kind, double eps, const double[::1] gh_nodes, const doubl
     cdef Py_ssize_t k = y.shape[0], m = A.shape[1], i
     cdef bint gradient = G is not None, to_kernel = Li is not None
     cdef bint u_space = gradient and cavity and V is not None
-    _check_square(Ri.shape[0], Ri.shape[1], "Ri")
-    _check_columns(m, Ri.shape[0], "A")
+    _check_factor(Ri.shape[0], Ri.shape[1], "Ri", m)
     _check_block(k, m, "A", A.shape[0], A.shape[1])
     _check_rows(k, (s.shape[0], tau.shape[0], nu.shape[0], g_s.shape[0]))
     _check_rows(m, (mu.shape[0],))
@@ -893,16 +893,13 @@ def evidence_block(int kind, double eps, const double[::1] gh_nodes, const doubl
         raise ValueError("G and AtG go together")
     if gradient:
         _check_block(k, m, "G", G.shape[0], G.shape[1])
-        _check_square(AtG.shape[0], AtG.shape[1], "AtG")
-        _check_columns(m, AtG.shape[0], "A")
+        _check_factor(AtG.shape[0], AtG.shape[1], "AtG", m)
     if to_kernel:
-        _check_square(Li.shape[0], Li.shape[1], "Li")
-        _check_columns(m, Li.shape[0], "A")
+        _check_factor(Li.shape[0], Li.shape[1], "Li", m)
     if u_space:
         if Li is None or RiLi is None:
             raise ValueError("the u-space cavity gradient (V given) needs Li and RiLi")
-        _check_square(RiLi.shape[0], RiLi.shape[1], "RiLi")
-        _check_columns(m, RiLi.shape[0], "A")
+        _check_factor(RiLi.shape[0], RiLi.shape[1], "RiLi", m)
         _check_block(k, m, "V", V.shape[0], V.shape[1])
     check_codes(rule, 0)
     make_spec(&spec, kind, eps, gh_nodes, gh_weights, py_likelihood)
