@@ -64,7 +64,8 @@ class SparseMultiClassGPC(GPCEstimator):
         Fixed bounds ("fixed") hold a hyperparameter.  One kernel is cloned for every class
         unless ``shared_kernel``; a list gives each class its own.
     n_inducing : int, default 100
-        m, the inducing points of each class (at most n).
+        m, the inducing points of each class.  With ``inducing_points`` "kmeans" or "random", an
+        m above the n training rows warns and uses n (as scikit-learn's ``Nystroem`` does).
     inducing_points : "kmeans", "random" or array (m, d), default "kmeans"
         As for :class:`gpc.SparseGaussianProcessClassifier`; every class starts at the same points.
     method : "ep" or "vi", default "ep"
@@ -350,9 +351,6 @@ class SparseMultiClassGPC(GPCEstimator):
         self._check_label_noise(C)
         self._check_validation_data()
         rng = self._rng()
-        if isinstance(self.inducing_points, str) and self.n_inducing > n:
-            raise ValueError(f"n_inducing={self.n_inducing} is more than the {n} training rows: "
-                             f"m inducing points need m <= n")
         Z = initial_inducing(X, self.n_inducing, self.inducing_points, rng)
         kernels = self._kernels(X, C, rng)
         for kern in kernels:

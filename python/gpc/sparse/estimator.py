@@ -73,7 +73,11 @@ def initial_inducing(X, m, how, rng):
         return Z.copy()
     if how not in ("kmeans", "random"):
         raise ValueError(f"inducing_points must be 'kmeans', 'random' or an array, got {how!r}")
-    m = min(m, n)
+    if m > n:
+        # scikit-learn's Nystroem does the same with n_components > n_samples
+        warnings.warn(f"n_inducing={m} is more than the {n} training rows: {n} inducing points are "
+                      f"used (pass n_inducing <= {n} to silence this)", UserWarning, stacklevel=4)
+        m = n
     if how == "random":
         return _distinct(as_rows(X, np.sort(rng.choice(n, size=m, replace=False))))
     sample = as_rows(X, np.sort(rng.choice(n, size=min(n, max(_INIT_ROWS, m)), replace=False)))
@@ -140,7 +144,8 @@ class SparseGaussianProcessClassifier(GPCEstimator):
         Default: ConstantKernel(1.0) * RBF(median distance of a subsample) (the median heuristic).
         Fixed bounds ("fixed") hold a hyperparameter.
     n_inducing : int, default 100
-        m, the number of inducing points (at most n).
+        m, the number of inducing points.  With ``inducing_points`` "kmeans" or "random", an
+        m above the n training rows warns and uses n (as scikit-learn's ``Nystroem`` does).
     inducing_points : "kmeans", "random" or array (m, d), default "kmeans"
         k-means (scipy) on a subsample of at most 10,000 rows, random rows, or given points.
     method : "ep", "pl", "gfitc" or "svi", default "ep"

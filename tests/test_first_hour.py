@@ -1,0 +1,33 @@
+"""The first hour of a new user: estimators that agree with each other and with scikit-learn's
+conventions, messages that print plain values, results that say what they are."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from gpc import (GaussianProcessClassifier, MultiClassGPC, SparseGaussianProcessClassifier,
+                 SparseMultiClassGPC)
+
+
+def _blobs(n, classes, seed=0, d=2):
+    rng = np.random.default_rng(seed)
+    y = np.arange(n) % classes
+    X = rng.normal(size=(n, d)) + 2.0 * np.eye(classes, d)[y]
+    return X, y
+
+
+# -- n_inducing above n: both sparse estimators warn and use n ------------------------------------
+@pytest.mark.parametrize("cls, classes", [(SparseGaussianProcessClassifier, 2),
+                                          (SparseMultiClassGPC, 3)])
+def test_n_inducing_above_n_warns_and_uses_n(cls, classes):
+    X, y = _blobs(24, classes)
+    clf = cls(n_inducing=50, inducing_points="random", max_iter=2, random_state=0)
+    with pytest.warns(UserWarning, match=r"n_inducing=50 is more than the 24 training rows"):
+        clf.fit(X, y)
+    # every training row is an inducing point
+    Z = clf.inducing_points_ if hasattr(clf, "inducing_points_") else None
+    assert Z is not None
+    Zs = Z if isinstance(Z, list) else [Z]
+    for Zk in Zs:
+        assert np.asarray(Zk).shape == (24, 2)
