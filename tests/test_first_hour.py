@@ -31,3 +31,18 @@ def test_n_inducing_above_n_warns_and_uses_n(cls, classes):
     Zs = Z if isinstance(Z, list) else [Z]
     for Zk in Zs:
         assert np.asarray(Zk).shape == (24, 2)
+
+
+# -- messages print plain values ------------------------------------------------------------------
+@pytest.mark.parametrize("cls", [GaussianProcessClassifier, MultiClassGPC,
+                                 SparseGaussianProcessClassifier, SparseMultiClassGPC])
+@pytest.mark.parametrize("label, shown", [(np.int64(3), "3"), (np.str_("a"), "'a'")])
+def test_one_class_message_prints_the_label_plainly(cls, label, shown):
+    X, _ = _blobs(12, 2)
+    y = np.full(12, label)
+    with pytest.raises(ValueError) as info:
+        cls().fit(X, y)
+    message = str(info.value)
+    assert "np." not in message
+    # the drop-in keeps scikit-learn's wording, "(only class a is present)"
+    assert any(f"class {v}" in message or f"class ({v})" in message for v in (shown, shown.strip("'")))

@@ -5,6 +5,15 @@ import numbers
 import numpy as np
 
 
+def plain(value):
+    """``value`` as a plain Python object for a message: a NumPy scalar (a class label, a count)
+    becomes its Python scalar, so that ``f"{plain(v)!r}"`` prints ``0`` or ``'a'``, never
+    ``np.int64(0)`` or ``np.str_('a')``; arrays become lists; anything else is returned as is."""
+    if isinstance(value, (np.generic, np.ndarray)):
+        return value.tolist()
+    return value
+
+
 def check_finite_array(a, name, ndim=None, dtype=np.float64) -> np.ndarray:
     """Return ``a`` as a contiguous float array, raising ValueError for NaN, inf or a wrong rank."""
     if hasattr(a, "toarray") or hasattr(a, "tocsr"):

@@ -3,7 +3,7 @@
 import numpy as np
 
 from .._estimator import GPCEstimator, check_n_jobs, median_length_scale, random_generator
-from .._validation import check_optimizer, check_positive_float, check_positive_int
+from .._validation import check_optimizer, check_positive_float, check_positive_int, plain
 from ..kernels import RBF, as_kernel
 from ..optimize import maximise_evidence
 from .ep import blas_threads, rmgpc_ep
@@ -299,7 +299,7 @@ class MultiClassGPC(GPCEstimator):
         self.n_classes_ = len(self.classes_)
         self.n_features_in_ = X.shape[1]
         if self.n_classes_ < 2:
-            raise ValueError(f"only one class ({self.classes_[0]!r}) is present in y; classification "
+            raise ValueError(f"only one class ({plain(self.classes_[0])!r}) is present in y; classification "
                              "needs at least two")
         self._check_label_noise()
         if self.kernel is None:     # the median heuristic: a length scale on the features' scale

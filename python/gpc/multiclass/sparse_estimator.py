@@ -8,7 +8,7 @@ import numpy as np
 
 from .. import _parallel
 from .._estimator import BLOCK_ROWS, GPCEstimator
-from .._validation import check_positive_float
+from .._validation import check_positive_float, plain
 from ..kernels import as_kernel, user_kernel
 from ..sparse._passes import as_block, block_ranges
 from ..sparse.estimator import (SparseGaussianProcessClassifier, _check_theta_in_bounds,
@@ -306,7 +306,7 @@ class SparseMultiClassGPC(GPCEstimator):
         noise = self._check_params()
         classes = np.unique(y)
         if len(classes) < 2:
-            raise ValueError(f"only one class ({classes[0]!r}) is present in y; classification "
+            raise ValueError(f"only one class ({plain(classes[0])!r}) is present in y; classification "
                              "needs at least two")
         with _parallel.pinned_blas():   # the first K_uu factors as every later one's:
             self._start_fit(X, y, classes, noise)   # the same bits whatever BLAS's threads

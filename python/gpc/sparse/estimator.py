@@ -14,7 +14,7 @@ from scipy.cluster.vq import kmeans2
 
 from .. import _parallel
 from .._estimator import GPCEstimator, _scale_of, as_rows, check_n_jobs, median_length_scale
-from .._validation import check_positive_float, check_positive_int
+from .._validation import check_positive_float, check_positive_int, plain
 from ..kernels import RBF, ConstantKernel, as_kernel, user_kernel
 from ..likelihoods import get_likelihood
 from ._passes import as_block, block_ranges
@@ -404,7 +404,7 @@ class SparseGaussianProcessClassifier(GPCEstimator):
         likelihood = self._check_params()
         classes = np.unique(y)
         if len(classes) < 2:
-            raise ValueError(f"only one class ({classes[0]!r}) is present in y; GP classification "
+            raise ValueError(f"only one class ({plain(classes[0])!r}) is present in y; GP classification "
                              "needs at least two classes")
         with _parallel.pinned_blas():   # the first K_uu factors as every later one's:
             self._start_fit(X, y, classes, likelihood)   # the same bits whatever BLAS's threads
