@@ -111,6 +111,42 @@ def test_methods_pick_sections_and_filter_them(tmp_path, capsys):
     assert "== multiclass ==" not in stdout
 
 
+def test_progress_lines_per_section_and_method_on_stderr(capsys):
+    argv = ["compare", "--quick", "--methods", "laplace", "sparse-ep", "rmgpc"]
+    code, stdout, err = run_cli(argv, capsys)
+    assert code == 0, err
+    lines = err.splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "exact section", "  laplace probit", "sparse section", "  sparse-ep m=8", "multiclass section",
+        "  rmgpc"]
+    assert "test error" in lines[1] and "s CPU" in lines[1]
+    assert "exact section" not in stdout                  # the tables alone on stdout
+    code, _, err = run_cli(argv[:1] + ["--quiet"] + argv[1:], capsys)
+    assert code == 0 and err == ""
+
+
+def _record(task):
+    return {"task": task, "error": 0.0, "fit_cpu_seconds": 0.0}
+
+
+def test_map_fits_reports_each_method_when_its_last_fit_ends():
+    events = []
+
+    def fit(task):
+        events.append(f"fit {task}")
+        return _record(task)
+
+    results = compare.map_fits(fit, [0, 1, 2], ["a", "a", "b"],
+                               done=lambda key, rs: events.append(f"done {key} {[r['task'] for r in rs]}"))
+    assert [r["task"] for r in results] == [0, 1, 2]
+    assert events == ["fit 0", "fit 1", "done a [0, 1]", "fit 2", "done b [2]"]
+    # in a process pool: the same results and groups
+    seen = []
+    results = compare.map_fits(_record, [0, 1, 2], ["a", "a", "b"], jobs=2,
+                               done=lambda key, rs: seen.append((key, [r["task"] for r in rs])))
+    assert [r["task"] for r in results] == [0, 1, 2] and seen == [("a", [0, 1]), ("b", [2])]
+
+
 def test_section_flag_restricts_the_bare_run(tmp_path, capsys):
     out = tmp_path / "r.json"
     code, _, err = run_cli(["compare", "--quick", "--quiet", "--section", "multiclass", "--methods", "rmgpc",

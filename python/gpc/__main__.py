@@ -66,7 +66,8 @@ def build_parser():
     cmp_.add_argument("--out", help="write every section's records as JSON")
     cmp_.add_argument("--plot", help="write a PNG of test error and NLL against fit time, a column per "
                                      "section (needs matplotlib)")
-    cmp_.add_argument("--quiet", action="store_true", help="no progress bar")
+    cmp_.add_argument("--quiet", action="store_true",
+                      help="no progress lines (one per section and per method, on stderr)")
 
     add_parsers(sub)
     from .distributed.cli import add_parser as add_distributed

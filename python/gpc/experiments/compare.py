@@ -22,6 +22,8 @@ the machine runs.
 
 import contextlib
 import json
+import os
+import sys
 import time
 import warnings
 from typing import NamedTuple
@@ -32,7 +34,7 @@ from .. import datasets
 from ..classifier import GaussianProcessClassifier
 from ..exceptions import ConvergenceWarning
 from ..kernels import ConstantKernel, RBF
-from ._common import map_tasks, standardise
+from ._common import _share_cores, standardise
 
 #: method labels (the PL paper's names for the EP/PL schedules) -> (method, schedule)
 METHOD_LABELS = {
@@ -170,8 +172,62 @@ def _fit_one(task):
             "log_evidence": float(clf.log_marginal_likelihood_value_), **fit}
 
 
+def say(options, line):
+    """A progress line on stderr, flushed at once (``--quiet`` leaves it out); the tables go to stdout."""
+    if options["progress"]:
+        print(line, file=sys.stderr, flush=True)
+
+
+def map_fits(fn, tasks, keys, jobs=1, done=None):
+    """``fn`` over ``tasks``, in a process pool when ``jobs`` > 1; the results in task order.
+
+    ``keys`` (one per task, each key's tasks next to each other) group the tasks into methods:
+    ``done(key, results)`` is called as soon as a key's last task has finished, in key order, so
+    that a long section reports each method as it completes.
+    """
+    left = {}
+    for key in keys:
+        left[key] = left.get(key, 0) + 1
+    pool = None
+    if jobs > 1 and len(tasks) > 1:
+        from concurrent.futures import ProcessPoolExecutor
+        pool = ProcessPoolExecutor(max_workers=jobs, initializer=_share_cores, initargs=(jobs,))
+    results, group = [], []
+    try:
+        for key, result in zip(keys, pool.map(fn, tasks) if pool else map(fn, tasks)):
+            results.append(result)
+            group.append(result)
+            left[key] -= 1
+            if not left[key]:
+                if done is not None:
+                    done(key, group)
+                group = []
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    return results
+
+
+def cpu_seconds(records):
+    """The fits' CPU seconds, summed over the records that have them."""
+    return sum(r.get("fit_cpu_seconds", 0.0) for r in records)
+
+
+def fit_line(label, records):
+    """One progress line for a method's finished fits: its label, test error and CPU time."""
+    ok = [r for r in records if r.get("error") is not None]
+    if not ok:
+        return f"  {label}: failed"
+    error = np.mean([r["error"] for r in ok])
+    folds = f"{len(ok)} fits, " if len(records) > 1 else ""
+    failed = f", {len(records) - len(ok)} failed" if len(ok) < len(records) else ""
+    return f"  {label}: {folds}test error {error:.3f}, {cpu_seconds(ok):.1f} s CPU{failed}"
+
+
 def run(X, y, labels, likelihoods, n_folds=5, seed=0, jobs=1, progress=None):
-    """Cross-validate every (method label, likelihood) pair; returns one summary record per pair."""
+    """Cross-validate every (method label, likelihood) pair; returns one summary record per pair.
+
+    ``progress``: the options of :func:`say`, or None for no progress lines."""
     folds = stratified_folds(y, n_folds, seed)
     tasks = []
     for label in labels:
@@ -181,7 +237,13 @@ def run(X, y, labels, likelihoods, n_folds=5, seed=0, jobs=1, progress=None):
             for k, test in enumerate(folds):
                 train = np.setdiff1d(np.arange(len(y)), test)
                 tasks.append((X[train], y[train], X[test], y[test], label, lik, seed + k))
-    results = map_tasks(_fit_one, tasks, jobs=jobs, desc="exact fits", show=bool(progress))
+    keys = [(t[4], t[5]) for t in tasks]
+
+    def done(key, results):
+        if progress is not None:
+            say(progress, fit_line(" ".join(key), results))
+
+    results = map_fits(_fit_one, tasks, keys, jobs=jobs, done=done)
     return summarise(results, n_folds)
 
 
@@ -251,8 +313,9 @@ def run_exact(data, labels, options):
     if counts.min() < folds:
         raise ValueError(f"{name}: class {classes[np.argmin(counts)]!r} has {counts.min()} points, fewer "
                          f"than --folds {folds}")
+    say(options, f"exact section: {name}, n = {len(y)}, {len(labels)} methods x {folds} folds")
     records = run(X, y, labels, options["likelihoods"], n_folds=folds, seed=options["seed"],
-                  jobs=options["jobs"], progress=options["progress"])
+                  jobs=options["jobs"], progress=options)
     for r in records:
         r["dataset"] = name
     title = (f"{name}: n = {len(y)}, d = {X.shape[1]}, {folds}-fold CV, kernel σ² exp(−‖x−x'‖²/2ℓ²), "

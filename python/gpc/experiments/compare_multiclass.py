@@ -13,8 +13,7 @@ P(zᵢ = 1 | y, X) (RMGPC eq. (21), ``outlier_probability_``).
 
 import numpy as np
 
-from ._common import map_tasks
-from .compare import held_out_fit, held_out_table, holdout_split
+from .compare import fit_line, held_out_fit, held_out_table, holdout_split, map_fits, say
 from .rmgpc_glass_outliers import PAPER_PROBABILITY
 from .rmgpc_table2 import _classifier
 
@@ -71,8 +70,9 @@ def run_section(data, labels, options):
     X_tr, y_tr, X_te, y_te, train = holdout_split(data.X, data.y, TEST_FRACTION, options["seed"])
     rows = data.rows[train]
     work = [(X_tr, y_tr, X_te, y_te, label, options["seed"], rows) for label in labels]
-    records = map_tasks(_fit_one, work, jobs=options["jobs"], desc="multi-class fits",
-                        show=options["progress"])
+    say(options, f"multiclass section: {data.name}, {len(y_tr)} training rows, {len(work)} fits")
+    records = map_fits(_fit_one, work, list(range(len(work))), jobs=options["jobs"],
+                       done=lambda _, rs: say(options, fit_line(rs[0]["label"], rs)))
     for r in records:
         r["dataset"] = data.name
     classes, counts = np.unique(data.y, return_counts=True)

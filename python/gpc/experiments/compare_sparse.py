@@ -12,8 +12,8 @@ CPU at n = 2000 on banana), so it sees fewer rows in the same time.
 
 from ..classifier import GaussianProcessClassifier
 from ..sparse import SparseGaussianProcessClassifier
-from ._common import map_tasks
-from .compare import default_kernel, held_out_fit, held_out_table, holdout_split, stratified_subset
+from .compare import (default_kernel, fit_line, held_out_fit, held_out_table, holdout_split, map_fits, say,
+                      stratified_subset)
 
 #: method labels -> SparseGaussianProcessClassifier's method (None: exact EP on a subset)
 METHODS = {"exact-ep": None, "sparse-ep": "ep", "gfitc": "gfitc", "svi": "svi"}
@@ -68,7 +68,9 @@ def run_section(data, labels, options):
     if not work:
         raise ValueError(f"the sparse section has nothing to fit: its estimator takes the likelihoods "
                          f"{', '.join(SPARSE_LIKELIHOODS)}")
-    records = map_tasks(_fit_one, work, jobs=options["jobs"], desc="sparse fits", show=options["progress"])
+    say(options, f"sparse section: {data.name}, {n_train} training rows, {len(work)} fits")
+    records = map_fits(_fit_one, work, list(range(len(work))), jobs=options["jobs"],
+                       done=lambda _, rs: say(options, fit_line(rs[0]["label"], rs)))
     for r in records:
         r["dataset"] = data.name
     title = (f"{data.name}: {n_train} training / {n_test} test rows (stratified), d = {data.X.shape[1]}, "
