@@ -6,6 +6,8 @@ import warnings
 import numpy as np
 import pytest
 
+from helpers import run_cli
+
 from gpc import (GaussianProcessClassifier, MultiClassGPC, SparseGaussianProcessClassifier,
                  SparseMultiClassGPC)
 
@@ -46,3 +48,25 @@ def test_one_class_message_prints_the_label_plainly(cls, label, shown):
     assert "np." not in message
     # the drop-in keeps scikit-learn's wording, "(only class a is present)"
     assert any(f"class {v}" in message or f"class ({v})" in message for v in (shown, shown.strip("'")))
+
+
+# -- sep-distributed takes --quiet ----------------------------------------------------------------
+@pytest.mark.parametrize("quiet", [False, True])
+def test_sep_distributed_quiet(monkeypatch, capsys, quiet):
+    """``--quiet`` is accepted and leaves out the progress lines on stderr; the table stays.  The
+    cluster is replaced by the in-process fit, so the test needs no Dask."""
+    import contextlib
+
+    from gpc.distributed import cli
+
+    @contextlib.contextmanager
+    def in_process(**how):
+        yield None
+
+    monkeypatch.setattr(cli, "open_client", in_process)
+    argv = ["sep-distributed", "--dask-workers", "1", "--synthetic", "200", "--n-inducing", "5",
+            "--max-iter", "2"] + (["--quiet"] if quiet else [])
+    code, out, err = run_cli(argv, capsys)
+    assert code in (None, 0), err
+    assert "1 worker" in out and "in process" in out
+    assert ("sep-distributed: fitting" in err) is not quiet

@@ -3,7 +3,7 @@
     gpc sep-distributed [--dask-workers N [N ...] | --scheduler ADDRESS]
                         [--data NAME | --synthetic N | --fashion-mnist DIR [--subsample N]]
                         [--n-inducing M] [--max-iter K] [--batch-size B] [--seed S]
-                        [--out FILE.json] [--plots DIR]
+                        [--out FILE.json] [--plots DIR] [--quiet]
 
 Fits ``SparseGaussianProcessClassifier(method="ep", client=...)`` on a training split, once in
 process and once per cluster, and prints the seconds per iteration (median of iterations 2, 3, ...),
@@ -15,12 +15,14 @@ differ from the in-process fit's: the figures agree in distribution, not digit f
 ``--fashion-mnist DIR`` takes the MNIST-size stand-in of ``gpc reproduce sep-mnist`` (60,000
 training and 10,000 test images, odd against even class codes; SEP Fig. 3 right is on MNIST).
 ``--out`` writes the records as JSON, ``--plots DIR`` draws seconds per iteration and speedup
-against the number of workers (``sep-distributed.png``). :func:`open_client` is the same choice for
+against the number of workers (``sep-distributed.png``).  A progress line goes to stderr as each fit
+starts (``--quiet`` leaves them out, as in ``gpc compare``). :func:`open_client` is the same choice for
 any other command.
 """
 
 import contextlib
 import logging
+import sys
 import time
 
 import numpy as np
@@ -119,6 +121,7 @@ def add_parser(sub):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", metavar="FILE", help="write the records as JSON")
     p.add_argument("--plots", metavar="DIR", help="draw time and speedup against workers into DIR")
+    p.add_argument("--quiet", action="store_true", help="no progress lines (one per fit, on stderr)")
     return p
 
 
@@ -178,6 +181,12 @@ def _fit(client, args, Xtr, ytr, Xte, yte):
             "log_z": clf.log_marginal_likelihood_value_}
 
 
+def _progress(text, quiet):
+    """A progress line on stderr, flushed at once, unless ``quiet``; the table goes to stdout."""
+    if not quiet:
+        print(f"sep-distributed: {text}", file=sys.stderr, flush=True)
+
+
 def main(args):
     """Run the fits and print one row each; returns the records."""
     if args.n_inducing < 1 or args.max_iter < 1 or (args.batch_size is not None and args.batch_size < 1):
@@ -189,10 +198,13 @@ def main(args):
     how = "batch SEP" if args.batch_size is None else f"SEP, minibatches of {args.batch_size}"
     print(f"{how} on {name}: {len(ytr)} training rows, {len(yte)} test rows, m = {args.n_inducing}, "
           f"{args.max_iter} iterations")
+    quiet = getattr(args, "quiet", False)
+    _progress("fitting in process", quiet)
     records = [dict(where="in process", **_fit(None, args, Xtr, ytr, Xte, yte))]
     runs = [("scheduler " + args.scheduler, dict(scheduler=args.scheduler))] if args.scheduler else \
         [(f"{w} worker{'s' * (w > 1)}", dict(dask_workers=w)) for w in workers]
     for label, how in runs:
+        _progress(f"fitting on {label}", quiet)
         with open_client(**how) as client:
             records.append(dict(where=label, **_fit(client, args, Xtr, ytr, Xte, yte)))
     base = records[0]["seconds_per_iteration"]
