@@ -70,3 +70,66 @@ def test_sep_distributed_quiet(monkeypatch, capsys, quiet):
     assert code in (None, 0), err
     assert "1 worker" in out and "in process" in out
     assert ("sep-distributed: fitting" in err) is not quiet
+
+
+# -- reproduce pl-table1: its folds in the title, the cores by default, resumable -----------------
+_TINY = dict(dataset_names=["crabs"], likelihoods=["probit"], methods=["laplace"], n_folds=3,
+             jobs=1, progress=False)
+
+
+def test_pl_table1_resumes_after_an_interrupt(tmp_path, monkeypatch):
+    """An interrupt after the first fold keeps that fold in the cache; the rerun computes only the
+    other two and gives the table of an uninterrupted run, bit for bit (JSON keeps floats
+    exactly)."""
+    from gpc.experiments import pl_table1
+
+    fit = pl_table1._fit_fold
+    whole = pl_table1.run(**_TINY)
+    calls = []
+
+    def interrupted(task):
+        if calls:
+            raise KeyboardInterrupt
+        calls.append(task)
+        return fit(task)
+
+    cache = tmp_path / "folds.jsonl"
+    monkeypatch.setattr(pl_table1, "_fit_fold", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pl_table1.run(**_TINY, cache=str(cache))
+    assert len(cache.read_text().splitlines()) == 1
+
+    def counted(task):
+        calls.append(task)
+        return fit(task)
+
+    calls.clear()
+    monkeypatch.setattr(pl_table1, "_fit_fold", counted)
+    resumed = pl_table1.run(**_TINY, cache=str(cache))
+    assert len(calls) == 2
+    assert resumed == whole
+    assert len(cache.read_text().splitlines()) == 3
+    assert pl_table1.format_table(resumed).startswith("PL Table I: 3-fold CV error")
+
+
+def test_pl_table1_jobs_default_to_the_available_cores(tmp_path, monkeypatch, capsys):
+    import os
+
+    from gpc.experiments import pl_table1
+
+    seen = {}
+
+    def fake_run(*args, **kwargs):
+        seen.update(kwargs)
+        return []
+
+    monkeypatch.setattr(pl_table1, "run", fake_run)
+    code, _, err = run_cli(["reproduce", "pl-table1", "--datasets", "crabs", "--quiet"], capsys)
+    assert code in (None, 0), err
+    assert seen["jobs"] == len(os.sched_getaffinity(0))
+    # an explicit --jobs wins, and --out puts the cache next to it
+    out = tmp_path / "t.json"
+    code, _, err = run_cli(["reproduce", "pl-table1", "--datasets", "crabs", "--quiet", "--jobs", "1",
+                            "--out", str(out)], capsys)
+    assert code in (None, 0), err
+    assert seen["jobs"] == 1 and seen["cache"] == str(out) + ".folds.jsonl"

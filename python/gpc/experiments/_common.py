@@ -1,12 +1,14 @@
 """Helpers shared by the reproductions: whitening, progress bars, data paths."""
 
 import contextlib
+import json
 import os
 import warnings
 from importlib import resources
 
 import numpy as np
 
+from .._estimator import available_cores
 from ..exceptions import ConvergenceWarning
 
 def data_path(filename):
@@ -84,17 +86,74 @@ def _share_cores(jobs):
         from threadpoolctl import threadpool_limits
     except ImportError:  # pragma: no cover - threadpoolctl comes with the test extra
         return
-    threadpool_limits(max(1, (os.cpu_count() or 1) // jobs))
+    threadpool_limits(max(1, available_cores() // jobs))
 
 
-def map_tasks(fn, tasks, jobs=1, desc=None, show=True):
-    """fn over tasks, in a process pool when jobs > 1, with a progress bar; results in task order."""
-    if jobs > 1 and len(tasks) > 1:
-        from concurrent.futures import ProcessPoolExecutor
-        with ProcessPoolExecutor(max_workers=jobs, initializer=_share_cores,
-                                 initargs=(jobs,)) as pool:
-            return list(progress(pool.map(fn, tasks), total=len(tasks), desc=desc, enabled=show))
-    return [fn(t) for t in progress(tasks, total=len(tasks), desc=desc, enabled=show)]
+class TaskCache:
+    """Results of finished tasks in a JSON-lines file, one ``{"key": ..., "result": ...}`` per
+    line, appended as each task finishes: a run that is interrupted keeps them, and a run with the
+    same file skips the tasks whose key it holds.
+
+    A result must survive a JSON round trip (numbers, strings, None, lists, dicts); floats do so
+    exactly.  A last line cut short by the interrupt is ignored.
+    """
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        self.done = {}
+        if os.path.exists(self.path):
+            with open(self.path, encoding="utf-8") as fh:
+                text = fh.read()
+            for line in text.splitlines():
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError:   # the line being written when the run stopped
+                    continue
+                self.done[entry["key"]] = entry["result"]
+            if text and not text.endswith("\n"):
+                with open(self.path, "a", encoding="utf-8") as fh:
+                    fh.write("\n")
+
+    def add(self, key, result):
+        """Record one finished task (written and flushed at once)."""
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"key": key, "result": result}) + "\n")
+        self.done[key] = result
+
+
+def map_tasks(fn, tasks, jobs=1, desc=None, show=True, cache=None, cache_keys=None):
+    """fn over tasks, in a process pool when jobs > 1, with a progress bar; results in task order.
+
+    With ``cache`` (a :class:`TaskCache`) and ``cache_keys`` (one string per task), the tasks
+    whose key the cache holds take their result from it, and every other task's result is added
+    to it as soon as that task finishes.
+    """
+    results = [None] * len(tasks)
+    todo = list(range(len(tasks)))
+    if cache is not None:
+        todo = [i for i in todo if cache_keys[i] not in cache.done]
+        for i in set(range(len(tasks))) - set(todo):
+            results[i] = cache.done[cache_keys[i]]
+
+    def finish(i, result):
+        results[i] = result
+        if cache is not None:
+            cache.add(cache_keys[i], result)
+
+    if jobs > 1 and len(todo) > 1:
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+        pool = ProcessPoolExecutor(max_workers=jobs, initializer=_share_cores, initargs=(jobs,))
+        try:
+            futures = {pool.submit(fn, tasks[i]): i for i in todo}
+            for future in progress(as_completed(futures), total=len(todo), desc=desc, enabled=show):
+                finish(futures[future], future.result())
+        finally:
+            # an interrupt cancels the tasks that have not started instead of waiting for them
+            pool.shutdown(wait=True, cancel_futures=True)
+    else:
+        for i in progress(todo, total=len(todo), desc=desc, enabled=show):
+            finish(i, fn(tasks[i]))
+    return results
 
 
 def check_names(names, allowed, kind, experiment):
@@ -106,15 +165,17 @@ def check_names(names, allowed, kind, experiment):
                              f"{', '.join(allowed)}")
 
 
-def map_cells(fn, tasks, keys, jobs=1, desc=None, show=True, cost=None):
-    """fn over tasks (:func:`map_tasks`), the results grouped by their task's key: {key: [results
-    in task order]}, keys in the order they first occur.  With ``cost`` (a function of a task)
-    the costliest tasks start first, so that a pool's last tasks are short; the grouping does not
-    depend on the order."""
+def map_cells(fn, tasks, keys, jobs=1, desc=None, show=True, cost=None, cache=None,
+              cache_keys=None):
+    """fn over tasks (:func:`map_tasks`, with its ``cache`` and ``cache_keys``), the results grouped
+    by their task's key: {key: [results in task order]}, keys in the order they first occur.  With
+    ``cost`` (a function of a task) the costliest tasks start first, so that a pool's last tasks are
+    short; the grouping does not depend on the order."""
     order = list(range(len(tasks)))
     if cost is not None:
         order.sort(key=lambda i: -cost(tasks[i]))
-    done = map_tasks(fn, [tasks[i] for i in order], jobs=jobs, desc=desc, show=show)
+    done = map_tasks(fn, [tasks[i] for i in order], jobs=jobs, desc=desc, show=show, cache=cache,
+                     cache_keys=None if cache_keys is None else [cache_keys[i] for i in order])
     results = [None] * len(tasks)
     for i, r in zip(order, done):
         results[i] = r

@@ -13,16 +13,24 @@ Protocol (PL §IV):
   negative sites instead (docs/guide/negative_variances.rst);
 * Laplace is absent with the noisy threshold (its gradient is zero almost everywhere).
 
-The folds are stratified and seeded (the paper does not give its folds).
+The folds are stratified and seeded (the paper does not give its folds).  The fits run on the
+available cores by default (``--jobs``), and each finished fold is appended to a cache file as it
+completes (``--cache FILE``, by default next to ``--out``), so that an interrupted run picks up
+where it stopped.
 """
+
+import json
+import os
+import sys
 
 import numpy as np
 
 from .. import datasets
+from .._estimator import available_cores
 from ..classifier import GaussianProcessClassifier
 from ..kernels import ConstantKernel, RBF, WhiteKernel
 from ..likelihoods import DEFAULT_GH_ORDER, Logit, NoisyThreshold, Probit
-from ._common import check_names, count_convergence_warnings, map_cells, mean_se, whiten
+from ._common import TaskCache, check_names, count_convergence_warnings, map_cells, mean_se, whiten
 from .compare import stratified_folds
 
 DATASETS = ("breast_cancer", "crabs", "glass", "ionosphere", "thyroid", "housing")
@@ -68,6 +76,11 @@ PAPER_AVERAGE = {
 SIGMA2_NOISE = 0.1
 MAX_ITER = 10
 PAPER_GH_ORDER = 10
+
+
+def default_jobs():
+    """``--jobs`` when not given: the cores this process may run on (the fits are independent)."""
+    return available_cores()
 
 
 def paper_error(dataset, likelihood, method):
@@ -140,25 +153,36 @@ def cells(dataset_names, likelihoods, methods, gh_orders):
 
 
 def run(dataset_names=DATASETS, likelihoods=LIKELIHOODS, methods=METHODS, n_folds=10, gh_orders=None,
-        seed=0, jobs=1, progress=True, eps=None):
+        seed=0, jobs=1, progress=True, eps=None, cache=None):
     """Run the table; returns one record per (dataset, likelihood, GH order, method).
 
     Records: dataset, likelihood, method, error_mean, error_se, n_folds (folds that ran), plus
     gh_order, nll_mean, n_failed, failures, n_convergence_warnings, paper (the paper's error or None).
+    ``cache``: a path; each finished fold is appended to it as it completes, keyed by its cell,
+    fold, number of folds, seed and ε, and a fold found there is not run again.
     """
     gh_orders = list(gh_orders or [PAPER_GH_ORDER])
     check_names(methods, METHODS, "method", "pl-table1")
     check_names(likelihoods, LIKELIHOODS, "likelihood", "pl-table1")
     data = {d: load(d) for d in dataset_names}
     table = cells(dataset_names, likelihoods, methods, gh_orders)
-    tasks, keys = [], []
+    tasks, keys, fold_keys = [], [], []
     for d, lik, gh, m in table:
         X, y = data[d]
         for k, test in enumerate(stratified_folds(y, n_folds, seed)):
             train = np.setdiff1d(np.arange(len(y)), test)
             tasks.append((X[train], y[train], X[test], y[test], m, lik, gh, eps, seed + k))
             keys.append((d, lik, gh, m))
-    grouped = map_cells(_fit_fold, tasks, keys, jobs=jobs, desc="pl-table1 fits", show=progress)
+            fold_keys.append(json.dumps([d, lik, gh, m, k, n_folds, seed, eps]))
+    store = None
+    if cache is not None:
+        store = TaskCache(cache)
+        found = sum(key in store.done for key in fold_keys)
+        if found and progress:
+            print(f"pl-table1: {found} of {len(tasks)} fits found in {cache}", file=sys.stderr,
+                  flush=True)
+    grouped = map_cells(_fit_fold, tasks, keys, jobs=jobs, desc="pl-table1 fits", show=progress,
+                        cache=store, cache_keys=fold_keys)
     records = []
     for cell in table:
         rs = grouped.get(cell, [])
@@ -180,7 +204,8 @@ def format_table(records):
     """Rows likelihood × method, columns data sets: 'ours ± se (paper)'."""
     dsets = [d for d in DATASETS if any(r["dataset"] == d for r in records)]
     head = f"{'lik.':<16}{'alg.':<8}{'GH':>4} " + " ".join(f"{d[:13]:>22}" for d in dsets) + f" {'Ave.':>14}"
-    lines = ["PL Table I: 10-fold CV error, ours ± s.e. (paper)", head, "-" * len(head)]
+    folds = max((r["n_folds"] + r.get("n_failed", 0) for r in records), default=0)
+    lines = [f"PL Table I: {folds}-fold CV error, ours ± s.e. (paper: 10-fold)", head, "-" * len(head)]
     rows = []
     for r in records:
         key = (r["likelihood"], r["gh_order"], r["method"])
@@ -217,6 +242,10 @@ def add_arguments(parser):
                              f"(= {DEFAULT_GH_ORDER}); default 10 as in the paper")
     parser.add_argument("--eps", type=float, default=None,
                         help="noisy-threshold ε (the paper does not state it; default the project's)")
+    parser.add_argument("--cache", metavar="FILE",
+                        help="append each finished fold to FILE and skip the folds found there "
+                             "(default: OUT.folds.jsonl next to --out, removed once the table is "
+                             "written); delete it to recompute")
 
 
 def main(args):
@@ -233,9 +262,15 @@ def main(args):
                 gh.append(int(g))
             except ValueError:
                 raise ValueError(f"--gh-order takes integers or 'default', got {g!r}") from None
+    cache = getattr(args, "cache", None)
+    implicit = cache is None and bool(args.out)
+    if implicit:
+        cache = args.out + ".folds.jsonl"
     records = run(names, args.likelihoods or LIKELIHOODS, args.methods or METHODS,
                   n_folds=args.folds or 10, gh_orders=gh, seed=args.seed, jobs=args.jobs,
-                  progress=not args.quiet, eps=args.eps)
+                  progress=not args.quiet, eps=args.eps, cache=cache)
+    if implicit and os.path.exists(cache):
+        os.remove(cache)   # the --out file now holds every fold's cell
     print(format_table(records))
     if args.plots:
         from .plots import plot_pl_table1

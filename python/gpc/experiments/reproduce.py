@@ -71,7 +71,10 @@ def add_parsers(sub):
         p.add_argument("--datasets", nargs="+", metavar="NAME", help="subset of the experiment's data sets")
         p.add_argument("--methods", nargs="+", metavar="M", help="subset of the experiment's methods")
         p.add_argument("--seed", type=int, default=0)
-        p.add_argument("--jobs", type=int, default=1, help="processes (where the experiment has many fits)")
+        p.add_argument("--jobs", type=int, default=None,
+                       help="processes (where the experiment has many fits; default: "
+                            + ("the available cores" if hasattr(module(name), "default_jobs") else "1")
+                            + ")")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
         module(name).add_arguments(p)
     return rep
@@ -96,11 +99,15 @@ def _jsonable(obj):
 def main(args):
     if args.folds is not None and args.folds < 2:
         raise ValueError("--folds must be at least 2")
+    experiment = module(args.experiment)
+    if args.jobs is None:
+        # an experiment whose fits are independent says how many processes it takes by default
+        args.jobs = experiment.default_jobs() if hasattr(experiment, "default_jobs") else 1
     if args.jobs < 1:
         raise ValueError("--jobs must be at least 1")
     if args.plots:
         os.makedirs(args.plots, exist_ok=True)
-    records = module(args.experiment).main(args)
+    records = experiment.main(args)
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(_jsonable(records), fh, indent=1)
