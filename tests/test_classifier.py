@@ -12,7 +12,7 @@ from sklearn.gaussian_process.kernels import RBF as SkRBF, ConstantKernel as SkC
 from sklearn.utils.estimator_checks import check_estimator
 
 from gpc import GaussianProcessClassifier
-from gpc.datasets import load_breast_cancer, load_glass
+from gpc.datasets import load_breast_cancer_wisconsin_original, load_glass
 from gpc.kernels import RBF, ConstantKernel
 
 
@@ -22,7 +22,7 @@ def standardised(X):
 
 @pytest.fixture(scope="module")
 def cancer():
-    X, y = load_breast_cancer(return_X_y=True)
+    X, y = load_breast_cancer_wisconsin_original(return_X_y=True)
     return standardised(X), y
 
 

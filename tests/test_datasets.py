@@ -2,6 +2,7 @@
 give the documented counts, and load_csv fails loudly on bad input."""
 
 import hashlib
+import warnings
 from collections import Counter
 from importlib import resources
 
@@ -88,8 +89,8 @@ def test_shipped_files_match_readme_sha256():
 
 
 def test_breast_cancer_missing_handling():
-    imputed = datasets.load_breast_cancer(missing="median")
-    dropped = datasets.load_breast_cancer(missing="drop")
+    imputed = datasets.load_breast_cancer_wisconsin_original(missing="median")
+    dropped = datasets.load_breast_cancer_wisconsin_original(missing="drop")
     j = imputed.feature_names.index("V6")
     text = resources.files("gpc.datasets").joinpath("data", "breast_cancer_wisconsin.csv").read_text()
     empty = np.array([line.split(",")[j] == "" for line in text.splitlines()[1:]])
@@ -100,7 +101,32 @@ def test_breast_cancer_missing_handling():
     assert np.median(dropped.X[:, j]) == 1.0
     assert (imputed.X[empty, j] == 1.0).all()
     with pytest.raises(ValueError, match="missing"):
-        datasets.load_breast_cancer(missing="mean")
+        datasets.load_breast_cancer_wisconsin_original(missing="mean")
+
+
+def test_breast_cancer_old_name_warns_and_names_the_set():
+    with pytest.warns(FutureWarning, match="699 x 9 Wisconsin original.*load_breast_cancer_wisconsin_original"):
+        X, y = datasets.load_breast_cancer(return_X_y=True)
+    X_new, y_new = datasets.load_breast_cancer_wisconsin_original(return_X_y=True)
+    np.testing.assert_array_equal(X, X_new)
+    np.testing.assert_array_equal(y, y_new)
+    assert "load_breast_cancer" not in datasets.__all__
+    assert datasets.load("breast_cancer").X.shape == (699, 9)
+
+
+def test_string_labels_do_not_reach_infer_silently():
+    """The set's labels are strings: passed as they are, infer refuses them; mapped by a comparison
+    with a number (every row -1), infer warns of a one-class problem."""
+    from gpc import infer
+    _, y = datasets.load_breast_cancer_wisconsin_original(return_X_y=True)
+    K = np.eye(len(y))
+    with pytest.raises(ValueError, match="y must be numeric"):
+        infer(K, y)
+    with pytest.warns(UserWarning, match="only -1 labels, one class.*strings"):
+        infer(K, np.where(y == 1, 1.0, -1.0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        infer(K, np.where(y == "malignant", 1.0, -1.0))
 
 
 def test_crabs_species_encoding():

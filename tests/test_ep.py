@@ -5,7 +5,7 @@ import pytest
 from scipy import stats
 
 from gpc import NegativeVarianceError
-from gpc.datasets import load_breast_cancer
+from gpc.datasets import load_breast_cancer_wisconsin_original
 from gpc.inference import infer
 from gpc.inference import _sites
 from gpc.inference._sites import NegativeSitesWarning, ParallelMarginals
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*tol 1e-300:gpc.exceptions.Conv
 
 @pytest.fixture(scope="module")
 def cancer():
-    X, y = load_breast_cancer(return_X_y=True)
+    X, y = load_breast_cancer_wisconsin_original(return_X_y=True)
     X = (X - X.mean(0)) / X.std(0)
     y = np.where(y == np.unique(y)[1], 1.0, -1.0)
     return rbf(X[:250], 3.0, 4.0), y[:250]
@@ -214,7 +214,7 @@ def test_negative_sites_without_fixes_are_represented_exactly():
 @pytest.fixture(scope="module")
 def cancer_400():
     # n = 400 ≥ SINGLE_PRECISION_MIN_N, so parallel EP takes its single-precision early sweeps
-    X, y = load_breast_cancer(return_X_y=True)
+    X, y = load_breast_cancer_wisconsin_original(return_X_y=True)
     X = (X - X.mean(0)) / X.std(0)
     return rbf(X[:400], 3.0, 4.0), np.where(y[:400] == np.unique(y)[1], 1.0, -1.0)
 

@@ -5,7 +5,7 @@ import pytest
 
 import gpc.classifier
 from gpc import GaussianProcessClassifier
-from gpc.datasets import load_breast_cancer
+from gpc.datasets import load_breast_cancer_wisconsin_original
 from gpc.kernels import ConstantKernel, RBF
 from gpc.optimize import lbfgsb
 
@@ -42,7 +42,7 @@ def test_the_final_posterior_continues_from_the_optimisers_last_sites(monkeypatc
     # Every evaluation during the fit starts from the previous one's sites (as GPML's infEP); the
     # final posterior at the optimum must too (a cold restart can end elsewhere: undamped parallel
     # EP diverged from zero sites on breast cancer where the warm-started evaluations converged).
-    X, y = load_breast_cancer(return_X_y=True)
+    X, y = load_breast_cancer_wisconsin_original(return_X_y=True)
     X = (X - X.mean(0)) / X.std(0)
     calls = []
     real = gpc.classifier.infer

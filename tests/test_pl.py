@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from gpc.datasets import load_breast_cancer
+from gpc.datasets import load_breast_cancer_wisconsin_original
 from gpc.inference import infer
 from gpc.inference.pl import slr
 from gpc.likelihoods import Logit, NoisyThreshold, Probit
@@ -47,7 +47,7 @@ def test_matches_slow_reference(lik, schedule):
 
 
 def test_sequential_and_parallel_reach_the_same_fixed_point():
-    X, y = load_breast_cancer(return_X_y=True)
+    X, y = load_breast_cancer_wisconsin_original(return_X_y=True)
     X = (X - X.mean(0)) / X.std(0)
     y = np.where(y == np.unique(y)[1], 1.0, -1.0)
     K = rbf(X[:250], 3.0, 4.0)

@@ -1,6 +1,7 @@
 """Input checks shared by every entry point: fail early, with a message that names the problem."""
 
 import numbers
+import warnings
 
 import numpy as np
 
@@ -58,6 +59,11 @@ def check_signed_labels(y, n):
         raise ValueError(f"y has {y.shape[0]} labels but K is {n}x{n}")
     if not np.all((y == 1.0) | (y == -1.0)):
         raise ValueError("y must hold labels -1 and +1 only; the estimator maps class labels for you")
+    if n > 1 and np.all(y == y[0]):
+        warnings.warn(f"y holds only {y[0]:+.0f} labels, one class: the posterior and evidence are of a "
+                      "one-class problem. If the classes are strings, map them with np.where(y == "
+                      "positive_class, 1.0, -1.0) (a comparison of strings with a number is False for "
+                      "every row)", UserWarning, stacklevel=3)
     return y
 
 

@@ -16,6 +16,7 @@ from ._loaders import (
     load_australian,
     load_banana,
     load_breast_cancer,
+    load_breast_cancer_wisconsin_original,
     load_crabs,
     load_glass,
     load_heart,
@@ -29,7 +30,7 @@ from ._loaders import (
 )
 
 _LOADERS = {
-    "breast_cancer": load_breast_cancer,
+    "breast_cancer": load_breast_cancer_wisconsin_original,
     "crabs": load_crabs,
     "glass": load_glass,
     "ionosphere": load_ionosphere,
@@ -102,7 +103,8 @@ def load(name: str, **kwargs: Any) -> DatasetOrXy:
     name : str
         One of :func:`available`.
     **kwargs
-        Passed to the data set's ``load_<name>`` function.
+        Passed to the data set's loader: ``load_<name>``, and
+        :func:`load_breast_cancer_wisconsin_original` for "breast_cancer" (the papers' name).
     """
     _check_name(name)
     return _LOADERS[name](**kwargs)
@@ -110,5 +112,5 @@ def load(name: str, **kwargs: Any) -> DatasetOrXy:
 
 __all__ = [
     "Dataset", "available", "is_binary", "load", "load_csv", "N_CLASSES", "GROUPED", "PAPERS", "SHA256",
-    *[f"load_{n}" for n in _LOADERS],
+    *[loader.__name__ for loader in _LOADERS.values()],
 ]

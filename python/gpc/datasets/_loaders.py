@@ -7,6 +7,8 @@ covariance; RMGPC: zero mean and unit s.d. on the training split), so that belon
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from ._base import Dataset, DatasetOrXy, _read_table
@@ -58,8 +60,12 @@ def _multiclass_targets(y: np.ndarray) -> list:
 # --------------------------------------------------------------------------- PL paper sets
 
 
-def load_breast_cancer(*, missing: str = "median", return_X_y: bool = False) -> DatasetOrXy:
+def load_breast_cancer_wisconsin_original(*, missing: str = "median", return_X_y: bool = False) -> DatasetOrXy:
     """Wisconsin breast cancer (original), 699 x 9; benign 458 / malignant 241. Positive class: 'malignant'.
+
+    The UCI "Breast Cancer Wisconsin (Original)" set of the PL and SEP papers (``load("breast_cancer")``),
+    not scikit-learn's ``load_breast_cancer`` (the 569 x 30 "Diagnostic" set).  Its labels are the
+    strings 'benign' and 'malignant'; ``Dataset.y_pm1()`` gives them as -1 / +1.
 
     Parameters
     ----------
@@ -98,6 +104,30 @@ def load_breast_cancer(*, missing: str = "median", return_X_y: bool = False) -> 
         citation="Wolberg & Mangasarian (1990), PNAS 87:9193-9196 (UCI Breast Cancer Wisconsin, Original)",
         grouping="none: labels as in the source (benign / malignant)")
     return _finish(ds, return_X_y)
+
+
+def load_breast_cancer(*, missing: str = "median", return_X_y: bool = False) -> DatasetOrXy:
+    """Deprecated name of :func:`load_breast_cancer_wisconsin_original`; warns, then returns the same.
+
+    The name suggested scikit-learn's 569 x 30 set; this is the 699 x 9 original with string labels.
+
+    Parameters
+    ----------
+    missing : {'median', 'drop'}
+        As in :func:`load_breast_cancer_wisconsin_original`.
+    return_X_y : bool, default=False
+        If True, return ``(X, y)`` instead of a :class:`Dataset`.
+
+    Returns
+    -------
+    Dataset or (X, y)
+        The Wisconsin original, 699 x 9 (683 with ``missing='drop'``), labels 'benign' / 'malignant'.
+    """
+    warnings.warn("gpc.datasets.load_breast_cancer is the 699 x 9 Wisconsin original with string labels "
+                  "'benign' / 'malignant', not scikit-learn's 569 x 30 set: call it by its name, "
+                  "load_breast_cancer_wisconsin_original (this alias will be removed)",
+                  FutureWarning, stacklevel=2)
+    return load_breast_cancer_wisconsin_original(missing=missing, return_X_y=return_X_y)
 
 
 def load_crabs(*, return_X_y: bool = False) -> DatasetOrXy:
