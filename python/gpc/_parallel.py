@@ -263,7 +263,8 @@ class _BlockWorkers:
 
 
 _block_workers = None
-#: seconds an interrupted pass waits for its running blocks to end
+#: an interrupted pass waits for the blocks its helpers are running (one block's work, each a
+#: short nogil call), not for a count of blocks; this only bounds a block that never ends
 _STOP_WAIT = 30.0
 
 
@@ -362,9 +363,14 @@ def over_blocks(fn, n_blocks):
     settled = itertools.count(1).__next__
     finished = threading.Event()
     first_block = len(side)
+    helpers_idle = threading.Condition()
+    busy = [0]                                  # helpers inside work (they are never interrupted)
 
     def work(caller=False):
         # every index taken is settled once, run or (after a stop) skipped; the last sets finished
+        if not caller:
+            with helpers_idle:
+                busy[0] += 1
         _local.in_block = True
         try:
             while True:
@@ -391,15 +397,19 @@ def over_blocks(fn, n_blocks):
                         finished.set()
         finally:
             _local.in_block = False
+            if not caller:
+                with helpers_idle:
+                    busy[0] -= 1
+                    helpers_idle.notify_all()
 
     _workers().post(work, threads - 1)
     try:
         work(caller=True)
         finished.wait()
-    except BaseException:           # KeyboardInterrupt: the blocks not started are skipped,
-        stop.append(True)           # the running ones end (bounded: a lost index cannot hang)
-        work(caller=True)
-        finished.wait(_STOP_WAIT)
+    except BaseException:           # KeyboardInterrupt: the blocks not started are skipped and
+        stop.append(True)           # the caller returns once the helpers' running blocks end;
+        with helpers_idle:          # an index the interrupt took from the caller is not awaited
+            helpers_idle.wait_for(lambda: busy[0] == 0, _STOP_WAIT)
         raise
     if errors:
         raise errors[min(errors)]
