@@ -133,3 +133,47 @@ def test_pl_table1_jobs_default_to_the_available_cores(tmp_path, monkeypatch, ca
                             "--out", str(out)], capsys)
     assert code in (None, 0), err
     assert seen["jobs"] == 1 and seen["cache"] == str(out) + ".folds.jsonl"
+
+
+# -- scikit-learn's test_warning_bounds with gpc's default EP -------------------------------------
+_X_SK = np.atleast_2d(np.linspace(0, 10, 30)).T      # scikit-learn's test_gpc data
+_Y_SK = np.array(np.sin(_X_SK).ravel() > 0, dtype=int)
+
+
+def _fit_recording(kernel):
+    clf = GaussianProcessClassifier(kernel=kernel)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        clf.fit(_X_SK, _Y_SK)
+    # a scikit-learn kernel warns with scikit-learn's ConvergenceWarning, a gpc kernel with gpc's
+    return clf, [str(r.message) for r in record if r.category.__name__ == "ConvergenceWarning"]
+
+
+def test_warning_bounds_scikit_learn_kernels():
+    """scikit-learn's test_warning_bounds, with EP: the length scale, started below its bounds,
+    is clipped to 1e3 and moved off it by one step of 1e-4 in log ℓ that L-BFGS-B's tolerance
+    cannot tell from the bound, so both bound warnings come, in scikit-learn's words."""
+    sk = pytest.importorskip("sklearn.gaussian_process.kernels")
+    kernel = sk.WhiteKernel(noise_level_bounds=[1e-5, 1e-3]) + sk.RBF(length_scale_bounds=[1e3, 1e5])
+    clf, messages = _fit_recording(kernel)
+    assert messages == [
+        "The optimal value found for dimension 0 of parameter k1__noise_level is close to the "
+        "specified upper bound 0.001. Increasing the bound and calling fit again may find a "
+        "better value.",
+        "The optimal value found for dimension 0 of parameter k2__length_scale is close to the "
+        "specified lower bound 1000.0. Decreasing the bound and calling fit again may find a "
+        "better value."]
+    # the warning does not move the fitted θ: it stays where the optimiser left it
+    assert clf.kernel_.theta[1] > np.log(1e3)
+    # a length scale well inside its bounds draws no warning
+    _, messages = _fit_recording(sk.RBF(1.0, length_scale_bounds=[1e-2, 1e2]))
+    assert messages == []
+
+
+def test_warning_bounds_gpc_kernels():
+    from gpc.kernels import RBF, WhiteKernel
+
+    _, messages = _fit_recording(WhiteKernel(1.0, (1e-5, 1e-3)) + RBF(1.0, (1e3, 1e5)))
+    assert len(messages) == 2
+    assert "noise_level" in messages[0] and "upper bound" in messages[0]
+    assert "length_scale" in messages[1] and "lower bound" in messages[1]

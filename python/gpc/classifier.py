@@ -18,7 +18,7 @@ from ._validation import check_finite_array, check_optimizer, check_positive_int
 from .inference import METHODS, infer
 from .kernels import ConstantKernel, RBF, as_kernel, user_kernel
 from .likelihoods import get_likelihood
-from .optimize import maximise_evidence
+from .optimize import bound_check_theta, maximise_evidence
 
 try:  # pragma: no branch
     from sklearn.gaussian_process.kernels import CompoundKernel as _CompoundKernel
@@ -179,11 +179,14 @@ class _BinaryGPC:
                 state["init"] = result
                 return value, grad
 
-            theta, _ = maximise_evidence(objective, self._kernel.theta, self._kernel.bounds,
-                                         optimizer=self.optimizer, n_restarts=self.n_restarts,
-                                         random_state=self.rng)
+            theta, value, grad = maximise_evidence(
+                objective, self._kernel.theta, self._kernel.bounds, optimizer=self.optimizer,
+                n_restarts=self.n_restarts, random_state=self.rng, return_gradient=True)
             self._kernel = self._kernel.clone_with_theta(theta)
-            self._kernel._check_bounds_params()   # scikit-learn's ConvergenceWarning at a bound
+            # scikit-learn's ConvergenceWarning at a bound, for the θ the optimiser cannot tell
+            # from a bound (bound_check_theta); the fitted θ stays as found
+            self._kernel.clone_with_theta(bound_check_theta(theta, self._kernel.bounds, value,
+                                                            grad))._check_bounds_params()
             # the final posterior continues from the optimiser's last one, as every evaluation did
             # (GPML's infEP keeps its sites across calls the same way): a cold restart can land
             # elsewhere, e.g. undamped parallel EP diverges from zero sites with logit at large σ²

@@ -12,6 +12,13 @@ from scipy.optimize import minimize
 
 from .exceptions import ConvergenceWarning
 
+#: L-BFGS-B's relative stopping tolerance on the objective (scipy's default ftol = factr · eps,
+#: factr = 1e7): a step that changes it by less ends the search
+LBFGSB_FTOL = 1e7 * np.finfo(float).eps
+#: the farthest from a bound (in log θ, i.e. 0.1 % of the value) that a hyperparameter may be and
+#: still be reported at it by :func:`bound_check_theta`
+NEAR_BOUND = 1e-3
+
 
 def lbfgsb(obj_func, initial_theta, bounds, maxiter=200, maxfun=1000):
     """Minimise ``obj_func(theta) -> (value, gradient)`` with L-BFGS-B; returns (theta, value).
@@ -62,7 +69,7 @@ def stop_message(res, what, advice):
 
 
 def maximise_evidence(objective, theta0, bounds, optimizer="fmin_l_bfgs_b", n_restarts=0,
-                      random_state=None):
+                      random_state=None, return_gradient=False):
     """Maximise a log evidence over θ.
 
     Parameters
@@ -81,11 +88,17 @@ def maximise_evidence(objective, theta0, bounds, optimizer="fmin_l_bfgs_b", n_re
     n_restarts : int
         Further starts drawn uniformly within ``bounds`` (which must then be finite).
     random_state : numpy Generator or RandomState
+    return_gradient : bool, default False
+        Also return the evidence gradient at the point returned (None if the optimiser returned a
+        point it never evaluated).
 
     Returns
     -------
     theta, log_evidence : the best point found and its log evidence.
+    gradient : ndarray or None
+        Only with ``return_gradient``.
     """
+    gradients = {}    # θ's bytes -> the evidence gradient there, for return_gradient
 
     def neg(theta, eval_gradient=True):
         # scikit-learn's obj_func protocol: (value, gradient), or the value alone without the gradient
@@ -93,6 +106,8 @@ def maximise_evidence(objective, theta0, bounds, optimizer="fmin_l_bfgs_b", n_re
         if not np.isfinite(value):
             # a point where the method broke down: make it unattractive, not fatal
             value, grad = -np.inf, np.zeros_like(theta)
+        if return_gradient:
+            gradients[np.asarray(theta, dtype=np.float64).tobytes()] = np.array(grad, dtype=np.float64)
         return (-value, -np.asarray(grad)) if eval_gradient else -value
 
     if optimizer in ("fmin_l_bfgs_b", "L-BFGS-B", "lbfgsb"):
@@ -113,4 +128,49 @@ def maximise_evidence(objective, theta0, bounds, optimizer="fmin_l_bfgs_b", n_re
         theta, value = run(neg, start, bounds=bounds)   # bounds by keyword, as scikit-learn calls
         if best_theta is None or value < best_value:
             best_theta, best_value = np.asarray(theta, dtype=np.float64), value
-    return best_theta, -best_value
+    if not return_gradient:
+        return best_theta, -best_value
+    return best_theta, -best_value, gradients.get(best_theta.tobytes())
+
+
+def bound_check_theta(theta, bounds, log_evidence, gradient):
+    """θ for a kernel's bound warning (``_check_bounds_params``): each hyperparameter that the
+    optimiser cannot tell from a bound moved onto that bound; the fitted θ itself is not changed.
+
+    L-BFGS-B stops when a step changes the objective by less than ``LBFGSB_FTOL`` (relative).  On
+    a flat evidence it can stop one such step away from a bound it started at, e.g. a length scale
+    whose initial value lies below its bounds is clipped to the lower bound, and the first step
+    (the gradient, 1e-4 in log ℓ) ends the search at ℓ = 1.0001 × the bound: scikit-learn's check
+    (``np.isclose`` of log values, relative 1e-5) then misses it.  A hyperparameter counts as at a
+    bound b when it is within ``NEAR_BOUND`` of it and moving it there changes the log evidence,
+    to first order, by less than the optimiser's own tolerance: |g_k (θ_k − b)| ≤ LBFGSB_FTOL ·
+    max(|log evidence|, 1).
+
+    Parameters
+    ----------
+    theta : ndarray (p,)
+        The optimiser's θ (log space).
+    bounds : ndarray (p, 2)
+        Its log-space bounds.
+    log_evidence : float
+        The log evidence at ``theta``.
+    gradient : ndarray (p,) or None
+        Its gradient at ``theta``; None: ``theta`` is returned as it is.
+
+    Returns
+    -------
+    ndarray (p,)
+    """
+    theta = np.array(theta, dtype=np.float64)
+    if gradient is None:
+        return theta
+    bounds = np.asarray(bounds, dtype=np.float64).reshape(-1, 2)
+    gradient = np.asarray(gradient, dtype=np.float64)
+    slack = LBFGSB_FTOL * max(abs(float(log_evidence)), 1.0)
+    for k in range(theta.size):
+        for b in bounds[k]:
+            gap = abs(theta[k] - b)
+            if np.isfinite(b) and gap <= NEAR_BOUND and abs(gradient[k]) * gap <= slack:
+                theta[k] = b
+                break
+    return theta
