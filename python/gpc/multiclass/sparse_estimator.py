@@ -150,6 +150,14 @@ class SparseMultiClassGPC(GPCEstimator):
     history_ : list of dicts per epoch: ``iteration``, ``seconds``, ``objective`` (log Z),
         ``reverted`` and, with ``validation_data``, ``val_error`` and ``val_nll``
 
+    Notes
+    -----
+    A KeyboardInterrupt during ``fit`` stops training and keeps the model of the last completed
+    step (a warning is issued); before the first completed step there is no model: the estimator
+    is left unfitted and the KeyboardInterrupt is raised.  A fit that raises an error leaves the
+    model of its last completed step if that is valid (ρ in [0, 1], a proper Beta, a finite log
+    Z), else an unfitted estimator (docs/reliability.md, "Fitted states and interrupts").
+
     Examples
     --------
     >>> import numpy as np
@@ -413,23 +421,50 @@ class SparseMultiClassGPC(GPCEstimator):
         self._trainer.n_jobs = self._n_jobs()
         rows, bar, interrupted = None, None, False
         try:
-            if self.client is None:
-                rows = MultiClassRows(X, y_index, Tasks())
-            else:
-                rows = EngineClassRows(MultiClassShards(self.client, X, y_index, state))
-            bar = self._progress_bar(epochs, self._trainer.steps_per_epoch(rows))
-            self._trainer.train(rows, epochs, bar.update, self._record)
-        except KeyboardInterrupt:
-            interrupted = True
-        finally:
-            if bar is not None:
-                bar.close()
-            if rows is not None:
-                self._sites_home = rows.close([state], interrupted)
+            try:
+                if self.client is None:
+                    rows = MultiClassRows(X, y_index, Tasks())
+                else:
+                    rows = EngineClassRows(MultiClassShards(self.client, X, y_index, state))
+                bar = self._progress_bar(epochs, self._trainer.steps_per_epoch(rows))
+                self._trainer.train(rows, epochs, bar.update, self._record)
+            except KeyboardInterrupt:
+                interrupted = True
+            finally:
+                if bar is not None:
+                    bar.close()
+                if rows is not None:
+                    self._sites_home = rows.close([state], interrupted)
+        except Exception:
+            if not self._has_model():         # a failed fit leaves no invalid model behind
+                self._unfit()
+            raise
+        if interrupted and not self._has_model():
+            # before the first completed step there is no model to keep
+            self._unfit()
+            raise KeyboardInterrupt("fit interrupted before its first completed step: the "
+                                    "estimator is not fitted")
         if interrupted:
             warnings.warn("fit interrupted: the model keeps its last completed step"
                           + ("" if self._sites_home else ", but the cluster kept its sites: "
                              "partial_fit cannot continue this fit"), RuntimeWarning, stacklevel=3)
+
+    #: what ``_start_fit`` and training set: removed by :meth:`_unfit`
+    _FIT_STATE = ("classes_", "n_features_in_", "_state", "_trainer", "history_", "_sites_home",
+                  "_start", "_batch")
+    _unfit = _SHARED._unfit
+
+    def _has_model(self):
+        """Whether the state holds a model whose attributes are valid: a completed step (a finite
+        log Z), ρ in [0, 1] and, under the Beta treatment, a proper Beta."""
+        state = self._state
+        if not np.isfinite(state.log_z):
+            return False
+        if getattr(state, "model", None) is not None and state.model.beta:
+            a, b = state.beta_posterior()
+            if not (a > 0 and b > 0):
+                return False
+        return bool(0.0 <= state.rho <= 1.0)
 
     # -- fitted attributes -------------------------------------------------------------------------
     @property

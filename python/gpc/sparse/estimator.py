@@ -253,7 +253,11 @@ class SparseGaussianProcessClassifier(GPCEstimator):
     Notes
     -----
     A KeyboardInterrupt during ``fit`` stops training and keeps the model of the last completed
-    step (a warning is issued); ``partial_fit`` continues from it.
+    step (a warning is issued); ``partial_fit`` continues from it.  Before the first completed
+    step of every problem (L-BFGS-B: its first evaluation) there is no model: the estimator is
+    left unfitted and the KeyboardInterrupt is raised.  A fit that raises an error leaves the
+    model of its last completed step, or an unfitted estimator if it completed none
+    (docs/reliability.md, "Fitted states and interrupts").
 
     Examples
     --------
@@ -509,21 +513,31 @@ class SparseGaussianProcessClassifier(GPCEstimator):
         bar = None
         self._training = True
         try:
-            if self.client is None:
-                rows = InProcessRows(X, targets)
-            else:
-                from ._distributed import DistributedFit
-                rows = EngineRows(DistributedFit(self.client, X, targets, states))
-            bar = self._progress_bar(epochs, self._trainer.steps_per_epoch(rows))
-            self._trainer.train(rows, epochs, bar.update, self._record)
-        except KeyboardInterrupt:
-            interrupted = True
-        finally:
-            self._training = False
-            if bar is not None:
-                bar.close()
-            if rows is not None:
-                self._sites_home = rows.close(states, interrupted)
+            try:
+                if self.client is None:
+                    rows = InProcessRows(X, targets)
+                else:
+                    from ._distributed import DistributedFit
+                    rows = EngineRows(DistributedFit(self.client, X, targets, states))
+                bar = self._progress_bar(epochs, self._trainer.steps_per_epoch(rows))
+                self._trainer.train(rows, epochs, bar.update, self._record)
+            except KeyboardInterrupt:
+                interrupted = True
+            finally:
+                self._training = False
+                if bar is not None:
+                    bar.close()
+                if rows is not None:
+                    self._sites_home = rows.close(states, interrupted)
+        except Exception:
+            if not self._has_model():         # a failed fit leaves no half-made model behind
+                self._unfit()
+            raise
+        if interrupted and not self._has_model():
+            # before the first completed step there is no model to keep
+            self._unfit()
+            raise KeyboardInterrupt("fit interrupted before its first completed step: the "
+                                    "estimator is not fitted")
         if interrupted and not self._sites_home:
             warnings.warn("fit interrupted: the model keeps its last completed step (θ, Z and q "
                           "predict as they did), but the cluster did not give its per-row sites "
@@ -533,6 +547,22 @@ class SparseGaussianProcessClassifier(GPCEstimator):
         elif interrupted:
             warnings.warn("fit interrupted: the model keeps its last completed step",
                           RuntimeWarning, stacklevel=3)
+
+    #: what ``_start_fit`` and training set: removed by :meth:`_unfit`
+    _FIT_STATE = ("classes_", "n_features_in_", "_problems", "_trainer", "history_",
+                  "_sites_home", "_start", "_batch", "_threads")
+
+    def _has_model(self):
+        """Whether every problem has completed a step (L-BFGS-B: an evaluation), so the states
+        hold a model whose attributes are valid: a finite log Z_q each."""
+        return all(np.isfinite(state.log_z) for state in self._trainer.states)
+
+    def _unfit(self):
+        """Back to an unfitted estimator (the policy of ``_train``: no model is better than an
+        invalid one)."""
+        for name in self._FIT_STATE:
+            if name in self.__dict__:
+                delattr(self, name)
 
     def _progress_bar(self, epochs, steps_per_epoch):
         """What ``_train`` tells of each step (``update()``) and of the end (``close()``): a tqdm bar
