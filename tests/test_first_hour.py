@@ -177,3 +177,71 @@ def test_warning_bounds_gpc_kernels():
     assert len(messages) == 2
     assert "noise_level" in messages[0] and "upper bound" in messages[0]
     assert "length_scale" in messages[1] and "lower bound" in messages[1]
+
+
+# -- feature_names_in_, as scikit-learn sets and checks it ----------------------------------------
+_SMALL = {GaussianProcessClassifier: dict(), MultiClassGPC: dict(max_iter=20),
+          SparseGaussianProcessClassifier: dict(n_inducing=5, max_iter=2),
+          SparseMultiClassGPC: dict(n_inducing=5, max_iter=2)}
+
+
+@pytest.mark.parametrize("cls", list(_SMALL), ids=lambda c: c.__name__)
+def test_feature_names_in(cls):
+    pd = pytest.importorskip("pandas")
+    X, y = _blobs(30, 3 if "Multi" in cls.__name__ else 2)
+    frame = pd.DataFrame(X, columns=["a", "b"])
+    clf = cls(random_state=0, **_SMALL[cls]).fit(frame, y)
+    assert list(clf.feature_names_in_) == ["a", "b"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # the same names: no warning
+        p = clf.predict_proba(frame)
+    renamed = frame.rename(columns={"b": "c"})
+    with pytest.raises(ValueError, match=r"Feature names unseen at fit time:\n- c\n"):
+        clf.predict(renamed)
+    with pytest.raises(ValueError, match="Feature names must be in the same order"):
+        clf.predict_proba(frame[["b", "a"]])
+    with pytest.warns(UserWarning, match="X does not have valid feature names, but "
+                                         f"{cls.__name__} was fitted with feature names"):
+        np.testing.assert_array_equal(clf.predict_proba(X), p)
+    # refitted on an array: the names are gone, and a frame at prediction warns
+    clf.fit(X, y)
+    assert not hasattr(clf, "feature_names_in_")
+    with pytest.warns(UserWarning, match=f"X has feature names, but {cls.__name__} was fitted "
+                                         "without feature names"):
+        clf.predict(frame)
+
+
+def test_local_feature_name_check_matches_scikit_learn():
+    """The rule used without scikit-learn gives scikit-learn's attribute, messages and errors."""
+    pd = pytest.importorskip("pandas")
+    validation = pytest.importorskip("sklearn.utils.validation")
+    from gpc._validation import _local_check_feature_names
+
+    class Est:
+        pass
+
+    fitted = pd.DataFrame(np.zeros((2, 7)), columns=list("abcdefg"))
+    cases = [fitted, fitted[list("gfedcba")], fitted.rename(columns=dict(zip("abcdefg", "hijklmn"))),
+             fitted.iloc[:, :3], np.zeros((2, 7)), pd.DataFrame(np.zeros((2, 2)), columns=["a", 1])]
+    outcomes = []
+    for check in (validation._check_feature_names, _local_check_feature_names):
+        got = []
+        for case in cases:
+            est = Est()
+            check(est, fitted, reset=True)
+            with warnings.catch_warnings(record=True) as record:
+                warnings.simplefilter("always")
+                try:
+                    check(est, case, reset=False)
+                    got.append(("ok", [str(r.message) for r in record]))
+                except (ValueError, TypeError) as exc:
+                    got.append((type(exc).__name__, str(exc)))
+        est = Est()
+        check(est, np.zeros((2, 7)), reset=True)
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            check(est, fitted, reset=False)
+        got.append(("no names at fit", [str(r.message) for r in record], hasattr(est, "feature_names_in_")))
+        outcomes.append(got)
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[1][2][0] == "ValueError" and outcomes[1][5][0] == "TypeError"

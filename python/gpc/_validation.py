@@ -15,6 +15,78 @@ def plain(value):
     return value
 
 
+def _feature_names(X):
+    """The string column names of a DataFrame-like X as an object array, None without them;
+    scikit-learn's ``_get_feature_names`` (names of mixed types are a TypeError)."""
+    columns = getattr(X, "columns", None)
+    if columns is None:
+        return None
+    names = np.asarray(columns, dtype=object)
+    kinds = sorted({type(name).__name__ for name in names})
+    is_str = [isinstance(name, str) for name in names]
+    if len(kinds) > 1 and any(is_str):
+        raise TypeError("Feature names are only supported if all input features have string names, "
+                        f"but your input has {kinds} as feature name / column name types. If you "
+                        "want feature names to be stored and validated, you must convert them all "
+                        "to strings, by using X.columns = X.columns.astype(str) for example. "
+                        "Otherwise you can remove feature / column names from your input data, or "
+                        "convert them all to a non-string data type.")
+    return names if len(names) and all(is_str) else None
+
+
+def _local_check_feature_names(estimator, X, *, reset):
+    """scikit-learn's ``_check_feature_names`` (1.9), for an install without scikit-learn."""
+    if reset:
+        names = _feature_names(X)
+        if names is not None:
+            estimator.feature_names_in_ = names
+        elif hasattr(estimator, "feature_names_in_"):
+            del estimator.feature_names_in_
+        return
+    fitted, given = getattr(estimator, "feature_names_in_", None), _feature_names(X)
+    name = type(estimator).__name__
+    if fitted is None and given is None:
+        return
+    if fitted is None:
+        warnings.warn(f"X has feature names, but {name} was fitted without feature names")
+        return
+    if given is None:
+        warnings.warn(f"X does not have valid feature names, but {name} was fitted with feature "
+                      "names")
+        return
+    if len(fitted) == len(given) and np.all(fitted == given):
+        return
+    unexpected, missing = sorted(set(given) - set(fitted)), sorted(set(fitted) - set(given))
+
+    def listed(names):
+        lines = [f"- {n}\n" for n in names[:5]]
+        return "".join(lines) + ("- ...\n" if len(names) > 5 else "")
+
+    message = "The feature names should match those that were passed during fit.\n"
+    if unexpected:
+        message += "Feature names unseen at fit time:\n" + listed(unexpected)
+    if missing:
+        message += "Feature names seen at fit time, yet now missing:\n" + listed(missing)
+    if not unexpected and not missing:
+        message += "Feature names must be in the same order as they were in fit.\n"
+    raise ValueError(message)
+
+
+def check_feature_names(estimator, X, reset):
+    """Set (``reset``: at ``fit``) or check ``estimator.feature_names_in_`` from X's string column
+    names, as scikit-learn does: scikit-learn's own ``_check_feature_names`` when it is installed,
+    else the same rule here.  At prediction, other names (or another order) raise ValueError, and
+    names on one side only warn."""
+    try:
+        from sklearn.utils.validation import _check_feature_names
+    except ImportError:   # scikit-learn < 1.6 has it as a method of BaseEstimator, or is absent
+        method = getattr(estimator, "_check_feature_names", None)
+        if method is not None:
+            return method(X, reset=reset)
+        _check_feature_names = _local_check_feature_names
+    return _check_feature_names(estimator, X, reset=reset)
+
+
 def check_finite_array(a, name, ndim=None, dtype=np.float64) -> np.ndarray:
     """Return ``a`` as a contiguous float array, raising ValueError for NaN, inf or a wrong rank."""
     if hasattr(a, "toarray") or hasattr(a, "tocsr"):
