@@ -245,3 +245,55 @@ def test_local_feature_name_check_matches_scikit_learn():
         outcomes.append(got)
     assert outcomes[0] == outcomes[1]
     assert outcomes[1][2][0] == "ValueError" and outcomes[1][5][0] == "TypeError"
+
+
+# -- exploring: InferenceResult's repr, posterior.predict's shapes, infer's default --------------
+def _problem(n=20, seed=0):
+    from helpers import rbf, toy
+
+    X, y = toy(n, seed)
+    return rbf(X) + 1e-6 * np.eye(n), y
+
+
+def test_inference_result_repr_is_a_short_summary():
+    from gpc import infer
+
+    K, y = _problem()
+    result = infer(K, y, method="ep")
+    text = repr(result)
+    assert text == (f"InferenceResult(method='ep', schedule='sequential', n=20, "
+                    f"log_evidence={result.log_evidence:.6g}, converged=True, "
+                    f"n_iter={result.n_iter})")
+    assert "bound method" not in text and len(text) < 120
+    assert repr(infer(K, y)).startswith("InferenceResult(method='laplace', n=20, ")
+
+
+@pytest.mark.parametrize("method", ["laplace", "ep", "mf-naive"])
+def test_posterior_predict_names_the_expected_shapes(method):
+    from gpc import infer
+
+    K, y = _problem()
+    result = infer(K, y, method=method)
+    K_cross, k_diag = K[:, :5], np.diag(K)[:5]
+    mean, var = result.predict(K_cross, k_diag)
+    assert mean.shape == var.shape == (5,)
+    with pytest.raises(ValueError, match=r"shape \(n_train, n_test\) = \(20, m\).*got shape "
+                                         r"\(5, 20\) \(it looks transposed: pass K_cross.T\)"):
+        result.predict(K_cross.T, k_diag)
+    with pytest.raises(ValueError, match=r"k_diag .* shape \(5,\); got shape \(4,\)"):
+        result.posterior.predict(K_cross, k_diag[:4])
+    with pytest.raises(ValueError, match=r"K_cross must be 2-D"):
+        result.predict(K_cross[:, 0], k_diag[:1])
+
+
+def test_infer_documents_why_its_default_differs_from_the_estimators():
+    import inspect
+
+    from gpc import infer
+
+    default = inspect.signature(infer).parameters["method"].default
+    estimator_default = GaussianProcessClassifier()._resolve()[0]
+    assert (default, estimator_default) == ("laplace", "ep")
+    doc = " ".join(infer.__doc__.split())
+    assert 'method : str, default "laplace"' in doc
+    assert "defaults to EP" in doc and 'Pass ``method="ep"`` for the estimator\'s posterior' in doc

@@ -34,6 +34,30 @@ def _gradient_matrix_in_place(M, sqrt_tau, alpha, lower):
     return M
 
 
+def check_predict_inputs(K_cross, k_diag, prior_mean, n):
+    """K_cross (n, m) and k_diag (m,) as float arrays, checked against the n training points, with
+    a message that names the shape expected (the prediction's matrix product would fail with
+    NumPy's ``matmul`` error, which names neither)."""
+    K_cross = np.asarray(K_cross, dtype=np.float64)
+    k_diag = np.asarray(k_diag, dtype=np.float64)
+    if K_cross.ndim != 2:
+        raise ValueError(f"K_cross must be 2-D, k(X_train, X_test) of shape (n_train, n_test) = "
+                         f"({n}, m); got shape {K_cross.shape}")
+    if K_cross.shape[0] != n:
+        hint = (" (it looks transposed: pass K_cross.T)" if K_cross.shape[1] == n else "")
+        raise ValueError(f"K_cross must be k(X_train, X_test) of shape (n_train, n_test) = ({n}, m) "
+                         f"for this posterior of {n} training points; got shape {K_cross.shape}"
+                         f"{hint}")
+    m = K_cross.shape[1]
+    if k_diag.shape != (m,):
+        raise ValueError(f"k_diag must be k(x*, x*) of each of the m = {m} test points, shape "
+                         f"({m},); got shape {k_diag.shape}")
+    if np.ndim(prior_mean) != 0 and np.shape(prior_mean) != (m,):
+        raise ValueError(f"prior_mean must be a number or of shape ({m},) (one per test point); "
+                         f"got shape {np.shape(prior_mean)}")
+    return K_cross, k_diag
+
+
 class SitePosterior:
     """Gaussian posterior from a GP prior and Gaussian sites with non-negative precisions.
 
@@ -181,7 +205,18 @@ class SitePosterior:
             k(x*, x*) for each test point.
         prior_mean : float or ndarray (m,)
             m0 at the test points.
+
+        Returns
+        -------
+        mean, var : ndarray (m,)
+
+        Raises
+        ------
+        ValueError
+            A ``K_cross`` that is not (n, m) for this posterior's n training points (e.g. the
+            transposed k(X_test, X_train)), or a ``k_diag`` or ``prior_mean`` that is not of length m.
         """
+        K_cross, k_diag = check_predict_inputs(K_cross, k_diag, prior_mean, self.sqrt_tau.shape[0])
         mean, var = self._predict_unclipped(K_cross, k_diag, prior_mean)
         return mean, np.maximum(var, 0.0)
 

@@ -6,7 +6,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 
-@dataclass
+@dataclass(repr=False)
 class InferenceResult:
     """A Gaussian approximation q(f) = N(mean, cov) to the posterior of the training latents.
 
@@ -50,6 +50,16 @@ class InferenceResult:
     gradient_matrix: Optional[Callable[[], np.ndarray]] = None
     info: dict = field(default_factory=dict)
     lower_gradient_matrix: Optional[Callable[[], np.ndarray]] = None
+
+    def __repr__(self):
+        """A one-line summary: method (and schedule), n, log evidence, convergence, iterations."""
+        method = f"method={self.method!r}"
+        if self.schedule is not None:
+            method += f", schedule={self.schedule!r}"
+        mean = getattr(self.posterior, "mean", None)
+        n = "?" if mean is None else len(mean)
+        return (f"InferenceResult({method}, n={n}, log_evidence={float(self.log_evidence):.6g}, "
+                f"converged={bool(self.converged)}, n_iter={int(self.n_iter)})")
 
     @property
     def mean(self):
