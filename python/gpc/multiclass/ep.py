@@ -35,9 +35,13 @@ definite: an accelerated trial is dropped, a damped step is retried with half th
 the inner loop's sweeps at fixed precisions may pass through states with an improper ψ̃ᵢ cavity (a
 full-step sequential ψ̃ᵢ sweep can move Q's Beta past an earlier point's site; that point's
 refinement waits until its cavity is proper again); they keep Q's Beta proper and the sites
-finite, and the loop hands on the best state it saw inside the domain.  A warm start from a state that does not fit the new covariances, or a run that still ends outside the
-domain, is restarted cold; only if that fails too is a :class:`~gpc.exceptions.DivergenceError`
-raised, so no invalid state is returned or carried into the next warm start.
+finite, and the loop hands on the best state it saw inside the domain.  The state a run ends in,
+converged or not, must also have a finite log evidence (16) ≤ 0: EP approximates the probability
+of discrete labels, and a positive value (seen on warm starts that end far from a fixed point, with
+a small fixed label noise) marks a diverged state.  A warm start from a state that does not fit
+the new covariances, or a run that still ends outside the domain, is restarted cold; only if that
+fails too is a :class:`~gpc.exceptions.DivergenceError` raised, so no invalid state is returned or
+carried into the next warm start.
 """
 
 import contextlib
@@ -54,6 +58,7 @@ from .._linalg import anderson_correction
 from .._multiclass import pair_moments, refine_outlier_prior, refine_pairs
 from .._special import softplus
 from ..exceptions import ConvergenceWarning, DivergenceError, NotPositiveDefiniteError
+from ..inference import _LOG_EVIDENCE_SLACK
 from ._block import ClassBlock
 
 
@@ -285,7 +290,7 @@ def rmgpc_ep(Ks, y, n_classes, a0=1.0, b0=9.0, robust=True, max_iter=500, tol=1e
     ------
     DivergenceError
         When neither the warm start nor a cold start reaches a state inside EP's domain (proper
-        class covariances, a proper Beta, finite sites and evidence).
+        class covariances, a proper Beta, finite sites, a finite log evidence ≤ 0).
     """
     y = np.ascontiguousarray(y, dtype=np.intp)
     l = int(n_classes)
@@ -650,14 +655,19 @@ def _run(blocks, y, model, max_iter, tol, damping, min_damping, init_sites, pool
 
 
 def _checked(res, model=None):
-    """``res`` if it lies in EP's domain, else _OutsideDomain: a finite log evidence, ρ̄ in (0, 1),
-    outlier probabilities in [0, 1], finite class means, and with ``model`` sites in its domain
-    (:meth:`_Model.domain_error`)."""
+    """``res`` if it lies in EP's domain, else _OutsideDomain: a finite log evidence ≤ 0 (the
+    argmax likelihood, with or without outliers, is a probability of the labels, so EP's
+    approximation (16) of log p(y) is ≤ 0 up to the rounding ``_LOG_EVIDENCE_SLACK`` of the binary
+    engine's check), ρ̄ in (0, 1), outlier probabilities in [0, 1], finite class means, and with
+    ``model`` sites in its domain (:meth:`_Model.domain_error`)."""
     why = None if model is None else model.domain_error(res.sites)
     if why is not None:
         raise _OutsideDomain(why)
     if not np.isfinite(res.log_evidence):
         raise _OutsideDomain(f"the log evidence is {res.log_evidence}")
+    if res.log_evidence > _LOG_EVIDENCE_SLACK:
+        raise _OutsideDomain(f"impossible log evidence {res.log_evidence:.6g} (a log probability of "
+                             f"the labels is <= 0, up to rounding {_LOG_EVIDENCE_SLACK:g})")
     rho = res.rho_mean
     if res.robust and not 0.0 < rho < 1.0:
         raise _OutsideDomain(f"the mean outlier rate {rho:.6g} is not in (0, 1)")
