@@ -297,3 +297,36 @@ def test_infer_documents_why_its_default_differs_from_the_estimators():
     doc = " ".join(infer.__doc__.split())
     assert 'method : str, default "laplace"' in doc
     assert "defaults to EP" in doc and 'Pass ``method="ep"`` for the estimator\'s posterior' in doc
+
+
+# -- type hints on the public API ----------------------------------------------------------------
+_PUBLIC = ("fit", "partial_fit", "predict", "predict_proba", "log_marginal_likelihood")
+
+
+@pytest.mark.parametrize("cls", list(_SMALL), ids=lambda c: c.__name__)
+def test_public_methods_are_annotated(cls):
+    import inspect
+
+    checked = 0
+    for name in _PUBLIC:
+        method = cls.__dict__.get(name)
+        if method is None:
+            continue
+        method = getattr(method, "fn", method)     # the drop-in's partial_fit descriptor
+        sig = inspect.signature(inspect.unwrap(method))
+        missing = [p.name for p in sig.parameters.values()
+                   if p.name != "self" and p.annotation is inspect.Parameter.empty]
+        assert not missing, f"{cls.__name__}.{name}: {missing} not annotated"
+        assert sig.return_annotation is not inspect.Signature.empty, f"{cls.__name__}.{name}"
+        checked += 1
+    assert checked >= 3
+
+
+def test_infer_is_annotated():
+    import inspect
+
+    from gpc import infer
+
+    sig = inspect.signature(infer)
+    assert all(p.annotation is not inspect.Parameter.empty for p in sig.parameters.values())
+    assert sig.return_annotation is not inspect.Signature.empty

@@ -106,7 +106,7 @@ def check_finite_array(a, name, ndim=None, dtype=np.float64) -> np.ndarray:
     return arr
 
 
-def check_kernel_matrix(K):
+def check_kernel_matrix(K) -> np.ndarray:
     """Check a prior covariance: square, symmetric to rounding, finite."""
     K = check_finite_array(K, "K", ndim=2)
     n = K.shape[0]

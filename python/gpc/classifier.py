@@ -443,7 +443,8 @@ class GaussianProcessClassifier(GPCEstimator):
             self.kernel_ = [b.kernel_ for b in fits]
 
     @_OnlyForOnline
-    def partial_fit(self, X, y, classes=None):
+    def partial_fit(self, X: ArrayLike, y: ArrayLike,
+                    classes: Optional[ArrayLike] = None) -> "GaussianProcessClassifier":
         """Streaming fit with the online ADF algorithm (``method="online"``, MF paper §5).
 
         Each call absorbs the new points in one assumed-density-filtering pass, starting from the
@@ -452,7 +453,7 @@ class GaussianProcessClassifier(GPCEstimator):
         unless the first batch contains them all.  One-vs-rest for more than two classes.
         """
         self._check_kernel()
-        X = self._check_X(X, fitting=not hasattr(self, "base_estimators_"))
+        X = cast(np.ndarray, self._check_X(X, fitting=not hasattr(self, "base_estimators_")))
         y = self._check_y(y, X.shape[0])
         method, likelihood = self._resolve()
         if not hasattr(self, "base_estimators_"):

@@ -7,15 +7,16 @@ here and add one ``Method`` entry.
 """
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .._linalg import cholesky_lower
 from ..exceptions import DivergenceError, NumericalError
 from .._validation import (check_kernel_matrix, check_positive_float, check_positive_int,
                            check_prior_mean, check_signed_labels)
-from ..likelihoods import get_likelihood
+from ..likelihoods import Likelihood, get_likelihood
 from . import ep, kl, laplace, meanfield, online, pl, vb
 from ._result import InferenceResult
 
@@ -64,8 +65,11 @@ def available_methods():
     return sorted(METHODS)
 
 
-def infer(K, y, likelihood="probit", method="laplace", schedule=None, prior_mean=None,
-          max_iter=None, tol=None, check_kernel=True, **options):
+def infer(K: ArrayLike, y: ArrayLike, likelihood: Union[str, Likelihood] = "probit",
+          method: str = "laplace", schedule: Optional[str] = None,
+          prior_mean: Optional[ArrayLike] = None, max_iter: Optional[int] = None,
+          tol: Optional[float] = None, check_kernel: bool = True,
+          **options: Any) -> InferenceResult:
     """Gaussian approximation of the posterior of a GP classifier's latent values.
 
     Parameters
@@ -137,13 +141,14 @@ def infer(K, y, likelihood="probit", method="laplace", schedule=None, prior_mean
             # K is positive definite only to rounding: the check accepted K + jitter·I, and that is
             # the K the method runs on (on the unjittered K, methods meet variances that are zero or
             # negative to rounding)
-            K = K.copy()
-            K.flat[:: K.shape[0] + 1] += jitter
+            jittered = np.array(K, dtype=np.float64)
+            jittered.flat[:: jittered.shape[0] + 1] += jitter
+            K = jittered
     else:  # the caller vouches for K (e.g. the optimiser, with K from a checked kernel): shape only
         K = np.ascontiguousarray(K, dtype=np.float64)
         if K.ndim != 2 or K.shape[0] != K.shape[1] or K.shape[0] == 0:
             raise ValueError(f"K must be a non-empty square matrix, got shape {K.shape}")
-    n = K.shape[0]
+    n = np.shape(K)[0]
     y = check_signed_labels(y, n)
     m0 = check_prior_mean(prior_mean, n)
     lik = get_likelihood(likelihood)

@@ -1,6 +1,9 @@
 """``MultiClassGPC``: RMGPC and SMGPC (RMGPC paper) as a scikit-learn-style estimator."""
 
+from typing import cast
+
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .._estimator import GPCEstimator, check_n_jobs, median_length_scale, random_generator
 from .._validation import check_optimizer, check_positive_float, check_positive_int, plain
@@ -286,14 +289,14 @@ class MultiClassGPC(GPCEstimator):
         return res, np.concatenate(grads)
 
     # -- fitting ----------------------------------------------------------------------------------
-    def fit(self, X, y):
+    def fit(self, X: ArrayLike, y: ArrayLike) -> "MultiClassGPC":
         """Fit θ by type-II ML (if an optimizer is given) and run EP at the optimum.
 
         An evaluation that fails (EP or Laplace finds no valid state and raises) is handed to the
         optimiser as a failed one (−inf) and never becomes the next evaluation's warm start.
         """
         self._check_params()
-        X = self._check_X(X, fitting=True)
+        X = cast(np.ndarray, self._check_X(X, fitting=True))
         y = self._check_y(y, X.shape[0])
         self.classes_, y_index = np.unique(y, return_inverse=True)
         self.n_classes_ = len(self.classes_)
@@ -320,7 +323,8 @@ class MultiClassGPC(GPCEstimator):
         self.fixed_amplitudes_ = self._amplitude_dims(X, n_kernels)
         free = np.ones(theta0.size, dtype=bool)
         free[self.fixed_amplitudes_] = False
-        theta, last = theta0, {}
+        theta = theta0
+        last: dict = {}
         if self.optimizer is not None and np.any(free):
             def full(t):
                 out = theta0.copy()
@@ -396,10 +400,10 @@ class MultiClassGPC(GPCEstimator):
             return self._evidence(theta, X, y, eval_gradient=False)
 
     # -- prediction -------------------------------------------------------------------------------
-    def predict_proba(self, X):
+    def predict_proba(self, X: ArrayLike) -> np.ndarray:
         """Class probabilities (m, l), columns in the order of ``classes_``; RMGPC eq. (19)-(20)."""
         self._check_fitted()
-        X = self._check_X(X, fitting=False)
+        X = cast(np.ndarray, self._check_X(X, fitting=False))
         if self.model == "heavy-tailed":
             kern = self.kernels_[0]
             size = len(self.classes_) * self.X_train_.shape[0]
@@ -415,6 +419,7 @@ class MultiClassGPC(GPCEstimator):
             diags.append(kd + self.noise_[k] if self.noise_ is not None else kd)
         return predict_proba(self.ep_result_, crosses, diags)
 
-    def predict(self, X):
+    def predict(self, X: ArrayLike) -> np.ndarray:
+        """The class with the largest predictive probability."""
         self._check_fitted()
         return self.classes_[np.argmax(self.predict_proba(X), axis=1)]

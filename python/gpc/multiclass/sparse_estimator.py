@@ -3,8 +3,10 @@
 import time
 import warnings
 from functools import partial
+from typing import Optional, cast
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .. import _parallel
 from .._estimator import BLOCK_ROWS, GPCEstimator
@@ -307,9 +309,9 @@ class SparseMultiClassGPC(GPCEstimator):
         return np.searchsorted(self.classes_, y).astype(np.intp)
 
     # -- fitting -------------------------------------------------------------------------------
-    def fit(self, X, y):
+    def fit(self, X: ArrayLike, y: ArrayLike) -> "SparseMultiClassGPC":
         """Initialise Z and the kernels, then train for ``max_iter`` epochs."""
-        X = self._check_X(X, fitting=True)
+        X = cast(np.ndarray, self._check_X(X, fitting=True))
         y = self._check_y(y, X.shape[0])
         noise = self._check_params()
         classes = np.unique(y)
@@ -321,7 +323,8 @@ class SparseMultiClassGPC(GPCEstimator):
         self._train(X, y, self._epochs(X.shape[0], self._batch))
         return self
 
-    def partial_fit(self, X, y, classes=None):
+    def partial_fit(self, X: ArrayLike, y: ArrayLike,
+                    classes: Optional[ArrayLike] = None) -> "SparseMultiClassGPC":
         """One more epoch over (X, y), continuing from the current state.
 
         The rows (and labels) must be those of the first ``fit``: each point keeps its sites
@@ -331,11 +334,11 @@ class SparseMultiClassGPC(GPCEstimator):
         and must be the same, or None, on later calls.
         """
         first = not hasattr(self, "_state")
-        X = self._check_X(X, fitting=first)
+        X = cast(np.ndarray, self._check_X(X, fitting=first))
         y = self._check_y(y, X.shape[0])
         if first:
             noise = self._check_params()
-        classes = self._partial_fit_classes(y, classes, first)
+        classes = cast(np.ndarray, self._partial_fit_classes(y, classes, first))
         if first:
             unknown = np.setdiff1d(np.unique(y), classes)
             if len(unknown):
@@ -529,7 +532,7 @@ class SparseMultiClassGPC(GPCEstimator):
         parts = self._blocks(X, lambda Xb, _, tasks: latent(Xb, tasks))
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
-    def predict_proba(self, X):
+    def predict_proba(self, X: ArrayLike) -> np.ndarray:
         """Class probabilities (n, C) in the order of ``classes_``: RMGPC eq. (19)-(20) with the
         sparse latent moments, ρ/C + (1 − ρ) P(argmax = c)."""
         self._check_fitted()
@@ -537,7 +540,7 @@ class SparseMultiClassGPC(GPCEstimator):
         rho = self._state.rho
         return rho / len(self.classes_) + (1.0 - rho) * argmax_probabilities(means, varis)
 
-    def predict(self, X):
+    def predict(self, X: ArrayLike) -> np.ndarray:
         """The class with the largest predictive probability."""
         self._check_fitted()
         return self.classes_[np.argmax(self.predict_proba(X), axis=1)]

@@ -8,8 +8,10 @@ linearisation on the same sites), "gfitc" or "svi" (the baselines of SEP §3).
 
 import time
 import warnings
+from typing import Optional, cast
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy.cluster.vq import kmeans2
 
 from .. import _parallel
@@ -401,9 +403,9 @@ class SparseGaussianProcessClassifier(GPCEstimator):
         return int(min(AUTO_BATCH_EPOCHS, max(AUTO_MIN_EPOCHS, -(-AUTO_ROWS // n))))
 
     # -- fitting -------------------------------------------------------------------------------
-    def fit(self, X, y):
+    def fit(self, X: ArrayLike, y: ArrayLike) -> "SparseGaussianProcessClassifier":
         """Initialise Z and the kernel, then train for ``max_iter`` epochs."""
-        X = self._check_X(X, fitting=True)
+        X = cast(np.ndarray, self._check_X(X, fitting=True))
         y = self._check_y(y, X.shape[0])
         likelihood = self._check_params()
         classes = np.unique(y)
@@ -462,7 +464,8 @@ class SparseGaussianProcessClassifier(GPCEstimator):
             return SVIMinibatch(states, likelihood, rng, batch, self.learning_rate, n_jobs=n_jobs)
         return LBFGSTrainer(states, likelihood, rng, n_jobs=n_jobs)
 
-    def partial_fit(self, X, y, classes=None):
+    def partial_fit(self, X: ArrayLike, y: ArrayLike,
+                    classes: Optional[ArrayLike] = None) -> "SparseGaussianProcessClassifier":
         """One more epoch over (X, y), continuing from the current state.
 
         The rows must be the training rows of the first ``fit``: each row keeps its sites between
@@ -474,11 +477,11 @@ class SparseGaussianProcessClassifier(GPCEstimator):
         first is the point it starts from.
         """
         first = not hasattr(self, "_problems")
-        X = self._check_X(X, fitting=first)
+        X = cast(np.ndarray, self._check_X(X, fitting=first))
         y = self._check_y(y, X.shape[0])
         if first:
             likelihood = self._check_params()
-        classes = self._partial_fit_classes(y, classes, first)
+        classes = cast(np.ndarray, self._partial_fit_classes(y, classes, first))
         unknown = np.setdiff1d(np.unique(y), classes)
         if len(unknown):
             raise ValueError(f"y has classes {unknown.tolist()} not in classes_ "
@@ -640,7 +643,7 @@ class SparseGaussianProcessClassifier(GPCEstimator):
             return cols[0]
         return np.column_stack([c[0] for c in cols]), np.column_stack([c[1] for c in cols])
 
-    def predict_proba(self, X):
+    def predict_proba(self, X: ArrayLike) -> np.ndarray:
         """Class probabilities (SEP eq. (5)); one-vs-rest normalised to sum to one."""
         self._check_fitted()
         P = np.column_stack([np.concatenate(self._latent_blocks(X, m.proba_positive))
@@ -650,7 +653,7 @@ class SparseGaussianProcessClassifier(GPCEstimator):
         total = P.sum(axis=1, keepdims=True)
         return P / np.where(total > 0, total, 1.0)
 
-    def predict(self, X):
+    def predict(self, X: ArrayLike) -> np.ndarray:
         """The class with the largest predictive probability."""
         proba = self.predict_proba(X)
         return self.classes_[np.argmax(proba, axis=1)]
