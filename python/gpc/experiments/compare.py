@@ -32,6 +32,7 @@ import numpy as np
 
 from .. import datasets
 from ..classifier import GaussianProcessClassifier
+from .._validation import plain
 from ..exceptions import ConvergenceWarning
 from ..kernels import ConstantKernel, RBF
 from ._common import _share_cores, standardise
@@ -96,7 +97,7 @@ def holdout_split(X, y, test_fraction, seed):
     parts = int(round(1.0 / test_fraction))
     classes, counts = np.unique(y, return_counts=True)
     if counts.min() < parts:
-        raise ValueError(f"class {classes[np.argmin(counts)]!r} has {counts.min()} rows, fewer than the "
+        raise ValueError(f"class {plain(classes[np.argmin(counts)])!r} has {counts.min()} rows, fewer than the "
                          f"{parts} a split with {parts - 1}/{parts} for training needs (is the label a "
                          "category?)")
     test = stratified_folds(y, parts, seed)[0]
@@ -311,7 +312,7 @@ def run_exact(data, labels, options):
     folds = options["folds"]
     classes, counts = np.unique(y, return_counts=True)
     if counts.min() < folds:
-        raise ValueError(f"{name}: class {classes[np.argmin(counts)]!r} has {counts.min()} points, fewer "
+        raise ValueError(f"{name}: class {plain(classes[np.argmin(counts)])!r} has {counts.min()} points, fewer "
                          f"than --folds {folds}")
     say(options, f"exact section: {name}, n = {len(y)}, {len(labels)} methods x {folds} folds")
     records = run(X, y, labels, options["likelihoods"], n_folds=folds, seed=options["seed"],
@@ -530,7 +531,7 @@ def main(args):
     for _, data, _, _ in steps:
         classes = np.unique(data.y)
         if len(classes) < 2:
-            raise ValueError(f"{data.name} has one class only ({classes[0]!r})")
+            raise ValueError(f"{data.name} has one class only ({plain(classes[0])!r})")
     records, tables = [], []
     with blas_threads(args.threads):
         for section, data, section_labels, note in steps:

@@ -35,9 +35,10 @@ depend on the number of threads.  Row blocks follow one another.
 
 The state and its steps keep the interfaces of the binary SEP trainers (gpc.sparse._train,
 gpc.sparse._trainer): a rows object refines its sites, commits or reverts them, and returns the
-evidence's parts; the trainers' epochs and minibatch orders are the binary ones.  A variational
-baseline with the same likelihood and a Gaussian q(u_k) per class can reuse :class:`MultiClassRows`
-(``objective_rows``/``svi_rows`` give the rows and their class labels) and the trainers.
+evidence's parts; the trainers' epochs and minibatches (random subsets of the rows, drawn
+afresh each epoch) are the binary ones.  A variational baseline with the same likelihood and a
+Gaussian q(u_k) per class can reuse :class:`MultiClassRows` (``objective_rows``/``svi_rows`` give
+the rows and their class labels) and the trainers.
 """
 
 import math
@@ -52,7 +53,8 @@ from .._sparse_multiclass import evidence_block, local_ep_block, refine_block
 from ..exceptions import NotPositiveDefiniteError
 from ..sparse._inducing import InducingFactor
 from ..sparse._passes import as_block, block_ranges, finish_evidence
-from ..sparse._train import Adadelta, SEPState, site_directions
+from ..sparse._train import (Adadelta, SEPState, batch_index, random_batches, site_directions,
+                              take_rows)
 from ..sparse._trainer import SEPBatch, SEPMinibatch, SEPTied, TrainingRows
 from ..sparse.ep import NaturalPosterior, rows_gradient, transform_natural, whitened_sums_blocks
 from .ep import _Sites
@@ -147,20 +149,20 @@ def class_marginals(block, qs, tasks=SERIAL, moments=False):
     return (means, varis, [o[2] for o in out]) if moments else (means, varis)
 
 
-def block_sites(sites, y, start, stop):
-    """Points start:stop of ``sites`` as a :class:`gpc.multiclass.ep._Sites` of their own
-    (copies), labelled ``y`` (the block's class indices)."""
+def block_sites(sites, y, rows):
+    """Points ``rows`` (a slice or a sorted index array) of ``sites`` as a
+    :class:`gpc.multiclass.ep._Sites` of their own (copies), labelled ``y`` (their class
+    indices)."""
     out = _Sites(np.ascontiguousarray(y, dtype=np.intp), sites.l)
     for name in _Sites.ARRAYS:
-        setattr(out, name, np.array(getattr(sites, name)[start:stop]))
+        setattr(out, name, np.array(getattr(sites, name)[rows]))
     return out
 
 
-def put_sites(sites, block, start):
-    """Write a block's sites (:func:`block_sites`) back into ``sites`` at row ``start``."""
-    stop = start + block.n
+def put_sites(sites, block, rows):
+    """Write a block's sites (:func:`block_sites`) back into ``sites`` at points ``rows``."""
     for name in _Sites.ARRAYS:
-        getattr(sites, name)[start:stop] = getattr(block, name)
+        getattr(sites, name)[rows] = getattr(block, name)
 
 
 def _ranges(b):
@@ -291,12 +293,12 @@ def site_pass(X, y, sites, factors, qs, model, ab, damping, block_rows, tasks=SE
     for start, stop in block_ranges(n, block_rows):
         block = RowBlock(as_block(X, start, stop), factors, tasks, keep_cross=keep is not None)
         means, varis = class_marginals(block, qs, tasks)
-        bs = block_sites(new, y[start:stop], start, stop)
+        bs = block_sites(new, y[start:stop], slice(start, stop))
         mismatch = max(mismatch, refine_points(bs, means, varis, block, model, damping, tasks))
         if model.beta:
             a, b, change = refine_outliers(bs, ab[0], ab[1], damping)
             ab, mismatch = (a, b), max(mismatch, change)
-        put_sites(new, bs, start)
+        put_sites(new, bs, slice(start, stop))
         for k, (dP, dh) in enumerate(class_sums(block, bs, tasks)):
             sums[k][0][...] += dP
             sums[k][1][...] += dh
@@ -313,7 +315,7 @@ def evidence_pass(X, y, sites, factors, qs, model, ab, rho, block_rows, gradient
     for start, stop in block_ranges(len(y), block_rows):
         rb = block if block is not None else RowBlock(as_block(X, start, stop), factors, tasks,
                                                       keep_cross=True)
-        part = block_evidence(rb, block_sites(sites, y[start:stop], start, stop), factors, qs,
+        part = block_evidence(rb, block_sites(sites, y[start:stop], slice(start, stop)), factors, qs,
                               model, ab, rho, gradient, held, tasks)
         total = part if total is None else total + part
     return total
@@ -558,7 +560,8 @@ class SparseMultiClassState:
 # -- rows in this process --------------------------------------------------------------------------
 class LocalClassRows:
     """Training rows of a multi-class fit in this process: all of them (``rows`` None, a batch
-    step) or one minibatch (a slice).  The interface of gpc.sparse._train.LocalRows/LocalBatch
+    step) or one minibatch (``rows`` a slice or a sorted index array, ``y`` their labels: the
+    points' sites and directions are gathered and scattered by row).  The interface of gpc.sparse._train.LocalRows/LocalBatch
     for :func:`iteration`: ``size``, ``update_sites`` (all rows), ``swap_sites`` (a minibatch),
     ``commit``, ``revert``, ``evidence_parts``; :func:`tied_iteration` uses ``match_sites`` and
     ``tied_parts``."""
@@ -574,8 +577,8 @@ class LocalClassRows:
 
     def _whitened(self):
         if self._block is None:
-            start = 0 if self.rows is None else self.rows.start
-            Xb = as_block(self.X, start, start + self.size)
+            Xb = (as_block(self.X, 0, self.size) if self.rows is None
+                  else take_rows(self.X, self.rows))
             self._block = RowBlock(Xb, self.state.factors, self.tasks, keep_cross=True)
         return self._block
 
@@ -584,7 +587,7 @@ class LocalClassRows:
         sites, pending until commit."""
         st = self.state
         keep = {} if self.size <= self.block_rows else None
-        X = self.X if self.rows is None else as_block(self.X, self.rows.start, self.rows.stop)
+        X = self.X if self.rows is None else take_rows(self.X, self.rows)
         new, sums, ab, mismatch = site_pass(X, self.y, st.sites, st.factors, st.qs,
                                             self.model, st.beta_posterior(), damping,
                                             self.block_rows, self.tasks, keep)
@@ -597,16 +600,15 @@ class LocalClassRows:
         """A minibatch's sites refined against their cavities (q less each row's sites along its
         kept direction, SEP eq. (6)) and swapped in q: per class q's new (P_k, h_k), and the points
         that had no site; the sites and directions pending until commit."""
-        st, model, tasks = self.state, self.model, self.tasks
-        start = self.rows.start
+        st, model, tasks, rows = self.state, self.model, self.tasks, self.rows
         block = self._whitened()
-        bs = block_sites(st.sites, self.y, start, start + self.size)
+        bs = block_sites(st.sites, self.y, rows)
         old_tau, old_eta = bs.class_sites()
         fresh = ~np.any((old_tau != 0.0) | (old_eta != 0.0), axis=1)
 
         def moved(k):       # marginals of a and of the old direction a' = Lᵀv, and a Σ a'
             q, f = st.qs[k], st.factors[k]
-            A_old = np.array(st.V[k][start:start + self.size], dtype=np.float64)
+            A_old = np.array(st.V[k][rows], dtype=np.float64)
             _lapack.multiply_triangular_rows(f.L, A_old, True)
             B = q.solve_rows(block.A[k])
             B_old = q.solve_rows(A_old)
@@ -652,7 +654,7 @@ class LocalClassRows:
             st.sites = self._pending[1]
         else:
             _, bs, V_new = self._pending
-            put_sites(st.sites, bs, self.rows.start)
+            put_sites(st.sites, bs, self.rows)
             for k, V in enumerate(V_new):
                 st.V[k][self.rows] = V
         self._pending = None
@@ -668,9 +670,7 @@ class LocalClassRows:
             return evidence_pass(self.X, self.y, st.sites, st.factors, st.qs, self.model,
                                  st.beta_posterior(), st.rho, self.block_rows, gradient, held,
                                  self.tasks, self._block)
-        start = self.rows.start
-        return block_evidence(self._whitened(), block_sites(st.sites, self.y, start,
-                                                            start + self.size),
+        return block_evidence(self._whitened(), block_sites(st.sites, self.y, self.rows),
                               st.factors, st.qs, self.model, st.beta_posterior(), st.rho,
                               gradient, held, self.tasks)
 
@@ -918,20 +918,19 @@ class MultiClassRows(TrainingRows):
         self.X, self.n, self.tasks = X, X.shape[0], tasks
         self.y = np.ascontiguousarray(y, dtype=np.intp)
 
-    def batches(self, size):
-        return block_ranges(self.n, size)
+    def batches(self, size, rng=None):
+        return random_batches(self.n, size, rng)
 
     def all_rows(self, k, state, likelihood):
         return LocalClassRows(state, likelihood, self.X, self.y, None, self.tasks)
 
     def batch_rows(self, k, state, likelihood, batch, sites=True):
-        start, stop = batch
-        return LocalClassRows(state, likelihood, self.X, self.y[start:stop], slice(start, stop),
-                              self.tasks)
+        rows = batch_index(batch)
+        return LocalClassRows(state, likelihood, self.X, self.y[rows], rows, self.tasks)
 
     def svi_rows(self, k, likelihood, batch):
-        start, stop = batch
-        return as_block(self.X, start, stop), self.y[start:stop]
+        rows = batch_index(batch)
+        return take_rows(self.X, rows), self.y[rows]
 
     def objective_rows(self, k, likelihood):
         return self.X, self.y

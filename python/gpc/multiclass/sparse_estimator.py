@@ -96,6 +96,9 @@ class SparseMultiClassGPC(GPCEstimator):
         None: batch training (parallel site passes over all rows, one inner step per pass); an int
         below n: minibatches of that many rows (SEP eq. (6), data terms scaled by ``(rows q
         holds) / |M|``).  "auto": batch below 10,000 rows, minibatches of 2,000 from there on.
+        Minibatches are random subsets of the rows: each epoch draws a permutation of the rows
+        (``random_state``) and cuts it into minibatches, read in row order, so class-sorted rows
+        train as shuffled ones and every row is seen once per epoch.
     max_iter : int or "auto", default "auto"
         Epochs; "auto" as in :class:`gpc.SparseGaussianProcessClassifier` (100 in batch).
     learning_rate : float, default 1.0
@@ -120,7 +123,8 @@ class SparseMultiClassGPC(GPCEstimator):
     progress : bool, default True
         A tqdm progress bar while ``fit`` runs (when tqdm is installed).
     random_state : int, Generator or None
-        Seeds the inducing points, the median heuristic and the minibatch order.
+        Seeds the inducing points, the median heuristic and the minibatches: the same seed gives
+        the same fit, bit for bit, for every ``n_jobs``.
     verbose : bool, default False
         Print one line per epoch.
     client : dask.distributed.Client, a gpc.distributed engine, or None, default None
@@ -146,8 +150,10 @@ class SparseMultiClassGPC(GPCEstimator):
     outlier_rate_ : ρ: the fixed rate Cε/(C − 1), Q's mean a/(a + b) under the Beta treatment, or 0
     outlier_probability_ : Q(zᵢ = 1) of every training row in fit order (RMGPC eq. (21)); zeros for
         model="standard"; not kept with ``tied_sites`` or method="vi"
-    log_marginal_likelihood_value_ : log Z (derivation §5) at the last step (minibatch: the last
-        estimate over all n rows); for method="vi" the variational bound
+    log_marginal_likelihood_value_ : log Z (derivation §5) at the last step; for minibatch
+        training the last epoch's estimate over all n rows, the mean of its minibatches'
+        estimates (``history_``'s objective; during an epoch the mean of its steps so far); for
+        method="vi" the variational bound (likewise on minibatches)
     n_iter_ : epochs completed
     history_ : list of dicts per epoch: ``iteration``, ``seconds``, ``objective`` (log Z),
         ``reverted`` and, with ``validation_data``, ``val_error`` and ``val_nll``

@@ -26,9 +26,11 @@ per-block functions as the in-process fit (:mod:`gpc.sparse._passes`, :mod:`gpc.
 The master adds the parts in shard order and updates its state exactly as in process, so a distributed
 fit equals the in-process one up to the order of the sums.
 
-Minibatches (:func:`minibatch_plan`): shard k of n_k rows is cut into blocks of ⌈b n_k / n⌉ rows, and
-minibatch j is block j of every shard, so each worker refines its share of every minibatch.  With one
-shard these are the in-process minibatches (blocks of b rows, in the same random order).
+Minibatches (:func:`minibatch_plan`): each epoch, shard k of n_k rows draws a permutation of its rows
+and cuts it into slices of ⌈b n_k / n⌉ rows, and minibatch j is slice j of every shard (its rows
+sorted), so each worker refines its share of every minibatch and every minibatch is a random subset of
+the rows whatever their order.  With one shard these are the in-process minibatches (the same
+permutation drawn from the same generator, slices of b rows).
 
 One engine serves every one-vs-rest problem: the shards hold X, the K columns of ±1 labels and the
 K columns of first sites (zeros, or those of an earlier fit for ``partial_fit``); a shard's sites are
@@ -44,8 +46,9 @@ import numpy as np
 from .. import _pages
 from ..distributed import DistributedError
 from ..exceptions import NotPositiveDefiniteError
-from ._passes import as_block, block_parts, block_ranges, evidence_parts, site_pass
-from ._train import site_directions, swap_block_sites, tied_block_sites
+from ._passes import block_parts, evidence_parts, site_pass
+from ._train import (random_batches, rows_named, site_directions, swap_block_sites, take_rows,
+                     tied_block_sites)
 from .baselines import svi_parts
 from .ep import EP, NaturalPosterior
 
@@ -54,8 +57,9 @@ class ShardSites:
     """One problem's sites on one shard: τ and ν of its n_k rows and, for minibatch SEP, their
     directions V (n_k x m, float32; None before minibatches start).
 
-    A step's new values for its rows wait in ``pending`` = (start, stop, τ, ν, V or None) and are
-    written into the arrays, in place, by the next step that changes the sites (:meth:`settled`).
+    A step's new values for its rows wait in ``pending`` = (rows, τ, ν, V or None), ``rows`` the
+    shard's sorted local row indices, and are written into the arrays, in place, by the next step
+    that changes the sites (:meth:`settled`).
     By then the engine can no longer go back to the sites before them (it reverts one step only), and
     every ShardSites a step returned still reads as the sites after that step; so no step copies the
     shard's arrays (V alone is 800 MB at n_k = 10⁶, m = 200), and the engine's revert and replay
@@ -68,23 +72,21 @@ class ShardSites:
     def settled(self):
         """These sites with the pending rows written into the arrays: a new ShardSites, no pending."""
         if self.pending is not None:
-            start, stop, tau, nu, V = self.pending
-            self.tau[start:stop], self.nu[start:stop] = tau, nu
+            rows, tau, nu, V = self.pending
+            self.tau[rows], self.nu[rows] = tau, nu
             if V is not None:
-                self.V[start:stop] = V
+                self.V[rows] = V
         return ShardSites(self.tau, self.nu, self.V)
 
-    def rows(self, start=0, stop=None):
-        """(τ, ν) of rows start:stop (all of them by default) as they stand after the last step."""
-        stop = len(self.tau) if stop is None else stop
-        tau, nu = self.tau[start:stop], self.nu[start:stop]
+    def rows(self, index=None):
+        """(τ, ν) of the rows ``index`` (a sorted index array; all of them by default) as they
+        stand after the last step."""
+        everything = np.arange(len(self.tau)) if index is None else index
+        tau, nu = self.tau[everything], self.nu[everything]   # copies
         if self.pending is not None:
-            a, b, p_tau, p_nu, _ = self.pending
-            lo, hi = max(a, start), min(b, stop)
-            if lo < hi:
-                tau, nu = tau.copy(), nu.copy()
-                tau[lo - start:hi - start] = p_tau[lo - a:hi - a]
-                nu[lo - start:hi - start] = p_nu[lo - a:hi - a]
+            rows, p_tau, p_nu, _ = self.pending
+            _, at, of = np.intersect1d(everything, rows, assume_unique=True, return_indices=True)
+            tau[at], nu[at] = p_tau[of], p_nu[of]
         return tau, nu
 
 
@@ -127,7 +129,8 @@ def _with(columns, column, sites):
 
 
 def _share(theta):
-    """(θ, rows of the shard): all of them (None) or a local (start, stop) of a minibatch."""
+    """(θ, rows of the shard): all of them (None) or the shard's sorted local row indices of a
+    minibatch."""
     return theta if isinstance(theta[0], tuple) else (theta, None)
 
 
@@ -147,8 +150,9 @@ def site_task(X, Y, T0, N0, q, theta, sites):
     (column, likelihood, factor, damping, block_rows, rule), rows = _share(theta)
     columns = _columns(T0, N0, sites)
     tau, nu = columns[column].rows()
-    if rows is not None and rows != (0, len(tau)):
-        raise ValueError(f"a batch step covers every row of a shard, got rows {rows} of {len(tau)}")
+    if rows is not None and len(rows) != len(tau):
+        raise ValueError(f"a batch step covers every row of a shard, got {len(rows)} rows of "
+                         f"{len(tau)}")
     tau, nu, dP, dh, _, n_fixed = site_pass(likelihood, X, Y[:, column], factor, q, tau, nu,
                                             damping, block_rows, rule)
     return _with(columns, column, ShardSites(tau, nu)), (dP, dh, n_fixed)
@@ -159,9 +163,9 @@ def swap_task(X, Y, T0, N0, q, theta, sites):
     (:func:`gpc.sparse._train.swap_block_sites`) and (ΔP, Δh, rows that had no site), the change
     their sites make to q (and the updates the site rule's on_negative policy handled).  The new
     sites and directions stay pending in the shard's sites."""
-    (column, likelihood, factor, damping, rule), (start, stop) = theta
+    (column, likelihood, factor, damping, rule), rows = theta
     m = factor.m
-    if start == stop:
+    if not len(rows):
         return sites, (np.zeros((m, m)), np.zeros(m), 0, 0)
     columns = _columns(T0, N0, sites)
     current = columns[column].settled()
@@ -170,12 +174,13 @@ def swap_task(X, Y, T0, N0, q, theta, sites):
             raise RuntimeError("minibatch steps on sites without their directions: call "
                                "DistributedFit.start_minibatches first")
         current.V = _pages.zeros((len(current.tau), m), dtype=np.float32)
-    A, s = factor.whiten(as_block(X, start, stop))
+    A, s = factor.whiten(take_rows(X, rows))
     dP, dh = np.zeros((m, m)), np.zeros(m)
-    tau, nu, V, n_fresh, n_fixed = swap_block_sites(
-        likelihood, Y[start:stop, column], A, s, q, current.tau[start:stop], current.nu[start:stop],
-        current.V[start:stop], factor, damping, dP, dh, _scratch, rule, start)
-    current.pending = (start, stop, tau, nu, V.astype(np.float32))
+    with rows_named(rows):
+        tau, nu, V, n_fresh, n_fixed = swap_block_sites(
+            likelihood, Y[rows, column], A, s, q, current.tau[rows], current.nu[rows],
+            current.V[rows], factor, damping, dP, dh, _scratch, rule)
+    current.pending = (rows, tau, nu, V.astype(np.float32))
     return _with(columns, column, current), (dP, dh, n_fresh, n_fixed)
 
 
@@ -202,15 +207,14 @@ def evidence_task(X, Y, T0, N0, q, theta, sites):
         tau, nu = current.rows()
         parts = evidence_parts(likelihood, X, Y[:, column], factor, q, tau, nu, block_rows, gradient,
                                held, rule)
-    elif rows[0] == rows[1]:
+    elif not len(rows):
         m, Z = factor.m, factor.Z
         parts = (0.0, np.zeros(len(factor.kernel.theta)), np.zeros_like(Z), np.zeros((m, m)), 0)
     else:
-        start, stop = rows
-        Xb = as_block(X, start, stop)
+        Xb = take_rows(X, rows)
         A, s, Kbu = factor.whiten(Xb, keep_cross=True)
-        tau, nu = current.rows(start, stop)
-        parts = block_parts(likelihood, Xb, Y[start:stop, column], A, s, factor, q, tau, nu, gradient,
+        tau, nu = current.rows(rows)
+        parts = block_parts(likelihood, Xb, Y[rows, column], A, s, factor, q, tau, nu, gradient,
                             Kbu, held, rule)
     if not gradient:                      # no None leaves: the engine adds every leaf
         parts = (parts[0], parts[4])
@@ -221,14 +225,14 @@ def tied_task(X, Y, T0, N0, q, theta, sites):
     """Round 1 of a tied-site step on one shard: its rows of the minibatch matched against the tied
     cavity ``q`` (:func:`gpc.sparse._train.tied_block_sites`) and their sums.  The matched sites wait
     in the shard's sites, where round 2 (:func:`evidence_task`) reads them."""
-    (column, likelihood, factor, rule), (start, stop) = theta
-    if start == stop:
+    (column, likelihood, factor, rule), rows = theta
+    if not len(rows):
         return sites, (np.zeros((factor.m, factor.m)), np.zeros(factor.m))
-    A, s = factor.whiten(as_block(X, start, stop))
-    tau, nu, dP, dh = tied_block_sites(likelihood, Y[start:stop, column], A, s, q, rule)
+    A, s = factor.whiten(take_rows(X, rows))
+    tau, nu, dP, dh = tied_block_sites(likelihood, Y[rows, column], A, s, q, rule)
     columns = _columns(T0, N0, sites)
     current = columns[column].settled()
-    current.pending = (start, stop, tau, nu, None)
+    current.pending = (rows, tau, nu, None)
     return _with(columns, column, current), (dP, dh)
 
 
@@ -237,13 +241,14 @@ def svi_task(X, Y, T0, N0, q, theta, sites):
     minibatch (:func:`gpc.sparse.baselines.svi_parts`); ``q`` is (μ, L_q)."""
     (column, likelihood, factor, block_rows), rows = _share(theta)
     mean, Lq = q
-    start, stop = (0, X.shape[0]) if rows is None else rows
-    if start == stop:
+    if rows is None:
+        return sites, svi_parts(likelihood, X, Y[:, column], factor, mean, Lq, block_rows)
+    if not len(rows):
         m = factor.m
         return sites, (0.0, np.zeros(len(factor.kernel.theta)), np.zeros_like(factor.Z),
                        np.zeros((m, m)), np.zeros(m), np.zeros((m, m)))
-    return sites, svi_parts(likelihood, X[start:stop], Y[start:stop, column], factor, mean, Lq,
-                            block_rows if rows is None else stop - start)
+    return sites, svi_parts(likelihood, take_rows(X, rows), Y[rows, column], factor, mean, Lq,
+                            len(rows))
 
 
 def _light(q, factor):
@@ -255,21 +260,27 @@ def _light(q, factor):
     return q, factor
 
 
-def minibatch_plan(bounds, batch_size):
-    """Each shard's local rows of each minibatch: ``plan[j][k] = (start, stop)`` (maybe empty).
+def minibatch_plan(bounds, batch_size, rng=None):
+    """One epoch's minibatches on the shards: ``plan[j][k]``, shard k's sorted local row indices
+    (np.intp, maybe empty) of minibatch j.
 
-    Shard k of n_k rows is cut into blocks of ⌈b n_k / n⌉ rows (b = ``batch_size``); minibatch j is
-    block j of every shard.  One shard gives the in-process blocks of b rows."""
+    Shard k of n_k rows draws a permutation of its rows from ``rng`` (shards in order) and cuts it
+    into slices of ⌈b n_k / n⌉ rows (b = ``batch_size``); minibatch j is slice j of every shard
+    (:func:`gpc.sparse._train.random_batches` per shard).  Each worker thus takes its share of
+    every minibatch, and a minibatch is a random subset of the rows whatever their order.  One
+    shard gives the in-process minibatches; ``rng`` None the rows in order."""
     sizes = np.diff(np.asarray(bounds)).astype(int)
     n = int(sizes.sum())
-    blocks = [block_ranges(int(n_k), max(1, -(-batch_size * int(n_k) // n))) for n_k in sizes]
+    blocks = [random_batches(int(n_k), max(1, -(-batch_size * int(n_k) // n)), rng)
+              for n_k in sizes]
     n_batches = max(len(b) for b in blocks)
-    return [[b[j] if j < len(b) else (0, 0) for b in blocks] for j in range(n_batches)]
+    empty = np.empty(0, dtype=np.intp)
+    return [[b[j] if j < len(b) else empty for b in blocks] for j in range(n_batches)]
 
 
 class ShardedRows:
     """The rows of problem ``column`` covered by one step on an engine: all of them, or one minibatch
-    (``batch``, a row of :func:`minibatch_plan`).  The interface of ``_train.LocalRows`` and
+    (``batch``, an item of :func:`minibatch_plan`: each shard's local row indices).  The interface of ``_train.LocalRows`` and
     ``_train.LocalBatch``, the site rule (:class:`gpc.sparse.ep.Rule`) sent with each task.
 
     Parameters
@@ -278,7 +289,7 @@ class ShardedRows:
     column : int, the one-vs-rest problem
     likelihood : gpc.likelihoods.Likelihood
     block_rows : int, rows per block inside a shard task
-    batch : list of (start, stop) per shard, or None for every row
+    batch : list of local row index arrays, one per shard, or None for every row
     """
 
     u_space = False          # the shards' evidence parts are w-space (gpc.sparse.ep.block_evidence)
@@ -286,7 +297,7 @@ class ShardedRows:
     def __init__(self, engine, column, likelihood, block_rows, batch=None):
         self.engine, self.column, self.likelihood, self.block_rows, self.batch = (
             engine, column, likelihood, block_rows, batch)
-        self.size = engine.n_rows if batch is None else sum(stop - start for start, stop in batch)
+        self.size = engine.n_rows if batch is None else sum(len(rows) for rows in batch)
         self.n_fixed = 0
 
     def update_sites(self, factor, q, damping, rule=EP):
@@ -363,13 +374,14 @@ class DistributedFit:
     def rows(self, column, likelihood, block_rows, batch=None):
         return ShardedRows(self.engine, column, likelihood, block_rows, batch)
 
-    def plan(self, batch_size):
-        return minibatch_plan(self.engine.bounds, batch_size)
+    def plan(self, batch_size, rng=None):
+        """One epoch's minibatches (:func:`minibatch_plan`)."""
+        return minibatch_plan(self.engine.bounds, batch_size, rng)
 
     def batch_labels(self, column, batch):
         """The ±1 labels of a minibatch's rows, shard by shard (for SVI's ``len(yb)``)."""
         y, bounds = self.targets[column], self.engine.bounds
-        return np.concatenate([y[bounds[k] + a:bounds[k] + b] for k, (a, b) in enumerate(batch)])
+        return np.concatenate([y[bounds[k] + rows] for k, rows in enumerate(batch)])
 
     def start_minibatches(self, state, column, block_rows):
         """``SEPState.start_minibatches`` on the shards, once per fit: sites without directions (from

@@ -11,12 +11,13 @@ twenty BLAS-3 and LAPACK calls of b x m x m or m x m x m size, 6.3 (first epoch)
 worth at b = m = 200 (docs/sparse.md, "One minibatch step").
 """
 
+from contextlib import contextmanager
 from functools import partial
 
 import numpy as np
 
 from .. import _pages, _parallel, _sparse
-from ..exceptions import NotPositiveDefiniteError, NumericalError
+from ..exceptions import NegativeVarianceError, NotPositiveDefiniteError, NumericalError
 from ._inducing import InducingFactor
 from ._passes import as_block, block_parts, block_ranges, evidence_parts, finish_evidence, site_pass
 from .ep import (DEFAULT_ON_NEGATIVE, EP, NaturalPosterior, Rule, _rows, _vector, add_blocks,
@@ -192,6 +193,63 @@ def site_directions(X, factor, tau, nu, block_rows, P, h):
     return V
 
 
+def random_batches(n, size, rng=None):
+    """One epoch's minibatches of n rows: a permutation of the rows drawn from ``rng`` (a NumPy
+    Generator) cut into consecutive slices of ``size`` rows (the last one shorter), each minibatch
+    the rows of its slice in row order, as a sorted np.intp index array.  Every row is in exactly
+    one minibatch, and a minibatch is a uniformly random subset of the rows whatever their order
+    in X (class-sorted rows included).  Sorted, its rows are read from X with one fancy index in
+    row order (:func:`take_rows`), and its sites and directions gathered and scattered by row.
+    With ``rng`` None the rows in order (consecutive ranges)."""
+    order = np.arange(n, dtype=np.intp) if rng is None else rng.permutation(n).astype(np.intp)
+    return [np.sort(order[a:b]) for a, b in block_ranges(n, size)]
+
+
+def batch_index(batch):
+    """A minibatch's rows as an index into the rows: a (start, stop) pair or a slice as a slice,
+    anything else as an np.intp index array (sorted: :func:`random_batches`)."""
+    if isinstance(batch, slice):
+        return batch
+    if isinstance(batch, tuple):
+        return slice(*batch)
+    return np.asarray(batch, dtype=np.intp)
+
+
+def take_rows(X, rows):
+    """Rows ``rows`` (a slice, or a sorted index array) of any row-indexable X (NumPy,
+    ``np.memmap``, Dask) as a C-contiguous float64 array: a slice read as one block, an index
+    array with one fancy index; NaN or inf raise a ValueError naming the row."""
+    if isinstance(rows, slice):
+        return as_block(X, rows.start or 0, rows.stop)
+    block = X[rows]
+    if hasattr(block, "compute"):      # a Dask array
+        block = block.compute()
+    block = np.ascontiguousarray(block, dtype=np.float64)
+    finite = np.isfinite(block)
+    if not finite.all():
+        bad = int(rows[np.flatnonzero(~finite.all(axis=1))[0]])
+        raise ValueError(f"X contains NaN or inf (in row {bad})")
+    return block
+
+
+def _put_rows(dest, rows, values):
+    """dest[rows] = values (rows a slice or an index array)."""
+    dest[rows] = values
+
+
+@contextmanager
+def rows_named(rows):
+    """A NegativeVarianceError raised for the i-th row of a minibatch of rows ``rows`` (an index
+    array) re-raised naming the data's row, rows[i]."""
+    try:
+        yield
+    except NegativeVarianceError as exc:
+        if not isinstance(rows, np.ndarray) or exc.index is None or not 0 <= exc.index < len(rows):
+            raise
+        raise NegativeVarianceError(int(rows[exc.index]), exc.cavity_variance, exc.site_variance,
+                                    method=exc.method) from None
+
+
 class LocalRows:
     """The training rows of one binary problem in this process, their sites in ``state``.
 
@@ -234,12 +292,14 @@ class LocalRows:
 
 
 class LocalBatch:
-    """Rows ``rows`` (a slice) of one binary problem in this process, as one block: a minibatch.
+    """Rows ``rows`` of one binary problem in this process, as one block: a minibatch.
 
-    The interface of :class:`LocalRows`, and for fewer than n rows :meth:`swap_sites` in place
-    of ``update_sites``; the whitened block is kept between the site update and the evidence
-    parts.  With tied sites (``rows`` None) :meth:`match_sites` replaces both and the evidence
-    uses the rows' matched sites."""
+    ``rows`` is a slice or a sorted index array (:func:`random_batches`); ``Xb`` and ``yb`` are
+    those rows, whose sites and directions are gathered from the state's per-row arrays and
+    scattered back by row.  The interface of :class:`LocalRows`, and for fewer than n rows
+    :meth:`swap_sites` in place of ``update_sites``; the whitened block is kept between the site
+    update and the evidence parts.  With tied sites (``rows`` None) :meth:`match_sites` replaces
+    both and the evidence uses the rows' matched sites."""
 
     def __init__(self, state, likelihood, Xb, yb, rows):
         self.state, self.likelihood, self.Xb, self.yb, self.rows = state, likelihood, Xb, yb, rows
@@ -260,7 +320,8 @@ class LocalBatch:
         return block
 
     def _first_row(self):
-        return 0 if self.rows is None else self.rows.start or 0
+        """The first row of a slice of rows (index arrays name theirs by :func:`rows_named`)."""
+        return self.rows.start or 0 if isinstance(self.rows, slice) else 0
 
     def match_sites(self, factor, cavity, rule=EP):
         """Each row's site matched against the tied cavity; their sums (Σ τ a aᵀ, Σ ν a).  Each
@@ -275,9 +336,10 @@ class LocalBatch:
     def update_sites(self, factor, q, damping, rule=EP):
         """All n rows: :meth:`LocalRows.update_sites` on one block."""
         A, s, _ = self._whiten(factor)
-        up = update_sites(self.likelihood, self.yb, A, s, q, self.state.tau[self.rows],
-                          self.state.nu[self.rows], damping, sums="new", rule=rule,
-                          first_row=self._first_row())
+        with rows_named(self.rows):
+            up = update_sites(self.likelihood, self.yb, A, s, q, self.state.tau[self.rows],
+                              self.state.nu[self.rows], damping, sums="new", rule=rule,
+                              first_row=self._first_row())
         self._pending = up.tau, up.nu, None
         self.n_fixed = up.n_fixed
         return up.dP, up.dh
@@ -295,10 +357,11 @@ class LocalBatch:
         whiten = self._whiten_blocks(factor)   # each block whitened right before its swap
         A, s, _ = self._whitened
         P, h = q.P.copy(), q.h.copy()
-        t_new, n_new, V_new, n_fresh, self.n_fixed = swap_block_sites(
-            self.likelihood, self.yb, A, s, q, state.tau[self.rows], state.nu[self.rows],
-            state.V[self.rows], factor, damping, P, h, state.workspace, rule, self._first_row(),
-            before=whiten)
+        with rows_named(self.rows):
+            t_new, n_new, V_new, n_fresh, self.n_fixed = swap_block_sites(
+                self.likelihood, self.yb, A, s, q, state.tau[self.rows], state.nu[self.rows],
+                state.V[self.rows], factor, damping, P, h, state.workspace, rule,
+                self._first_row(), before=whiten)
         self._pending = t_new, n_new, V_new
         self._directions = V_new
         return P, h, n_fresh
@@ -311,7 +374,7 @@ class LocalBatch:
         tau, nu, V = self._pending
         self.state.tau[self.rows], self.state.nu[self.rows] = tau, nu
         if V is not None:
-            self.state.later(partial(np.copyto, self.state.V[self.rows], V))
+            self.state.later(partial(_put_rows, self.state.V, self.rows, V))
         self._pending = None
 
     def revert(self):
@@ -418,8 +481,9 @@ def batch_step(state, likelihood, X, y, damping, block_rows):
 
 
 def minibatch_step(state, likelihood, Xb, yb, rows, n, damping):
-    """Refine the sites of rows ``rows`` (a slice), update q, then a stochastic step (eq. (6)):
-    :func:`iteration` on a :class:`LocalBatch`; ``n`` must be the state's.
+    """Refine the sites of rows ``rows`` (a slice or a sorted index array; ``Xb``, ``yb`` those
+    rows), update q, then a stochastic step (eq. (6)): :func:`iteration` on a
+    :class:`LocalBatch`; ``n`` must be the state's.
 
     A minibatch of all n rows is a batch pass (q rebuilt from its sites); a smaller one swaps
     its rows' sites in q along their kept directions.  The kernel block K_bu is computed once and

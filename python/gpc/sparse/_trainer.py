@@ -29,22 +29,25 @@ from .. import _parallel
 from .._estimator import BLOCK_ROWS
 from ..exceptions import ConvergenceWarning, NumericalError
 from ..optimize import stop_message
-from ._passes import as_block, block_ranges
-from ._train import LocalBatch, LocalRows, iteration, tied_iteration
+from ._train import (LocalBatch, LocalRows, batch_index, iteration, random_batches, take_rows,
+                     tied_iteration)
 
 # -- where the rows are ------------------------------------------------------------------------
 class TrainingRows(ABC):
     """The training rows of every problem of a fit, and their labels (±1, one column per problem).
 
-    ``batches(size)`` cuts them into minibatches; the other methods give what a step of problem
-    ``k`` runs on: every row (a batch step), one minibatch (``batch``, an item of ``batches``) for
-    SEP, tied sites or SVI, and all rows with their labels for an L-BFGS-B objective."""
+    ``batches(size, rng)`` draws an epoch's minibatches; the other methods give what a step of
+    problem ``k`` runs on: every row (a batch step), one minibatch (``batch``, an item of
+    ``batches``) for SEP, tied sites or SVI, and all rows with their labels for an L-BFGS-B
+    objective."""
 
     n: int
 
     @abstractmethod
-    def batches(self, size):
-        """The minibatches of ``size`` rows, in row order."""
+    def batches(self, size, rng=None):
+        """One epoch's minibatches of about ``size`` rows: random subsets of the rows, which
+        together cover every row once (:func:`random_batches`); with ``rng`` None the rows in
+        order (consecutive ranges)."""
 
     @abstractmethod
     def all_rows(self, k, state, likelihood):
@@ -79,20 +82,20 @@ class InProcessRows(TrainingRows):
     def __init__(self, X, targets):
         self.X, self.targets, self.n = X, targets, X.shape[0]
 
-    def batches(self, size):
-        return block_ranges(self.n, size)
+    def batches(self, size, rng=None):
+        return random_batches(self.n, size, rng)
 
     def all_rows(self, k, state, likelihood):
         return LocalRows(state, likelihood, self.X, self.targets[k], BLOCK_ROWS)
 
     def batch_rows(self, k, state, likelihood, batch, sites=True):
-        start, stop = batch
-        return LocalBatch(state, likelihood, as_block(self.X, start, stop),
-                          self.targets[k][start:stop], slice(start, stop) if sites else None)
+        rows = batch_index(batch)
+        return LocalBatch(state, likelihood, take_rows(self.X, rows), self.targets[k][rows],
+                          rows if sites else None)
 
     def svi_rows(self, k, likelihood, batch):
-        start, stop = batch
-        return as_block(self.X, start, stop), self.targets[k][start:stop]
+        rows = batch_index(batch)
+        return take_rows(self.X, rows), self.targets[k][rows]
 
     def objective_rows(self, k, likelihood):
         return self.X, self.targets[k]
@@ -108,8 +111,8 @@ class EngineRows(TrainingRows):
     def __init__(self, fit):
         self.fit, self.n = fit, fit.engine.n_rows
 
-    def batches(self, size):
-        return self.fit.plan(size)
+    def batches(self, size, rng=None):
+        return self.fit.plan(size, rng)
 
     def all_rows(self, k, state, likelihood):
         return self.fit.rows(k, likelihood, BLOCK_ROWS)
@@ -140,7 +143,7 @@ class Trainer(ABC):
     ----------
     states : list, one state per binary problem (``SEPState``, ``SVIState`` or ``GFITCState``)
     likelihood : gpc.likelihoods.Likelihood
-    rng : numpy Generator, the order of the minibatches
+    rng : numpy Generator, draws each epoch's minibatches
     n_jobs : int, default 1
         Threads of the engine's blocks (:meth:`threads`); the estimator gives its resolved
         ``n_jobs``.
@@ -207,8 +210,14 @@ class SEPBatch(StepTrainer):
 
 
 class _Minibatches(StepTrainer):
-    """A step per minibatch of ``batch_size`` rows, the minibatches in a random order each epoch;
-    the epoch's objective is the mean of its steps' estimates."""
+    """A step per minibatch of ``batch_size`` rows.  Each epoch draws a new permutation of the
+    rows from ``rng`` and cuts it into consecutive slices of ``batch_size`` rows; a minibatch is
+    the rows of one slice, in row order (``rows.batches``), so minibatches are random subsets
+    whatever the order of the rows (class-sorted rows give mixed minibatches).
+
+    The epoch's objective is the mean of its steps' estimates (each an estimate over all n rows);
+    the state's ``log_z`` is that mean over the epoch's steps so far, so after a full epoch it is
+    the epoch's objective (``history_``), not one minibatch's noisy estimate."""
 
     def __init__(self, states, likelihood, rng, batch_size, n_jobs=1):
         super().__init__(states, likelihood, rng, n_jobs)
@@ -219,12 +228,12 @@ class _Minibatches(StepTrainer):
 
     def epoch(self, rows, k, state, tick):
         self.start(rows, k, state)
-        batches = rows.batches(self.batch_size)
         values = []
-        for j in self.rng.permutation(len(batches)):
-            values.append(self.step(rows, k, state, batches[j]))
+        for batch in rows.batches(self.batch_size, self.rng):
+            values.append(self.step(rows, k, state, batch))
+            state.log_z = float(np.mean(values))
             tick()
-        return float(np.mean(values))
+        return state.log_z
 
     def start(self, rows, k, state):
         """Before an epoch's steps."""

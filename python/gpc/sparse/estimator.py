@@ -174,7 +174,11 @@ class SparseGaussianProcessClassifier(GPCEstimator):
     batch_size : int, None or "auto", default "auto"
         None trains in batch (parallel site passes over all rows, one inner step per pass);
         an int trains on minibatches of that many rows (eq. (6), stochastic step scaled by
-        ``n/|M|``); one of n rows or more is batch training.  "auto": batch below 10,000 rows,
+        ``n/|M|``); one of n rows or more is batch training.  Each epoch draws a permutation of
+        the rows (``random_state``) and cuts it into minibatches, so every row is seen once per
+        epoch and a minibatch is a random subset of the rows whatever their order in X
+        (class-sorted rows train as shuffled ones); its rows are read in row order, with one
+        fancy index (NumPy, ``np.memmap`` and Dask X alike).  "auto": batch below 10,000 rows,
         minibatches of 2,000 rows from there on (GFITC always trains in batch).  A minibatch
         step costs about b/n of a batch pass and moves θ and Z as far, so large data sets reach a
         good model in a few epochs.
@@ -214,7 +218,8 @@ class SparseGaussianProcessClassifier(GPCEstimator):
         A tqdm progress bar over the training steps while ``fit`` runs (when tqdm, an optional
         extra, is installed; it disappears when the fit ends).  False turns it off.
     random_state : int, Generator or None
-        Seeds the inducing-point initialisation and the minibatch order.
+        Seeds the inducing-point initialisation and the minibatches (``batch_size``): the same
+        seed gives the same fit, bit for bit, for every ``n_jobs``.
     verbose : bool, default False
         Print one line per epoch.
     client : dask.distributed.Client, a gpc.distributed engine, or None, default None
@@ -245,8 +250,10 @@ class SparseGaussianProcessClassifier(GPCEstimator):
     classes_, n_features_in_
     inducing_points_ : (m, d) array, or a list of them (one-vs-rest)
     kernel_ : the fitted kernel, or a list (one-vs-rest)
-    log_marginal_likelihood_value_ : log Z_q (eq. (3)) at the last step (minibatch: the last
-        stochastic estimate); the sum over the one-vs-rest problems
+    log_marginal_likelihood_value_ : log Z_q (eq. (3)) at the last step; for minibatch training
+        the last epoch's estimate over all n rows, the mean of its minibatches' estimates (each
+        one's data terms scaled by n/|M|), which ``history_`` records as the epoch's objective
+        (during an epoch: the mean of its steps so far); the sum over the one-vs-rest problems
     n_iter_ : int, epochs completed (L-BFGS-B fits: evaluations that could be evaluated)
     history_ : list of dicts, one per epoch: ``iteration``, ``seconds``, ``objective`` (log Z_q),
         ``reverted`` (failed steps so far) and, with ``validation_data``, ``val_error`` and
