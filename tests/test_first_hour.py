@@ -330,3 +330,11 @@ def test_infer_is_annotated():
     sig = inspect.signature(infer)
     assert all(p.annotation is not inspect.Parameter.empty for p in sig.parameters.values())
     assert sig.return_annotation is not inspect.Signature.empty
+
+
+def test_compare_split_message_prints_the_label_plainly():
+    from gpc.experiments.compare import holdout_split
+
+    y = np.array([0] * 10 + [7], dtype=np.int64)
+    with pytest.raises(ValueError, match=r"^class 7 has 1 rows"):
+        holdout_split(np.zeros((11, 2)), y, 0.3, 0)
