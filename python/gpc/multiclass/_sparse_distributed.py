@@ -8,14 +8,18 @@ same per-block functions as the in-process fit:
 * :func:`site_task`: every pair site of the shard refined against q (and, under the Beta treatment,
   the shard's ψ̃ᵢ in turn, starting from the master's Q(ρ) = Beta(a, b)), returning per class the sums
   (P_k − I, h_k) of its new sites with the current factors and the sums of its ψ̃ᵢ's exponents (Q's
-  new Beta is the prior times all of them).
+  new Beta is the prior times all of them).  Each of K shards moves its ψ̃ᵢ by 1/K of its sweep's
+  change (:func:`share_outlier_change`), so Q's new Beta is the mean of the K Betas the shards
+  reached, each proper; a sum of K full changes from the same Beta need not be (two shards took
+  Beta(1, 9) to Beta(53.5, −7.01)).
 * :func:`evidence_task`: the shard's :class:`gpc.multiclass.sparse.EvidenceParts`.
 
 The master adds the shards' parts in shard order.  The pair sites are refined in parallel in process
 too, so the fit equals the in-process one up to the order of the sums, except for the ψ̃ᵢ: in
 process they are refined one after another over all points, here one after another within each shard
-and the shards in parallel from the same Beta (an EP schedule with the same fixed points; with one
-shard the two are the same).  Minibatches and tied sites train in process only.
+and the shards in parallel from the same Beta, each shard's change shared out by 1/K (an EP schedule
+with the same fixed points: a ψ̃ᵢ stays where its own refinement leaves it; with one shard the two are
+the same).  Minibatches and tied sites train in process only.
 """
 
 import numpy as np
@@ -24,7 +28,7 @@ from ..sparse._distributed import _light
 from ..sparse._trainer import TrainingRows
 from .._estimator import BLOCK_ROWS
 from .ep import _Sites
-from .sparse import EvidenceParts, evidence_pass, site_pass
+from .sparse import EvidenceParts, evidence_pass, refines_outliers, site_pass
 
 
 def pack(sites):
@@ -58,12 +62,29 @@ def _current(y, S0, sites, C, lam_prior):
     return sites
 
 
+def share_outlier_change(old, new, share):
+    """Move ``new``'s ψ̃ᵢ (αᵢ, βᵢ, λᵢ) back to ``old`` + ``share`` × (new − old), in place.
+
+    A shard's sweep from Q's Beta(a, b) ends at a proper Beta(a + Δa, b + Δb) (each damped step
+    of the sweep is a convex combination of proper Betas); with ``share`` = 1/K the K shards'
+    changes add up to Beta(a + Σ Δa/K, b + Σ Δb/K), the mean of the K proper Betas, proper too.
+    A ψ̃ᵢ is unchanged exactly when its refinement leaves it unchanged, so the fixed points are
+    those of the in-process sweep."""
+    for name in ("alpha", "beta", "lam_i"):
+        before, after = getattr(old, name), getattr(new, name)
+        after[...] = before + share * (after - before)
+
+
 def site_task(X, y, S0, qs, theta, sites):
     """Round 1 of a batch iteration on one shard: its sites refined (:func:`site_pass`) and
-    (per-class sums, Σ αᵢ, Σ βᵢ, the shard's largest moment mismatch)."""
-    model, factors, damping, block_rows, ab, lam_prior = theta
+    (per-class sums, Σ αᵢ, Σ βᵢ, the shard's largest moment mismatch); under the Beta treatment
+    the ψ̃ᵢ move by ``share`` (1/K of K shards) of their sweep's change."""
+    model, factors, damping, block_rows, ab, lam_prior, share, outliers = theta
     current = _current(y, S0, sites, model.n_classes, lam_prior)
-    new, sums, _, mismatch = site_pass(X, y, current, factors, qs, model, ab, damping, block_rows)
+    new, sums, _, mismatch = site_pass(X, y, current, factors, qs, model, ab, damping, block_rows,
+                                       outliers=outliers)
+    if model.beta and share != 1.0:
+        share_outlier_change(current, new, share)
     return new, (sums, float(np.sum(new.alpha)), float(np.sum(new.beta)), mismatch)
 
 
@@ -145,9 +166,10 @@ class ShardedClassRows:
     def update_sites(self, damping):
         st, model = self.state, self.model
         qs, factors = self._light()
+        share = 1.0 / (len(self.shards.engine.bounds) - 1)
         sums, a_sum, b_sum, mismatch = self.shards.engine.step(
             site_task, qs, (model, factors, float(damping), BLOCK_ROWS, st.beta_posterior(),
-                            self._lam_prior()))
+                            self._lam_prior(), share, refines_outliers(st)))
         self._ab = (model.a0 + a_sum, model.b0 + b_sum)
         st.mismatch = float(mismatch)      # the sum of the shards' largest: a bound on the largest
         return sums

@@ -50,7 +50,8 @@ from .. import _lapack, _pages, _parallel, _sparse
 from .._estimator import BLOCK_ROWS
 from .._multiclass import refine_outlier_prior
 from .._sparse_multiclass import evidence_block, local_ep_block, refine_block
-from ..exceptions import NotPositiveDefiniteError
+from ..exceptions import DivergenceError, NotPositiveDefiniteError
+from ..inference import _LOG_EVIDENCE_SLACK
 from ..sparse._inducing import InducingFactor
 from ..sparse._passes import as_block, block_ranges, finish_evidence
 from ..sparse._train import (Adadelta, SEPState, batch_index, random_batches, site_directions,
@@ -60,6 +61,8 @@ from ..sparse.ep import NaturalPosterior, rows_gradient, transform_natural, whit
 from .ep import _Sites
 
 NOISES = ("beta", "fixed", "none")
+#: a batch pass whose log Z is not ≤ 0 is dropped and the damping halved, down to this factor
+MIN_DAMPING_SCALE = 2.0 ** -10
 #: points per range of a block's compiled passes (the unit that threads share out)
 RANGE_ROWS = 256
 #: the tied sites' local EP: stop when no moment moves by more than this (prior sd units)
@@ -196,6 +199,18 @@ def refine_outliers(bs, a, b, damping):
     return a, b, change
 
 
+def refines_outliers(state):
+    """Whether a site update refines the ψ̃ᵢ: not while q is the prior (no point has sites yet).
+
+    Against the prior every pair factor's tilted mass is about ½ and the C − 1 pairs' product
+    about 2^{1 − C}, below the argmax's 1/C for C ≥ 3, so each point looks a little more likely
+    an outlier than not; the sequential sweep adds n such votes and takes Q(ρ) to ρ̄ ≈ 1 (Beta(139, 0.97)
+    from Beta(1, 9) on 5000 clean points), from where the pair sites learn nothing and the next
+    passes swing ρ̄ between 0 and 1.  The first update fits the pair sites alone; the fixed
+    points, where every ψ̃ᵢ is refined, are the same."""
+    return state.n_sited > 0
+
+
 def class_sums(block, bs, tasks=SERIAL):
     """Per class the block's share of (P_k − I, h_k) for its sites with the current factor:
     (A_kᵀ diag(Λ) A_k, A_kᵀ v) with the row totals (Λ, v) of RMGPC eq. (17)."""
@@ -281,11 +296,14 @@ def block_evidence(block, bs, factors, qs, model, ab, rho, gradient, held, tasks
 
 
 # -- passes over rows (in process or on a shard) --------------------------------------------------
-def site_pass(X, y, sites, factors, qs, model, ab, damping, block_rows, tasks=SERIAL, keep=None):
+def site_pass(X, y, sites, factors, qs, model, ab, damping, block_rows, tasks=SERIAL, keep=None,
+              outliers=True):
     """One parallel pass of every pair site from the same q (and the ψ̃ᵢ in turn): the new sites
     (a copy), per class (P_k − I, h_k) of the new sites with the current factors (q is rebuilt
     from them, as the binary batch pass does), Q's new Beta (a, b), and the largest undamped
-    moment mismatch.  ``keep``: a dict that receives the :class:`RowBlock` of a one-block pass."""
+    moment mismatch.  ``keep``: a dict that receives the :class:`RowBlock` of a one-block pass.
+    ``outliers`` False leaves the ψ̃ᵢ as they are (a pass from the prior q,
+    :func:`refines_outliers`)."""
     n, C = len(y), len(qs)
     new = sites.copy()
     sums = [(np.zeros((f.m, f.m)), np.zeros(f.m)) for f in factors]
@@ -295,7 +313,7 @@ def site_pass(X, y, sites, factors, qs, model, ab, damping, block_rows, tasks=SE
         means, varis = class_marginals(block, qs, tasks)
         bs = block_sites(new, y[start:stop], slice(start, stop))
         mismatch = max(mismatch, refine_points(bs, means, varis, block, model, damping, tasks))
-        if model.beta:
+        if model.beta and outliers:
             a, b, change = refine_outliers(bs, ab[0], ab[1], damping)
             ab, mismatch = (a, b), max(mismatch, change)
         put_sites(new, bs, slice(start, stop))
@@ -566,6 +584,10 @@ class LocalClassRows:
     ``commit``, ``revert``, ``evidence_parts``; :func:`tied_iteration` uses ``match_sites`` and
     ``tied_parts``."""
 
+    #: a committed batch update can be undone by bringing back the state's old sites and q (the
+    #: rows keep nothing of them): :func:`iteration` drops a pass whose log Z is not ≤ 0
+    undoable = True
+
     def __init__(self, state, model, X, y, rows=None, tasks=SERIAL, block_rows=BLOCK_ROWS):
         self.state, self.model, self.X, self.tasks, self.block_rows = (
             state, model, X, tasks, block_rows)
@@ -590,7 +612,8 @@ class LocalClassRows:
         X = self.X if self.rows is None else take_rows(self.X, self.rows)
         new, sums, ab, mismatch = site_pass(X, self.y, st.sites, st.factors, st.qs,
                                             self.model, st.beta_posterior(), damping,
-                                            self.block_rows, self.tasks, keep)
+                                            self.block_rows, self.tasks, keep,
+                                            refines_outliers(st))
         self._block = None if keep is None else keep.get("block")
         self._pending = ("all", new)
         st.mismatch = mismatch
@@ -626,7 +649,7 @@ class LocalClassRows:
         mismatch = refine_points(bs, means, varis, block, model, damping, tasks,
                                  moved=(old_tau, old_eta, cols[2], cols[3], cols[4]))
         ab = st.beta_posterior()
-        if model.beta:
+        if model.beta and refines_outliers(st):
             a, b, change = refine_outliers(bs, ab[0], ab[1], damping)
             ab, mismatch = (a, b), max(mismatch, change)
         tau, eta = bs.class_sites()
@@ -697,17 +720,23 @@ def iteration(state, rows, damping):
     sites, the gradient in its "sites" form.  A minibatch of fewer rows: each row's sites swapped
     in q along their kept directions (SEP eq. (6)), the gradient in its "cavity" form with the
     data terms scaled by (points q holds)/|M|.  A site update after which some q_k has no factor
-    is dropped, and the damping of the next ones halved (``state.damping_scale``).  Returns log Z
-    (a minibatch: its estimate over all n rows).
+    is dropped, and the damping of the next ones halved (``state.damping_scale``); so is, in
+    process, a pass over all rows whose log Z is not finite and ≤ 0 (the log probability of the
+    labels: a larger value is a state no EP fixed point has, reached by a parallel pass that
+    overshot), with no inner step after it, and a DivergenceError when the damping would fall
+    below ``MIN_DAMPING_SCALE``.  Returns log Z (a minibatch: its estimate over all n rows).
     """
     damping = damping * state.damping_scale
     if rows.size == state.n:
+        before = (state.sites, state.qs, state.V, state.n_sited)
         if state.rebuild(rows.update_sites(damping)):
             rows.commit()
             state.n_sited = state.n
         else:
             rows.revert()
-        return _inner_step(state, rows, state.n, "sites")
+            before = None
+        return _inner_step(state, rows, state.n, "sites",
+                           before if getattr(rows, "undoable", False) else None)
     naturals, n_fresh = rows.swap_sites(damping)
     if state.set_qs(naturals):
         rows.commit()
@@ -734,14 +763,26 @@ def evidence_and_gradient(state, parts, scale, held):
     return grads
 
 
-def _inner_step(state, rows, n_held, held):
+def _inner_step(state, rows, n_held, held, before=None):
     """The inner step after a site update: the evidence's parts over the rows at the new q, its
     estimate over all n rows, and one Adadelta step on its gradient (data terms scaled by
-    ``n_held``/|M|, SEP eq. (4), (6))."""
+    ``n_held``/|M|, SEP eq. (4), (6)).  ``before``: the (sites, q, V, n_sited) the update
+    replaced, brought back if log Z is not finite and ≤ 0 (:func:`iteration`)."""
     b = rows.size
     parts = rows.evidence_parts(state.learns, held)
+    log_z = state.log_normaliser() + state.n / b * parts.log_terms
+    if before is not None and not log_z <= _LOG_EVIDENCE_SLACK:
+        state.sites, state.qs, state.V, state.n_sited = before
+        state.skipped_passes += 1
+        state.damping_scale *= 0.5
+        if state.damping_scale < MIN_DAMPING_SCALE:
+            raise DivergenceError(f"sparse multi-class EP: every site pass at damping down to "
+                                  f"{MIN_DAMPING_SCALE:.3g} times the set one reached log Z = "
+                                  f"{log_z:.6g}, not a log probability (finite, ≤ 0)",
+                                  method="ep", value=log_z)
+        return state.log_z
     state.n_bad = parts.n_bad
-    state.log_z = state.log_normaliser() + state.n / b * parts.log_terms
+    state.log_z = log_z
     if state.learns:
         state.gradient_step(evidence_and_gradient(state, parts, n_held / b, held))
     return state.log_z
