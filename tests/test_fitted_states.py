@@ -354,3 +354,23 @@ def test_a_beta_fit_on_a_local_cluster_equals_two_shards_in_process(clean_900):
     _assert_valid_multiclass(remote, X, y)
     assert remote.log_marginal_likelihood_value_ == pytest.approx(
         local.log_marginal_likelihood_value_, rel=1e-10)
+
+
+def test_a_dropped_first_pass_leaves_the_log_z_of_the_state_it_keeps(monkeypatch, clean_900):
+    # a first pass dropped for its log Z (made +1e6 here) leaves the prior's sites; the estimator
+    # still reports a valid log Z, that of the state it keeps, not the NaN of no step
+    from gpc.multiclass import sparse as S
+    X, y = clean_900
+    real, calls = S.LocalClassRows.evidence_parts, [0]
+
+    def first_too_high(self, gradient, held):
+        calls[0] += 1
+        parts = real(self, gradient, held)
+        if calls[0] == 1:
+            parts.log_terms += 1e6
+        return parts
+    monkeypatch.setattr(S.LocalClassRows, "evidence_parts", first_too_high)
+    clf = SparseMultiClassGPC(n_inducing=20, max_iter=1, random_state=0, progress=False).fit(X, y)
+    assert clf._state.skipped_passes == 1 and calls[0] == 2
+    assert not np.any(clf._state.sites.tau_t) and not np.any(clf._state.sites.tau_o)
+    _assert_valid_multiclass(clf, X, y)

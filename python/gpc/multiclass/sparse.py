@@ -780,6 +780,9 @@ def _inner_step(state, rows, n_held, held, before=None):
                                   f"{MIN_DAMPING_SCALE:.3g} times the set one reached log Z = "
                                   f"{log_z:.6g}, not a log probability (finite, ≤ 0)",
                                   method="ep", value=log_z)
+        if not np.isfinite(state.log_z):        # the first pass: log Z of the state kept
+            kept = rows.evidence_parts(False, held)
+            state.log_z = state.log_normaliser() + state.n / b * kept.log_terms
         return state.log_z
     state.n_bad = parts.n_bad
     state.log_z = log_z
