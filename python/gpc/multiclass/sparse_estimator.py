@@ -17,7 +17,7 @@ from ..sparse.estimator import (SparseGaussianProcessClassifier, _check_theta_in
                                 default_kernel, initial_inducing)
 from ._sparse_distributed import EngineClassRows, MultiClassShards
 from .estimator import LABEL_NOISE_BOUNDS, check_label_noise, check_label_noise_classes
-from .predict import argmax_probabilities
+from .predict import N_NODES, argmax_probabilities
 from .sparse import (ArgmaxLikelihood, MultiClassBatch, MultiClassMinibatch, MultiClassRows,
                      MultiClassTied, SparseMultiClassState, Tasks, latent_moments,
                      row_outlier_probability)
@@ -29,6 +29,26 @@ METHODS = ("ep", "vi")
 #: progress bar, epochs, damping, clone and pickling with a client)
 _SHARED = SparseGaussianProcessClassifier
 AUTO_BATCH_SIZE, AUTO_MINIBATCH_FROM = 2000, 10_000
+#: bytes of temporaries a prediction may hold at once besides its (n, C) results: rows are
+#: predicted in blocks whose whitened rows and argmax integrals each fit this
+PREDICT_BYTES = 64 * 2 ** 20
+
+
+def latent_block_rows(state):
+    """Rows per block of the latent moments: each row holds its whitened rows a_ik (one m-vector
+    per distinct class factor, with the whitening's kernel row and product: three) and every
+    class's marginal rows (one m-vector per class), 8 bytes each; at most BLOCK_ROWS."""
+    distinct = {id(f): f.m for f in state.factors}
+    per_row = 8 * (3 * sum(distinct.values()) + sum(f.m for f in state.factors))
+    return int(min(BLOCK_ROWS, max(1, PREDICT_BYTES // per_row)))
+
+
+def proba_block_rows(n_classes):
+    """Rows per call of :func:`gpc.multiclass.predict.argmax_probabilities`, whose Gauss–Hermite
+    rule holds two (rows, C, C, N_NODES) float64 arrays and three of (rows, C, N_NODES):
+    8 N_NODES C (2C + 3) bytes a row (at C = 50, 2.6 MB)."""
+    per_row = 8 * N_NODES * n_classes * (2 * n_classes + 3)
+    return int(max(1, PREDICT_BYTES // per_row))
 
 
 class SparseMultiClassGPC(GPCEstimator):
@@ -522,31 +542,53 @@ class SparseMultiClassGPC(GPCEstimator):
         return float(self._state.log_z)
 
     # -- prediction ------------------------------------------------------------------------------
-    def _blocks(self, X, fn):
+    def _blocks(self, X, fn, block_rows=BLOCK_ROWS):
         """fn over row blocks of X (checked) inside gpc._parallel.block_threads(n_jobs): BLAS on
         one thread per call, each block's classes and ranges of points on n_jobs threads."""
         X = self._check_X(X, fitting=False)
         with _parallel.block_threads(self._n_jobs()):
             return [fn(as_block(X, a, b), (a, b), Tasks())
-                    for a, b in block_ranges(X.shape[0], BLOCK_ROWS)]
+                    for a, b in block_ranges(X.shape[0], block_rows)]
+
+    def _latent(self):
+        """The latent moments of a block of rows, ``fn(Xb, tasks)`` → (means, variances)."""
+        latent = getattr(self._state, "latent_moments", None)      # method="vi"
+        return partial(latent_moments, self._state) if latent is None else latent
 
     def predict_latent(self, X):
         """Latent predictive means and variances of every f_k at X, (n, C) each (derivation §8):
-        a_*ᵀμ_k and a_*ᵀΣ_k a_* + s_*k."""
+        a_*ᵀμ_k and a_*ᵀΣ_k a_* + s_*k.  Computed in blocks of rows (:meth:`predict_proba`'s)."""
         self._check_fitted()
-        latent = getattr(self._state, "latent_moments", None)      # method="vi"
-        if latent is None:
-            latent = partial(latent_moments, self._state)
-        parts = self._blocks(X, lambda Xb, _, tasks: latent(Xb, tasks))
+        latent = self._latent()
+        parts = self._blocks(X, lambda Xb, _, tasks: latent(Xb, tasks),
+                             latent_block_rows(self._state))
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
     def predict_proba(self, X: ArrayLike) -> np.ndarray:
         """Class probabilities (n, C) in the order of ``classes_``: RMGPC eq. (19)-(20) with the
-        sparse latent moments, ρ/C + (1 − ρ) P(argmax = c)."""
+        sparse latent moments, ρ/C + (1 − ρ) P(argmax = c).
+
+        Memory: the rows are predicted in blocks, so besides the (n, C) result (and X) the call
+        holds at most about 64 MiB of temporaries (``PREDICT_BYTES``) whatever n: the latent
+        moments of a block of rows (its whitened rows, one m-vector per class factor) and the
+        Gauss–Hermite integrals of eq. (19), whose nodes take 8 · 64 · C · (2C + 3) bytes a row
+        (2.6 MB at C = 50: about 25 rows at a time).  A row's integrals do not depend on the
+        rows computed with it (bit for bit); its latent moments agree with those of a larger
+        block to rounding (BLAS products of another shape).  ``validation_data`` is scored the
+        same way."""
         self._check_fitted()
-        means, varis = self.predict_latent(X)
-        rho = self._state.rho
-        return rho / len(self.classes_) + (1.0 - rho) * argmax_probabilities(means, varis)
+        latent, C, rho = self._latent(), len(self.classes_), self._state.rho
+        step = proba_block_rows(C)
+
+        def block(Xb, _, tasks):
+            means, varis = latent(Xb, tasks)
+            out = np.empty_like(means)
+            for a, b in block_ranges(len(means), step):
+                out[a:b] = argmax_probabilities(means[a:b], varis[a:b])
+            return out
+
+        parts = self._blocks(X, block, latent_block_rows(self._state))
+        return rho / C + (1.0 - rho) * np.concatenate(parts)
 
     def predict(self, X: ArrayLike) -> np.ndarray:
         """The class with the largest predictive probability."""
