@@ -43,7 +43,10 @@ policy ``on_negative`` decides (codes of gpc._site_rule; the default is
   instead, which is never negative (PL §III-D).
 Negative sites are held by SignedSitePosterior (the Cholesky of B for a non-negative split of the
 sites and a Woodbury correction of rank #negative sites, which checks that Σ is positive definite);
-with "clip", "skip" and "pl" every τ ≥ 0 and the posterior is the Cholesky of B = I + S K S.
+with "clip", "skip" and "pl" every τ ≥ 0 and the posterior is the Cholesky of B = I + S K S.  A warm
+start whose sites (another kernel's) give no posterior with this K starts cold instead; sites of
+the run itself that give none (the rounding of the sequential updates on a nearly singular K, or a
+parallel update) raise DivergenceError with the remedies that apply to the schedule in use.
 
 Each sweep counts the updates the policy handled; the count of the final sweep is the result's
 ``info["n_fallback"]`` (EP).  With it zero and the run converged, every site equals its own EP
@@ -120,6 +123,62 @@ def _moments(K, tau, nu, m0):
         return None, m0.copy(), np.diag(K).copy()
     post = site_posterior(K, tau, nu, m0)
     return post, post.mean.copy(), post.diag_cov().copy()
+
+
+def _first_state(state, K, tau, nu, m0):
+    """``state(K, τ, ν, m0)`` of the starting sites, and the sites.  Sites of a warm start (another
+    K's, negative precisions among them) that give no posterior with this K are dropped for zero
+    sites (the prior, which always is one): the run starts cold, as it would without them."""
+    try:
+        return state(K, tau, nu, m0), tau, nu
+    except NotPositiveDefiniteError:
+        if not np.any(tau < 0):
+            raise                       # τ ≥ 0 always gives a posterior: K itself is the problem
+        tau, nu = np.zeros_like(tau), np.zeros_like(nu)
+        return state(K, tau, nu, m0), tau, nu
+
+
+def _site_posterior(K, tau, nu, m0, rule, schedule, on_negative, sweep):
+    """site_posterior, with the DivergenceError of gpc.exceptions' policy where negative site
+    precisions leave no posterior: it names the sweep and what can be done for ``schedule``."""
+    try:
+        return site_posterior(K, tau, nu, m0)
+    except NotPositiveDefiniteError as err:
+        if not np.any(tau < 0):
+            raise
+        raise DivergenceError(_indefinite_message(rule, schedule, on_negative, sweep, tau),
+                              method=rule) from err
+
+
+def _indefinite_message(rule, schedule, on_negative, sweep, tau):
+    """What a run whose sites (``tau``, some negative) give no posterior after ``sweep`` says: the
+    cause, and what can be done under ``schedule`` (:func:`negative_site_remedies`)."""
+    neg = int(np.count_nonzero(tau < 0))
+    if schedule == "sequential":
+        cause = ("the rank-one updates keep Σ positive definite in exact arithmetic, but not their "
+                 "rounding on a nearly singular K")
+    else:
+        cause = "a parallel update of all sites at once can take Σ past positive definiteness"
+    return (f"{rule.upper()} ({schedule}): after sweep {sweep} the {neg} negative site precisions "
+            f"kept by on_negative={on_negative!r} make the posterior covariance Σ = (K⁻¹ + T)⁻¹ "
+            f"indefinite, so the sites define no distribution ({cause}).  "
+            + negative_site_remedies(schedule, on_negative))
+
+
+def negative_site_remedies(schedule, on_negative):
+    """The advice of a run that negative sites left without a posterior or without cavities: what
+    applies to ``schedule`` and ``on_negative``, never what is already in use."""
+    options = []
+    if schedule == "parallel":
+        options.append("schedule='sequential' (one site at a time, each update checked)")
+    if on_negative != "pl":
+        options.append("on_negative='pl' (PL's site for every update that would be negative: every "
+                       "site precision ≥ 0, so the posterior and every cavity exist; it moves the "
+                       "fixed point, as 'clip' and 'skip' do more)")
+    options.append("method='pl'")
+    options.append("a kernel kept from making K nearly singular (a fixed kernel, or a lower upper "
+                   "bound on its length scale; optimizer=None in the estimators)")
+    return "Try " + ", ".join(options[:-1]) + " or " + options[-1] + "."
 
 
 def _sweep_state(K, tau, nu, m0):
@@ -263,12 +322,13 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
         block = min(DEFAULT_BLOCK if block is None else int(block), n)
         if block < 1:
             raise ValueError("block must be a positive integer")
-        mu, Sigma = _sweep_state(K, tau, nu, m0)   # the sweep keeps Σ itself, not a factor
+        # the sweep keeps Σ itself, not a factor
+        (mu, Sigma), tau, nu = _first_state(_sweep_state, K, tau, nu, m0)
         var = np.diag(Sigma).copy()
         post = None
         work = np.empty((2 * block + 3, n))
     else:
-        post, mu, var = _moments(K, tau, nu, m0)
+        (post, mu, var), tau, nu = _first_state(_moments, K, tau, nu, m0)
     for n_iter in range(1, max_iter + 1):
         tau_old, nu_old, mu_old, var_old = tau.copy(), nu.copy(), mu.copy(), var.copy()
         if schedule == "sequential":
@@ -281,7 +341,9 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
             var = np.diag(Sigma).copy()
             if n_iter % RECOMPUTE_EVERY == 0:
                 Sigma = None            # freed before the refactorisation: peak K, L, V, Σ
-                mu, Sigma = _sweep_state(K, tau, nu, m0)
+                post = _site_posterior(K, tau, nu, m0, rule, schedule, on_negative, n_iter)
+                mu, Sigma = post.mean.copy(), post.lower_cov(release_factor=True)
+                post = None
                 var = np.diag(Sigma).copy()
         else:
             new_tau, new_nu = tau.copy(), nu.copy()
@@ -335,7 +397,7 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
         Sigma = post = None             # freed before the final factorisation
         # the final posterior from the sites (not from the updates), also when every site is empty
         # or when the run stopped after a single-precision sweep
-        post = site_posterior(K, tau, nu, m0)
+        post = _site_posterior(K, tau, nu, m0, rule, schedule, on_negative, n_iter)
     if not converged:
         warnings.warn(f"{rule.upper()} ({schedule}) did not converge in {max_iter} sweeps (last change "
                       f"{change:.3g} > tol {tol:g})", ConvergenceWarning, stacklevel=4)

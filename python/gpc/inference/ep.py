@@ -46,7 +46,7 @@ from ..exceptions import DivergenceError
 from ..posterior import SitePosterior
 from ._result import InferenceResult
 from ._damping import DEFAULT_MIN_DAMPING, check_min_damping
-from ._sites import check_options, run_schedule
+from ._sites import check_options, negative_site_remedies, run_schedule
 
 DEFAULT_MAX_ITER = 100
 DEFAULT_TOL = 1e-6
@@ -88,7 +88,8 @@ def run(K, y, likelihood, prior_mean, *, schedule="sequential", max_iter=None, t
     block : int, default 64
         Rank-one updates deferred and applied together (1 = the plain rank-one sweep).
     init : InferenceResult, optional
-        Warm start from its sites (the optimiser passes the previous result).
+        Warm start from its sites (the optimiser passes the previous result).  Sites that give no
+        posterior with this K (negative ones, fitted to another kernel) start the run cold.
     """
     check_options(damping, on_negative, schedule)
     min_damping = check_min_damping(min_damping, damping)
@@ -120,10 +121,13 @@ def _raise_for_missing_cavity(post, schedule, on_negative):
     bad = np.flatnonzero(~(tau_c > 0))
     if bad.size:
         i = int(bad[0])
+        fallback = {"keep": "where PL's update could not make it one either",
+                    "keep-skip": "on_negative='keep' would refit such a site by PL's update"}
+        why = f" ({fallback[on_negative]})" if on_negative in fallback else ""
         raise DivergenceError(
             f"EP ({schedule}): {bad.size} site(s) end without a cavity (site {i}: cavity precision "
-            f"{tau_c[i]:.3g}) after on_negative={on_negative!r} kept them; no EP fixed point, so no "
-            "EP evidence.  on_negative='keep' (the default) refits such a site by PL's update",
+            f"{tau_c[i]:.3g}) after on_negative={on_negative!r} kept them{why}; no EP fixed point, "
+            f"so no EP evidence.  {negative_site_remedies(schedule, on_negative)}",
             method="ep", index=i, value=float(tau_c[i]))
 
 
