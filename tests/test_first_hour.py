@@ -154,6 +154,11 @@ def test_warning_bounds_scikit_learn_kernels():
     is clipped to 1e3 and moved off it by one step of 1e-4 in log ℓ that L-BFGS-B's tolerance
     cannot tell from the bound, so both bound warnings come, in scikit-learn's words."""
     sk = pytest.importorskip("sklearn.gaussian_process.kernels")
+    _, messages = _fit_recording(sk.RBF(length_scale_bounds=[1e-5, 1e-3]))
+    assert messages == [
+        "The optimal value found for dimension 0 of parameter length_scale is close to the "
+        "specified upper bound 0.001. Increasing the bound and calling fit again may find a "
+        "better value."]
     kernel = sk.WhiteKernel(noise_level_bounds=[1e-5, 1e-3]) + sk.RBF(length_scale_bounds=[1e3, 1e5])
     clf, messages = _fit_recording(kernel)
     assert messages == [
