@@ -151,8 +151,9 @@ class SparseMultiClassGPC(GPCEstimator):
         Batch training with the rows and their sites on a cluster's workers (SEP §2.3; see
         :class:`gpc.SparseGaussianProcessClassifier`); each step sends every q_k out and gets
         O(C m²) sums back.  Minibatches and tied sites train in process only.  Under the Beta
-        treatment the shards refine their ψ̃ᵢ in parallel (in turn within a shard): the same
-        fixed points as in process, where all of them are refined in turn.
+        treatment the shards refine their ψ̃ᵢ in parallel (in turn within a shard), each of K
+        shards moving them by 1/K of its change, so Q's Beta stays proper: the same fixed points
+        as in process, where all of them are refined in turn.
         ``gpc.distributed.InProcessEngine(n_shards=K)`` runs the shards in this process.
     n_jobs : int or None, default None
         Threads over the classes' blocks and the ranges of points of each step, with joblib's
