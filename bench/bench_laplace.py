@@ -1,7 +1,7 @@
 """Laplace: one log-marginal-likelihood + gradient evaluation, gpc vs scikit-learn vs one dpotrf.
 
 Data: the first n rows of the bundled banana set (real data, 2-D), kernel 2.0 * RBF(0.7), logit.
-Run: ``python -m pytest bench/bench_laplace.py`` (from the repository root, with the [bench] extra).
+Run: ``python -m pytest bench/bench_laplace.py`` (from the repository root, with `pip install --group bench`).
 """
 
 import numpy as np

@@ -1,6 +1,6 @@
 """Sphinx configuration of gpc's documentation.
 
-Build: ``pip install ".[docs]"`` then ``python -m sphinx -W -b html docs docs/_build/html``.
+Build: ``pip install --group docs`` then ``python -m sphinx -W -b html docs docs/_build/html``.
 
 The API reference is generated from the code: ``api.rst`` is written here, at configuration
 time, from ``gpc.__all__`` and the ``__all__`` of every public submodule (so a new estimator's

@@ -5,7 +5,7 @@ import pickle
 import numpy as np
 import pytest
 
-sklearn = pytest.importorskip("sklearn")  # the [test] extra installs it; gpc itself does not need it
+sklearn = pytest.importorskip("sklearn")  # the test group installs it; gpc itself does not need it
 from sklearn.base import clone
 from sklearn.gaussian_process import GaussianProcessClassifier as SkGPC
 from sklearn.gaussian_process.kernels import RBF as SkRBF, ConstantKernel as SkC

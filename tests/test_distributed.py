@@ -10,7 +10,7 @@ import time
 
 import dask
 import dask.array as da
-import distributed   # in the test extra: CI always runs the cluster tests
+import distributed   # in the test group: CI always runs the cluster tests
 import numpy as np
 import pytest
 from scipy import linalg, special

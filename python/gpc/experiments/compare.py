@@ -145,12 +145,12 @@ def held_out_scores(model, X_test, y_test):
 def blas_threads(n):
     """BLAS (and gpc's row passes, which follow it) on ``n`` threads while the block runs.
 
-    Needs threadpoolctl (it comes with scikit-learn and the test extra); without it the
+    Needs threadpoolctl (a dependency of gpc); without it the
     environment decides (OPENBLAS_NUM_THREADS=1 gives the same).
     """
     try:
         from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - threadpoolctl comes with the test extra
+    except ImportError:  # pragma: no cover - threadpoolctl is a dependency of gpc
         yield
         return
     with threadpool_limits(n):
