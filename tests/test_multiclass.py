@@ -293,3 +293,26 @@ def test_label_noise_parameters_are_checked(params, match):
     X, y = _blobs(n_per=3)           # three classes: ε must stay below 2/3
     with pytest.raises(ValueError, match=match):
         MultiClassGPC(optimizer=None, **params).fit(X, y)
+
+
+def test_unconverged_ep_warns_for_the_fitted_theta_only_and_advises_truly():
+    """EP stopped by max_iter at the fitted θ warns once, advising to standardise X only when the
+    features' scales differ; the optimiser's evaluations do not warn: a search whose first
+    evaluations stop at max_iter, but whose warm-started EP converges at the θ it returns, is
+    silent about EP."""
+    import warnings
+    from gpc.exceptions import ConvergenceWarning
+    X, y = _blobs()
+    X = (X - X.mean(0)) / X.std(0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        clf = MultiClassGPC(kernel=RBF(1.0), max_iter=1).fit(X, y)
+    assert clf.ep_result_.converged
+    assert not [w for w in caught if "EP did not converge" in str(w.message)]
+    with pytest.warns(ConvergenceWarning, match="max_iter=1 iterations at the fitted") as caught:
+        clf = MultiClassGPC(kernel=RBF(1.0), optimizer=None, max_iter=1).fit(X, y)
+    assert len(caught) == 1 and "standardise" not in str(caught[0].message)
+    assert not clf.ep_result_.converged
+    scaled = X * np.array([1.0, 100.0])
+    with pytest.warns(ConvergenceWarning, match="differ by a factor 100: standardise X"):
+        MultiClassGPC(kernel=RBF(1.0), optimizer=None, max_iter=1).fit(scaled, y)

@@ -229,7 +229,7 @@ OUTER_MEMORY, OUTER_PAUSE = 5, 2
 
 
 def rmgpc_ep(Ks, y, n_classes, a0=1.0, b0=9.0, robust=True, max_iter=500, tol=1e-6, damping=0.5,
-             min_damping=1e-6, init=None, n_threads=1, accelerate=True, rate=None):
+             min_damping=1e-6, init=None, n_threads=1, accelerate=True, rate=None, warn=True):
     """Run RMGPC's EP (§3) to a fixed point.
 
     Each outer iteration refines every ψ̃ᵢₖ from the current marginals (all points at once; the
@@ -281,6 +281,9 @@ def rmgpc_ep(Ks, y, n_classes, a0=1.0, b0=9.0, robust=True, max_iter=500, tol=1e
         A fixed outlier rate ρ: zᵢ ~ Bern(ρ) with no Beta posterior (``a0``, ``b0`` unused), i.e. the
         label noise ε = ρ (l − 1)/l of the likelihood (1 − ε) Π Θ + ε/(l − 1)(1 − Π Θ).  Needs
         ``robust=True``.
+    warn : bool, default True
+        Warn (ConvergenceWarning) when ``max_iter`` is reached first; the result's ``converged``
+        says it either way (the estimator's optimiser checks it and warns only for the fitted θ).
 
     Returns
     -------
@@ -303,12 +306,12 @@ def rmgpc_ep(Ks, y, n_classes, a0=1.0, b0=9.0, robust=True, max_iter=500, tol=1e
             if init is not None and init.sites is not None and np.array_equal(init.sites.y, y):
                 try:
                     return _checked(_run(blocks, y, model, max_iter, tol, damping, min_damping,
-                                         init.sites, pool, memory), model)
+                                         init.sites, pool, memory, warn), model)
                 except (_OutsideDomain, NotPositiveDefiniteError):
                     pass                      # the warm start failed: start cold
             try:
                 return _checked(_run(blocks, y, model, max_iter, tol, damping, min_damping, None,
-                                     pool, memory), model)
+                                     pool, memory, warn), model)
             except (_OutsideDomain, NotPositiveDefiniteError) as err:
                 raise DivergenceError(f"RMGPC EP found no valid state: {err}",
                                       method="rmgpc ep") from err
@@ -567,7 +570,7 @@ def _location_weights(sites, varis, prior_sd, model):
     return np.concatenate([v_y, v_k, np.broadcast_to(pq[:, None], o.shape)[o], beta_w, beta_w, pq])
 
 
-def _run(blocks, y, model, max_iter, tol, damping, min_damping, init_sites, pool, memory):
+def _run(blocks, y, model, max_iter, tol, damping, min_damping, init_sites, pool, memory, warn=True):
     """rmgpc_ep's iteration from ``init_sites`` (None: cold).  Raises NotPositiveDefiniteError when
     it finds no valid state (the warm start's sites do not fit, or the damping runs out)."""
     n, l = y.shape[0], model.l
@@ -633,11 +636,12 @@ def _run(blocks, y, model, max_iter, tol, damping, min_damping, init_sites, pool
                                               mismatch, pool)
         sweeps += done
     if not converged:
-        warnings.warn(f"RMGPC EP did not converge in {max_iter} iterations (largest moment "
-                      f"mismatch {mismatch:.3g} > tol {tol:g}); features on very different scales "
-                      f"are a common cause: standardise X (e.g. scikit-learn's StandardScaler) or "
-                      f"give the kernel one length scale per feature", ConvergenceWarning,
-                      stacklevel=4)
+        if warn:
+            warnings.warn(f"RMGPC EP did not converge in {max_iter} iterations (largest moment "
+                          f"mismatch {mismatch:.3g} > tol {tol:g}); features on very different "
+                          f"scales are a common cause: standardise X (e.g. scikit-learn's "
+                          f"StandardScaler) or give the kernel one length scale per feature",
+                          ConvergenceWarning, stacklevel=4)
         if single or not factored:
             n_factor += 1
             means, varis = _refactor(blocks, sites, False, pool)

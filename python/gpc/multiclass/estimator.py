@@ -1,5 +1,6 @@
 """``MultiClassGPC``: RMGPC and SMGPC (RMGPC paper) as a scikit-learn-style estimator."""
 
+import warnings
 from typing import cast
 
 import numpy as np
@@ -7,6 +8,7 @@ from numpy.typing import ArrayLike
 
 from .._estimator import GPCEstimator, check_n_jobs, median_length_scale, random_generator
 from .._validation import check_optimizer, check_positive_float, check_positive_int, plain
+from ..exceptions import ConvergenceWarning
 from ..kernels import RBF, as_kernel
 from ..optimize import maximise_evidence
 from .ep import blas_threads, rmgpc_ep
@@ -26,6 +28,9 @@ LABEL_NOISE_BOUNDS = (1e-6, 0.4)
 #: a kernel hyperparameter is a pure amplitude if K(θ + e_j) equals e · K(θ) to this relative
 #: tolerance (log-space θ: an amplitude scales K by e^Δ), checked on at most AMPLITUDE_ROWS rows
 AMPLITUDE_RTOL, AMPLITUDE_ROWS = 1e-10, 50
+#: a fit that ends unconverged advises standardising X when the features' standard deviations
+#: differ by more than this factor
+FEATURE_SCALE_SPREAD = 10.0
 
 
 def check_label_noise(label_noise, bounds, model):
@@ -118,7 +123,8 @@ class MultiClassGPC(GPCEstimator):
     optimizer : "fmin_l_bfgs_b", callable or None
     n_restarts_optimizer : int
     max_iter, tol : EP's limit on outer iterations and its tolerance on the undamped moment
-        mismatch (:func:`gpc.multiclass.ep.rmgpc_ep`).
+        mismatch (:func:`gpc.multiclass.ep.rmgpc_ep`).  A ConvergenceWarning says when EP stops
+        at max_iter at the fitted hyperparameters; the optimiser's other evaluations do not warn.
     random_state : seed for the restarts (and the rows of the median heuristic).
     n_jobs : int or None
         Threads over EP's l class blocks, or HTPC's BLAS threads, with joblib's convention: None
@@ -274,7 +280,7 @@ class MultiClassGPC(GPCEstimator):
         Ks, cache = self._matrices(kernels, noise, X)
         res = rmgpc_ep(Ks, y, self.n_classes_, a0=self.a0, b0=self.b0,
                        robust=self.model == "robust", max_iter=self.max_iter, tol=self.tol,
-                       init=init, n_threads=self._n_jobs(), rate=rate)
+                       init=init, n_threads=self._n_jobs(), rate=rate, warn=False)
         if not eval_gradient:
             return res
         Ms = res.gradient_matrices()
@@ -356,12 +362,29 @@ class MultiClassGPC(GPCEstimator):
             self.scales_, self.noise_ = self.noise_, None
         self.label_noise_ = self._label_noise(theta)
         self.ep_result_ = self._final_state(theta, X, y_index, last)
+        if self.model != "heavy-tailed" and not self.ep_result_.converged:
+            self._warn_unconverged(X)
         self.n_iter_ = self.ep_result_.n_iter
         self.log_marginal_likelihood_value_ = self.ep_result_.log_evidence
         self.outlier_probability_ = (np.zeros(X.shape[0]) if self.model == "heavy-tailed"
                                      else self.ep_result_.outlier_probability.copy())
         self.X_train_ = X
         return self
+
+    def _warn_unconverged(self, X):
+        """A ConvergenceWarning for EP stopped by ``max_iter`` at the fitted θ (the optimiser's other
+        evaluations only steer the search; an unconverged one among them is not the fit's result).
+        It advises standardising X only when the features' scales differ."""
+        sd = X.std(axis=0)
+        sd = sd[sd > 0]
+        spread = float(sd.max() / sd.min()) if sd.size else 1.0
+        advice = (f"the features' standard deviations differ by a factor {spread:.3g}: standardise X "
+                  "(e.g. scikit-learn's StandardScaler) or give the kernel one length scale per "
+                  "feature" if spread > FEATURE_SCALE_SPREAD else
+                  "raise max_iter, or try n_restarts_optimizer > 0 for other hyperparameters")
+        warnings.warn(f"EP did not converge in max_iter={self.max_iter} iterations at the fitted "
+                      "hyperparameters: the posterior and outlier probabilities are its last iterate, "
+                      f"not EP's fixed point; {advice}", ConvergenceWarning, stacklevel=3)
 
     def _amplitude_dims(self, X, n_kernels):
         """Indices of θ that only scale the evidence's invariant direction (class docstring): the
