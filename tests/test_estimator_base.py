@@ -38,9 +38,11 @@ def test_n_jobs_none_is_what_blas_may_use(monkeypatch):
     threadpoolctl = pytest.importorskip("threadpoolctl")
     with threadpoolctl.threadpool_limits(1):
         assert resolve_n_jobs(None) == 1
-    # without threadpoolctl: OMP_NUM_THREADS / OPENBLAS_NUM_THREADS, else every core
-    import gpc._parallel as parallel
-    monkeypatch.setattr(parallel, "_blas_controller", lambda: None)
+    # a BLAS threadpoolctl does not know: OMP_NUM_THREADS / OPENBLAS_NUM_THREADS, else every core
+    import types
+
+    import gpc._threads as threads
+    monkeypatch.setattr(threads, "controller", lambda: types.SimpleNamespace(lib_controllers=[]))
     monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert resolve_n_jobs(None) == 1

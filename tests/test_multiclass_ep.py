@@ -689,30 +689,45 @@ def test_rate_needs_the_robust_model():
 
 
 def test_ep_pins_blas_to_one_thread_and_restores_it(tmp_path, monkeypatch):
-    """EP's limit holds every BLAS / OpenMP library threadpoolctl finds at one thread and restores
-    each on exit; the controller behind it is kept between calls and made again after an import
-    (which can load a new library)."""
+    """EP runs under the thread policy's "blocks" rule: every BLAS library threadpoolctl finds at
+    one thread, each restored on exit (a nested grant restores the outer one); the controller
+    behind it is kept between calls and made again after an import (which can load a new
+    library)."""
     threadpoolctl = pytest.importorskip("threadpoolctl")
-    from gpc import _parallel
+    from gpc import _threads
     from gpc.multiclass import ep
 
     def threads():
-        return [info["num_threads"] for info in threadpoolctl.threadpool_info()]
+        return [info["num_threads"] for info in threadpoolctl.threadpool_info()
+                if info["user_api"] == "blas"]
 
     before = threads()
-    with ep._one_blas_thread():
-        assert set(threads()) == {1}
-        with ep.blas_threads(2):
-            assert set(threads()) == {2}
-        assert set(threads()) == {1}
+    seen = []
+    real = ep._run
+
+    def spy(*args):
+        seen.append(set(threads()))
+        return real(*args)
+    monkeypatch.setattr(ep, "_run", spy)
+    K = np.exp(-0.5 * np.subtract.outer(np.arange(12.0), np.arange(12.0)) ** 2 / 4)
+    y = np.arange(12) % 3
+    rmgpc_ep([K] * 3, y, 3, max_iter=5)
+    assert seen and all(s == {1} for s in seen)
     assert threads() == before
-    first = _parallel._threadpool_controller()
-    assert _parallel._threadpool_controller() is first
+    with threadpoolctl.threadpool_limits(2, user_api="blas"):
+        with _threads.blas("blocks"):
+            assert set(threads()) == {1}
+            with _threads.blas("dense", 10 ** 6) as n:
+                assert n == 2 and set(threads()) == {2}
+            assert set(threads()) == {1}
+        assert set(threads()) == {2}
+    first = _threads.controller()
+    assert _threads.controller() is first
     (tmp_path / "fresh_module_for_the_controller.py").write_text("X = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     import fresh_module_for_the_controller  # noqa: F401
     try:
-        assert _parallel._threadpool_controller() is not first
+        assert _threads.controller() is not first
     finally:
         del sys.modules["fresh_module_for_the_controller"]
 

@@ -215,12 +215,14 @@ def test_fitted_model_keeps_no_nl_squared_matrix():
 def test_fit_and_prediction_follow_the_thread_policy(monkeypatch, threads_from):
     """HTPC's BLAS runs on n_jobs threads during the fit and the prediction (None: as many as BLAS
     may use when the fit starts, joblib's convention as on every gpc estimator) when n l reaches
-    BLAS_THREADS_FROM, and on one thread below it; never on a count the caller did not choose."""
+    the thread policy's HTPC size (gpc._threads.RULES), and on one thread below it; never on a
+    count the caller did not choose."""
     threadpoolctl = pytest.importorskip("threadpoolctl")
+    from gpc import _threads
     from gpc.multiclass import htpc
 
     seen, laplace, moments = [], htpc._laplace, htpc.htpc_latent_moments
-    monkeypatch.setattr(htpc, "BLAS_THREADS_FROM", threads_from)
+    monkeypatch.setitem(_threads.RULES, "htpc", threads_from)
 
     def blas_threads():
         return {info["num_threads"] for info in threadpoolctl.threadpool_info()

@@ -32,7 +32,7 @@ def test_ranges_share_the_work_equally():
 
 @pytest.fixture(params=[1, 2, 3], ids=lambda t: f"{t} threads")
 def threads(request, monkeypatch):
-    monkeypatch.setattr(_parallel, "blas_threads", lambda: request.param)
+    monkeypatch.setattr(_parallel, "blas_now", lambda: request.param)
     return request.param
 
 
@@ -69,7 +69,7 @@ def test_passes_give_the_same_bits_for_any_number_of_threads(monkeypatch):
     M = M + M.T
     results = []
     for t in (1, 2, 3):
-        monkeypatch.setattr(_parallel, "blas_threads", lambda t=t: t)
+        monkeypatch.setattr(_parallel, "blas_now", lambda t=t: t)
         K = k(X)
         results.append((K, k._contract(X, M, K=K / 0.8, symmetric=True), k._contract(X, M)))
     for other in results[1:]:
@@ -125,12 +125,14 @@ def test_a_range_outside_the_matrix_is_refused():
 
 
 def test_blas_threads_follow_threadpoolctl():
-    import threadpoolctl    # comes with scikit-learn, a test dependency
+    import threadpoolctl
+    from gpc import _threads
     with threadpoolctl.threadpool_limits(1, user_api="blas"):
-        assert _parallel.blas_threads() == 1
+        assert _threads.blas_now() == 1
 
 
 def test_threads_other_than_the_main_one_run_passes_inline():
     from concurrent.futures import ThreadPoolExecutor
+    from gpc import _threads
     with ThreadPoolExecutor(1) as pool:
-        assert pool.submit(_parallel.blas_threads).result() == 1
+        assert pool.submit(_threads.blas_now).result() == 1

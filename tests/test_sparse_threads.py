@@ -133,15 +133,13 @@ class _Spy:
 
 
 def _blas_threads_probe():
-    """A function returning the threads of every BLAS library loaded (threadpoolctl when
-    installed, else OpenBLAS's own getter by ctypes)."""
-    how, what = _parallel._blas_libraries()
-    if how == "threadpoolctl":
-        def probe():
-            return max(lib.num_threads for lib in what.lib_controllers if lib.user_api == "blas")
-        return probe
-    assert how == "openblas", "no way to read BLAS's threads: neither threadpoolctl nor OpenBLAS"
-    return lambda: max(getter() for _, getter in what)
+    """A function returning the most threads of any BLAS library loaded (threadpoolctl)."""
+    from gpc import _threads
+    controller = _threads.controller()
+
+    def probe():
+        return max(lib.num_threads for lib in controller.lib_controllers if lib.user_api == "blas")
+    return probe
 
 
 def test_the_blocks_go_to_the_threads_with_blas_pinned_inside(monkeypatch):
@@ -175,34 +173,6 @@ def test_n_jobs_none_follows_blas_limits():
     assert clf._trainer.n_jobs == 1
     assert _fit(-1, batch_size=800, max_iter=1)._trainer.n_jobs == available_cores()
     assert _fit(3, batch_size=800, max_iter=1)._trainer.n_jobs == 3
-
-
-def test_pinning_without_threadpoolctl_uses_openblas_calls(monkeypatch):
-    # the ctypes fallback finds scipy's and NumPy's OpenBLAS (this environment's wheels bundle
-    # it), pins every one to a single thread and restores their counts afterwards
-    calls = _parallel._openblas_calls()
-    if not calls:
-        pytest.skip("no OpenBLAS library is loaded in this process (another BLAS)")
-    monkeypatch.setattr(_parallel, "_blas_libraries", lambda: ("openblas", calls))
-    before = [getter() for _, getter in calls]
-    with _parallel.block_threads(3) as threads:
-        assert threads == 3
-        assert all(getter() == 1 for _, getter in calls)
-        with _parallel.pinned_blas() as pinned:          # nested: one pin, kept
-            assert pinned
-        assert all(getter() == 1 for _, getter in calls)
-    assert [getter() for _, getter in calls] == before
-
-
-def test_no_way_to_pin_blas_means_one_thread(monkeypatch):
-    monkeypatch.setattr(_parallel, "_blas_libraries", lambda: (None, None))
-    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        monkeypatch.delenv(name, raising=False)
-    with _parallel.block_threads(4) as threads:
-        assert threads == 1 and _parallel.threads_now() == 1
-    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
-    with _parallel.block_threads(4) as threads:
-        assert threads == 4
 
 
 # -- the runner and the fixed cuts ---------------------------------------------------------------

@@ -8,14 +8,14 @@ installed it derives from scikit-learn's ``ClassifierMixin`` and ``BaseEstimator
 :class:`DataConversionWarning` are gpc's own, with scikit-learn's bases.
 """
 
+import functools
 import inspect
 import numbers
-import os
 import warnings
 
 import numpy as np
 
-from ._parallel import blas_cores
+from ._threads import available_cores, check_n_jobs, entry, resolve_n_jobs
 from ._validation import check_finite_array
 
 try:  # pragma: no branch
@@ -106,37 +106,21 @@ def median_length_scale(X, rng):
     return med if med > 0 else 1.0
 
 
-# -- n_jobs ---------------------------------------------------------------------------------------
-def available_cores():
-    """The cores this process may run on (its CPU affinity where the platform tells it)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+# -- n_jobs: gpc._threads (available_cores, check_n_jobs, resolve_n_jobs) ---------------------
+#: the public methods that run under the thread policy (gpc._threads.entry)
+ENTRY_POINTS = ("fit", "partial_fit", "predict", "predict_proba", "predict_log_proba",
+                "decision_function", "score", "log_marginal_likelihood", "outlier_probability",
+                "predict_latent")
 
 
-def check_n_jobs(n_jobs):
-    """``n_jobs`` as given, after checking it: None or a nonzero integer."""
-    if n_jobs is None:
-        return None
-    if not isinstance(n_jobs, numbers.Integral) or isinstance(n_jobs, bool) or n_jobs == 0:
-        raise ValueError(f"n_jobs must be None or a nonzero integer (-1: all cores, -2: all but "
-                         f"one, k > 0: k), got {n_jobs!r}")
-    return int(n_jobs)
-
-
-def resolve_n_jobs(n_jobs):
-    """The number of workers ``n_jobs`` asks for, with joblib's convention.
-
-    None: as many as BLAS may use (:func:`gpc._parallel.blas_cores`); -1: every available core; -2: all but one
-    (generally cores + 1 + n_jobs, at least 1); k > 0: exactly k; 0 is an error.
-    """
-    n_jobs = check_n_jobs(n_jobs)
-    if n_jobs is None:
-        return blas_cores()
-    if n_jobs < 0:
-        return max(1, available_cores() + 1 + n_jobs)
-    return n_jobs
+def _entry_point(method):
+    """``method`` run inside the thread policy of its estimator's ``n_jobs``."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with entry(getattr(self, "n_jobs", None)):
+            return method(self, *args, **kwargs)
+    run.__wrapped_entry__ = True
+    return run
 
 
 # -- the random state -----------------------------------------------------------------------------
@@ -192,6 +176,20 @@ class GPCEstimator(_ClassifierMixin, _Base):
     _fitted_attribute = "classes_"
     #: keep X as given (row blocks are read later) instead of converting it to one float64 array
     _lazy_rows = False
+
+    def __init_subclass__(cls, **kwargs):
+        # every public entry point a class defines runs under the one thread policy
+        # (gpc._threads.entry): n_jobs resolved once, BLAS pinned for the call, one call at a time
+        super().__init_subclass__(**kwargs)
+        for name in ENTRY_POINTS:
+            method = cls.__dict__.get(name)
+            if callable(method) and not getattr(method, "__wrapped_entry__", False):
+                setattr(cls, name, _entry_point(method))
+
+    @_entry_point
+    def score(self, X, y, sample_weight=None):
+        """Mean accuracy of ``predict(X)`` against ``y`` (scikit-learn's ``ClassifierMixin.score``)."""
+        return super().score(X, y, sample_weight=sample_weight)
 
     # -- inputs ---------------------------------------------------------------------------------
     def _vector_input(self):

@@ -19,21 +19,21 @@ b and m only, each a compiled call that releases the GIL, which :func:`over_bloc
 threads of the innermost :func:`block_threads` context.  A block writes its own rows and its own
 m x m partial sums, which are added in block order (by fixed row stripes, :func:`row_stripes`), so
 these passes too give the same bits whatever the number of threads.  Inside such a context BLAS
-runs on one thread per call (:func:`pinned_blas`): the threads are the engine's, which sleep when
-idle, and no BLAS thread spins on a core that another process or another block needs.
+runs on one thread per call: the threads are the engine's, which sleep when idle, and no BLAS
+thread spins on a core that another process or another block needs.  How many threads a pass
+gets is the thread policy's decision (gpc._threads); this module only runs the passes.
 """
 
-import ctypes
 import itertools
 import os
 import queue
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from functools import lru_cache
 
 import numpy as np
+
+from ._threads import _local, blas_now, block_threads, threads_now
 
 #: below this many rows a pass is one call (dispatching a range costs tens of microseconds)
 MIN_ROWS = 512
@@ -63,68 +63,6 @@ def row_ranges(n, cost="lower"):
     return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:]) if b > a]
 
 
-#: threadpoolctl's controller of the loaded BLAS and OpenMP libraries, and len(sys.modules) when it
-#: was made (:func:`_threadpool_controller`)
-_controller = (None, -1)
-
-
-def _threadpool_controller():
-    """A ThreadpoolController, or None without threadpoolctl (installed with scikit-learn).  Making
-    one scans every loaded shared object (milliseconds, against microseconds for a limit through
-    it), so it is kept, and made again only after modules were imported: a new extension module
-    can bring a new library."""
-    global _controller
-    controller, n_modules = _controller
-    if controller is None or n_modules != len(sys.modules):
-        try:
-            from threadpoolctl import ThreadpoolController
-        except ImportError:
-            return None
-        import scipy.linalg  # noqa: F401  (its BLAS must be loaded to be found)
-        controller = ThreadpoolController()
-        _controller = (controller, len(sys.modules))
-    return controller
-
-
-def _blas_controller():
-    # scipy's BLAS library under threadpoolctl; None without it
-    controller = _threadpool_controller()
-    if controller is None:
-        return None
-    blas = [lib for lib in controller.lib_controllers if lib.user_api == "blas"]
-    scipy_blas = [lib for lib in blas if "scipy" in os.path.basename(lib.filepath)]
-    return (scipy_blas or blas or [None])[0]
-
-
-def _environment_threads():
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        cores = os.cpu_count() or 1
-    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
-        value = os.environ.get(name, "").split(",")[0].strip()
-        if value.isdigit() and int(value) > 0:
-            return min(cores, int(value))
-    return cores
-
-
-def blas_cores():
-    """The threads scipy's BLAS may use: threadpoolctl's limit when threadpoolctl is installed, else
-    OMP_NUM_THREADS or OPENBLAS_NUM_THREADS, else every available core."""
-    controller = _blas_controller()
-    if controller is not None:
-        return max(1, int(controller.num_threads))
-    return _environment_threads()
-
-
-def blas_threads():
-    """The number of threads scipy's BLAS would use for a call now (1 inside a thread other than
-    the main one: that thread is itself one of several working in parallel, e.g. ``n_jobs``)."""
-    if threading.current_thread() is not threading.main_thread():
-        return 1
-    return blas_cores()
-
-
 def _executor():
     global _pool
     with _pool_lock:
@@ -136,10 +74,11 @@ def _executor():
 
 def over_rows(fn, n, *args, cost="lower"):
     """``[fn(*args, start=a, stop=b) for (a, b) in row_ranges(n, cost)]``, the ranges shared
-    out among ``blas_threads()`` threads (``fn`` releases the GIL and writes disjoint rows).
+    out among as many threads as BLAS may use now (``gpc._threads.blas_now``: the thread policy's
+    grant; ``fn`` releases the GIL and writes disjoint rows).
     Returns the results in range order."""
     ranges = row_ranges(n, cost)
-    threads = min(blas_threads(), len(ranges))
+    threads = min(blas_now(), len(ranges))
     if threads <= 1:
         return [fn(*args, start=a, stop=b) for a, b in ranges]
 
@@ -164,10 +103,6 @@ MAX_BLOCKS = 16
 #: additions (over memory) that make one stripe of a sum of blocks' m x m parts worth one task
 STRIPE_WORK = 2 ** 16
 
-_local = threading.local()
-_pin_lock = threading.Lock()
-_pin_depth = 0
-_pin_state = (None, False)
 
 
 @lru_cache(maxsize=512)
@@ -210,30 +145,6 @@ def column_panels(m, work):
     k = np.arange(count + 1) / count
     edges = np.unique(np.round(m - m * np.cbrt(1.0 - k)).astype(int))
     return tuple(zip(edges[:-1].tolist(), edges[1:].tolist()))
-
-
-def threads_now():
-    """The threads :func:`over_blocks` uses in this thread now: the innermost
-    :func:`block_threads` context's, 1 outside one (and inside a block)."""
-    if getattr(_local, "in_block", False):
-        return 1
-    return getattr(_local, "threads", 1)
-
-
-@contextmanager
-def block_threads(n_threads):
-    """While this lasts, :func:`over_blocks` called from this thread runs its blocks on
-    ``n_threads`` threads (the caller and a pool), and every BLAS library runs on one thread per
-    call (:func:`pinned_blas`).  Where BLAS cannot be pinned the blocks run in the calling thread
-    alone and BLAS keeps its own threads.  Yields the number of threads in use."""
-    n = max(1, int(n_threads))
-    with pinned_blas() as pinned:
-        previous = getattr(_local, "threads", 1)
-        _local.threads = n if pinned else 1
-        try:
-            yield _local.threads
-        finally:
-            _local.threads = previous
 
 
 class _BlockWorkers:
@@ -351,7 +262,9 @@ def over_blocks(fn, n_blocks):
     else:
         side = []
     total = len(side) + n_blocks
-    threads = 1 if in_block else min(getattr(_local, "threads", 1), total)
+    # one block is below BLOCK_WORK (row_blocks): it and the side tasks beside it take less than
+    # waking a helper and handing the GIL back and forth
+    threads = 1 if in_block or n_blocks <= 1 else min(getattr(_local, "threads", 1), total)
     if threads <= 1:
         for task in side:
             task.run()
@@ -420,101 +333,3 @@ def over_calls(calls):
     """``[call() for call in calls]`` through :func:`over_blocks`: independent blocks of work,
     possibly from several passes at once, on the threads of the caller's context."""
     return over_blocks(lambda j: calls[j](), len(calls))
-
-
-# -- BLAS on one thread per call ----------------------------------------------------------------
-def _openblas_calls():
-    """(set_num_threads, get_num_threads) of every OpenBLAS library loaded in this process, found
-    without threadpoolctl: the shared objects that /proc/self/maps lists (Linux) and that export
-    OpenBLAS's threading calls, under its own names or scipy's and NumPy's builds' (prefix
-    scipy_, suffix 64_ for the 64-bit interface)."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = sorted({line.split()[-1] for line in maps
-                            if "openblas" in os.path.basename(line.split()[-1]).lower()})
-    except (OSError, IndexError):
-        return []
-    calls = []
-    for path in paths:
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for name in ("openblas", "scipy_openblas"):
-            for suffix in ("", "64_"):
-                setter = getattr(lib, f"{name}_set_num_threads{suffix}", None)
-                getter = getattr(lib, f"{name}_get_num_threads{suffix}", None)
-                if setter is not None and getter is not None:
-                    setter.argtypes, setter.restype = [ctypes.c_int], None
-                    getter.restype = ctypes.c_int
-                    calls.append((setter, getter))
-                    break
-            else:
-                continue
-            break
-    return calls
-
-
-def _blas_libraries():
-    """How BLAS is pinned here: ("threadpoolctl", controller) when threadpoolctl is installed,
-    else ("openblas", calls) for the OpenBLAS libraries found by :func:`_openblas_calls`, else
-    (None, None)."""
-    controller = _threadpool_controller()
-    if controller is not None:
-        return "threadpoolctl", controller
-    return _openblas_libraries()
-
-
-@lru_cache(maxsize=1)
-def _openblas_libraries():
-    calls = _openblas_calls()
-    return ("openblas", calls) if calls else (None, None)
-
-
-def _single_threaded_by_environment():
-    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        if os.environ.get(name, "").split(",")[0].strip() == "1":
-            return True
-    return False
-
-
-def _pin():
-    """Every BLAS library to one thread per call: (undo, pinned)."""
-    how, what = _blas_libraries()
-    if how == "threadpoolctl":
-        limiter = what.limit(limits=1, user_api="blas")
-        return limiter.restore_original_limits, True
-    if how == "openblas":
-        before = [getter() for _, getter in what]
-        for setter, _ in what:
-            setter(1)
-
-        def undo():
-            for (setter, _), n in zip(what, before):
-                setter(n)
-        return undo, True
-    return (lambda: None), _single_threaded_by_environment()
-
-
-@contextmanager
-def pinned_blas():
-    """BLAS on one thread per call while this lasts, process-wide (nested uses share one pin; the
-    outermost restores what was there): threadpoolctl's limit when threadpoolctl is installed,
-    else OpenBLAS's own ``openblas_set_num_threads`` by ctypes on the OpenBLAS libraries this
-    process has loaded (scipy's and NumPy's wheels bundle OpenBLAS).  Yields whether BLAS is known
-    to run on one thread: False with another BLAS (MKL, Accelerate) and no threadpoolctl, unless
-    OPENBLAS_NUM_THREADS, OMP_NUM_THREADS or MKL_NUM_THREADS is 1."""
-    global _pin_depth, _pin_state
-    with _pin_lock:
-        if _pin_depth == 0:
-            _pin_state = _pin()
-        _pin_depth += 1
-        pinned = _pin_state[1]
-    try:
-        yield pinned
-    finally:
-        with _pin_lock:
-            _pin_depth -= 1
-            if _pin_depth == 0:
-                _pin_state[0]()
-                _pin_state = (None, False)

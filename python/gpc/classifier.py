@@ -13,6 +13,7 @@ from typing import Any, Optional, cast
 import numpy as np
 from numpy.typing import ArrayLike
 
+from . import _threads
 from ._estimator import GPCEstimator, check_n_jobs, independent_generators, int_seed
 from ._validation import check_finite_array, check_optimizer, check_positive_int
 from .inference import METHODS, infer
@@ -420,11 +421,12 @@ class GaussianProcessClassifier(GPCEstimator):
             return binaries[k].fit(X_train if rows is None else X_train[rows], labels, init=inits[k])
 
         threads = self._n_threads(len(problems))
-        if threads > 1:
+        if threads > 1:     # the problems in threads, each on one BLAS thread (gpc._threads)
             with ThreadPoolExecutor(max_workers=threads) as pool:
-                fits = list(pool.map(fit_one, range(len(problems))))
+                fits = list(pool.map(_threads.inherit(fit_one), range(len(problems))))
         else:
-            fits = [fit_one(k) for k in range(len(problems))]
+            with _threads.blas("dense", n):
+                fits = [fit_one(k) for k in range(len(problems))]
         self._set_fitted(fits, X_train)
         self.n_iter_ = fits[0].result_.n_iter if len(fits) == 1 else np.array([b.result_.n_iter for b in fits])
         self.converged_ = bool(all(b.result_.converged for b in fits))

@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 from numpy.typing import ArrayLike
 
+from .. import _threads
 from .._linalg import cholesky_lower
 from ..exceptions import DivergenceError, NumericalError
 from .._validation import (check_kernel_matrix, check_positive_float, check_positive_int,
@@ -65,6 +66,7 @@ def available_methods():
     return sorted(METHODS)
 
 
+@_threads.dense_call
 def infer(K: ArrayLike, y: ArrayLike, likelihood: Union[str, Likelihood] = "probit",
           method: str = "laplace", schedule: Optional[str] = None,
           prior_mean: Optional[ArrayLike] = None, max_iter: Optional[int] = None,

@@ -44,7 +44,6 @@ fails too is a :class:`~gpc.exceptions.DivergenceError` raised, so no invalid st
 carried into the next warm start.
 """
 
-import contextlib
 import warnings
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -53,7 +52,7 @@ from typing import Optional
 import numpy as np
 from scipy.special import betaln, expit
 
-from .. import _parallel
+from .. import _threads
 from .._linalg import anderson_correction
 from .._multiclass import pair_moments, refine_outlier_prior, refine_pairs
 from .._special import softplus
@@ -129,7 +128,7 @@ class MultiClassEPResult:
 
     def gradient_matrices(self):
         """M_k of RMGPC eq. (18) for every class (BLAS on one thread, as in EP)."""
-        with _one_blas_thread():
+        with _threads.blas("blocks"):
             return [c.gradient_matrix() for c in self.classes]
 
 
@@ -272,7 +271,7 @@ def rmgpc_ep(Ks, y, n_classes, a0=1.0, b0=9.0, robust=True, max_iter=500, tol=1e
     n_threads : int, default 1
         Threads over the l class blocks (their LAPACK calls release the GIL; the blocks are
         independent given the sites).  The result does not depend on it.  BLAS itself runs on one
-        thread during EP (:func:`_one_blas_thread`).
+        thread during EP (the "blocks" rule of gpc._threads).
     accelerate : bool, default True
         Anderson acceleration of the outer iteration (``OUTER_MEMORY`` past damped steps).  False
         gives the plain damped iteration; both stop at the same fixed point, the accelerated one
@@ -302,7 +301,7 @@ def rmgpc_ep(Ks, y, n_classes, a0=1.0, b0=9.0, robust=True, max_iter=500, tol=1e
     pool = ThreadPoolExecutor(max_workers=int(n_threads)) if n_threads > 1 and l > 1 else None
     memory = OUTER_MEMORY if accelerate else 0
     try:
-        with _one_blas_thread():
+        with _threads.blas("blocks"):
             if init is not None and init.sites is not None and np.array_equal(init.sites.y, y):
                 try:
                     return _checked(_run(blocks, y, model, max_iter, tol, damping, min_damping,
@@ -382,26 +381,6 @@ class _Model:
         elif self.robust:     # the exact prior Bern(zᵢ | ρ)
             sites.lam_i[:] = np.log(self.rate) - np.log1p(-self.rate)
         return sites
-
-
-def blas_threads(n_threads):
-    """A context that pins BLAS and OpenMP to ``n_threads`` threads while it lasts (threadpoolctl,
-    when installed; process-wide, as scikit-learn's own uses of threadpoolctl).  HTPC's fit runs
-    under it with the estimator's n_jobs."""
-    controller = _parallel._threadpool_controller()
-    if controller is None:  # pragma: no cover - threadpoolctl comes with scikit-learn
-        return contextlib.nullcontext()
-    return controller.limit(limits=int(n_threads))
-
-
-def _one_blas_thread():
-    """BLAS and OpenMP pinned to one thread while EP runs (:func:`blas_threads`).
-
-    EP makes many small calls that alternate between NumPy's OpenBLAS, SciPy's OpenBLAS (gpc._lapack)
-    and OpenMP loops (gpc._dense); with more than one thread each, their idle workers spin against
-    each other, and on a busy machine a fit can take a hundred times as long.
-    The class blocks are parallelised by ``n_threads`` instead."""
-    return blas_threads(1)
 
 
 def _map(pool, fn, items):

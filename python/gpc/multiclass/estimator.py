@@ -6,13 +6,14 @@ from typing import cast
 import numpy as np
 from numpy.typing import ArrayLike
 
+from .. import _threads
 from .._estimator import GPCEstimator, check_n_jobs, median_length_scale, random_generator
 from .._validation import check_optimizer, check_positive_float, check_positive_int, plain
 from ..exceptions import ConvergenceWarning
 from ..kernels import RBF, as_kernel
 from ..optimize import maximise_evidence
-from .ep import blas_threads, rmgpc_ep
-from .htpc import fit_threads, htpc_laplace, htpc_predict_proba
+from .ep import rmgpc_ep
+from .htpc import htpc_laplace, htpc_predict_proba
 from .predict import predict_proba
 
 MODELS = ("robust", "standard", "heavy-tailed")
@@ -130,9 +131,9 @@ class MultiClassGPC(GPCEstimator):
         Threads over EP's l class blocks, or HTPC's BLAS threads, with joblib's convention: None
         as many as BLAS may use, -1 every core, -2 all but one, k > 0 exactly k.  BLAS runs on one
         thread during EP, and during HTPC's fit and prediction on n_jobs threads from n l = 1536
-        (``gpc.multiclass.htpc.BLAS_THREADS_FROM``) and on one below, so more threads are never a
-        second pool competing for the cores, nor BLAS threads sharing calls too small for them.  The fit does not depend on it (HTPC:
-        beyond rounding).
+        (``gpc._threads.HTPC_BLAS_FROM``) and on one below, so more threads are never a second
+        pool competing for the cores, nor BLAS threads sharing calls too small for them (the one
+        thread policy, ``gpc._threads``).  The fit does not depend on it (HTPC: beyond rounding).
     label_noise : "beta" or float
         model="robust" only.  "beta": RMGPC's outlier rate ρ with a Beta(a0, b0) prior and
         posterior.  A float ε in (0, (l − 1)/l): fixed label noise (see above), its starting value.
@@ -262,7 +263,7 @@ class MultiClassGPC(GPCEstimator):
         """HTPC's Laplace evidence at θ = (kernel θ, log b_k), and its forward-difference gradient."""
         kernels, scales, _ = self._unpack(theta)
         res = htpc_laplace(kernels[0](X), y, self.n_classes_, scales, max_iter=self.max_iter,
-                           tol=HTPC_NEWTON_TOL, init=init, n_threads=self._n_jobs())
+                           tol=HTPC_NEWTON_TOL, init=init)
         if not eval_gradient:
             return res
         grad = np.empty_like(theta)
@@ -432,7 +433,7 @@ class MultiClassGPC(GPCEstimator):
         if self.model == "heavy-tailed":
             kern = self.kernels_[0]
             size = len(self.classes_) * self.X_train_.shape[0]
-            with blas_threads(fit_threads(self._n_jobs(), size)):
+            with _threads.blas("htpc", size):
                 return htpc_predict_proba(self.ep_result_, self.scales_, kern(X, self.X_train_),
                                           kern.diag(X))
         crosses, diags, cache = [], [], {}

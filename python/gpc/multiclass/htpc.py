@@ -19,10 +19,10 @@ approximation's evidence.  What the paper leaves out is written down in docs/der
   P(y* = k) = E[softmax(g(u(x*)))] by Monte Carlo with a fixed seed.
 
 Threads: the fit's O((n l)³) work (the whitened Hessian's products and its Cholesky factor) runs
-on scipy's BLAS, pinned for the whole fit (threadpoolctl) to the number of threads the caller gives
-(``n_threads``, the estimator's n_jobs) when n l ≥ ``BLAS_THREADS_FROM``, and to one thread below
-(:func:`fit_threads`).  Below that size a Newton step is a few milliseconds of calls too small to
-share among threads, and idle OpenBLAS threads spin on cores that other work wants
+on scipy's BLAS with the threads the thread policy grants the "htpc" engine (gpc._threads.RULES):
+the call's workers (the estimator's n_jobs) from n l = ``gpc._threads.HTPC_BLAS_FROM`` on, one
+thread below.  Below that size a Newton step is a few milliseconds of calls too small to share
+among threads, and idle OpenBLAS threads spin on cores that other work wants
 (bench/bench_htpc_threads.py measures the default against one thread).
 
 Memory: the fit holds the l² n curvature blocks, the whitened Hessian and its Cholesky factor,
@@ -43,7 +43,7 @@ from scipy.special import log_ndtr
 from .._linalg import cholesky_lower
 from .._special import LOG_SQRT_2PI
 from ..exceptions import ConvergenceWarning, NotPositiveDefiniteError
-from .ep import blas_threads
+from .. import _threads
 
 #: Monte Carlo samples of u(x*) per test point in the predictive integral
 N_PREDICT_SAMPLES = 2000
@@ -202,19 +202,8 @@ def _whitened_hessian(W, L, n, l):
     return B
 
 
-#: n l from which HTPC's BLAS calls run on the caller's threads (an (n l)³/3 Cholesky of 1.2e9
-#: multiply-adds and up: tens of milliseconds per call, where threads pay for their start)
-BLAS_THREADS_FROM = 1536
 
-
-def fit_threads(n_threads, size):
-    """BLAS threads for HTPC's matrices of n l = ``size`` rows: ``n_threads`` from
-    ``BLAS_THREADS_FROM`` on, else 1 (module docstring)."""
-    return int(n_threads) if size >= BLAS_THREADS_FROM else 1
-
-
-def htpc_laplace(K, y, n_classes, b, max_iter=100, tol=1e-8, init=None, max_escapes=5,
-                 n_threads=1):
+def htpc_laplace(K, y, n_classes, b, max_iter=100, tol=1e-8, init=None, max_escapes=5):
     """Laplace approximation of HTPC at fixed K (shared by the classes) and scales b.
 
     Newton's method on Ψ in whitened coordinates (u_k = L w_k, K = L Lᵀ), where −∇²Ψ is
@@ -244,15 +233,11 @@ def htpc_laplace(K, y, n_classes, b, max_iter=100, tol=1e-8, init=None, max_esca
     max_escapes : int
         Restarts from a saddle point along the negative-curvature direction.
 
-    n_threads : int, default 1
-        BLAS threads for the fit when n l ≥ ``BLAS_THREADS_FROM`` (:func:`fit_threads`); the
-        result does not depend on it beyond rounding.
-
     Returns
     -------
     HTPCLaplaceResult
     """
-    with blas_threads(fit_threads(n_threads, len(y) * int(n_classes))):
+    with _threads.blas("htpc", len(y) * int(n_classes)):
         return _laplace(K, y, n_classes, b, max_iter, tol, init, max_escapes)
 
 

@@ -8,7 +8,7 @@ from typing import Optional, cast
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .. import _parallel
+from .. import _parallel, _threads
 from .._estimator import BLOCK_ROWS, GPCEstimator
 from .._validation import check_positive_float, plain
 from ..kernels import as_kernel, user_kernel
@@ -347,7 +347,7 @@ class SparseMultiClassGPC(GPCEstimator):
         if len(classes) < 2:
             raise ValueError(f"only one class ({plain(classes[0])!r}) is present in y; classification "
                              "needs at least two")
-        with _parallel.pinned_blas():   # the first K_uu factors as every later one's:
+        with _threads.blas("blocks"):   # the first K_uu factors as every later one's:
             self._start_fit(X, y, classes, noise)   # the same bits whatever BLAS's threads
         self._train(X, y, self._epochs(X.shape[0], self._batch))
         return self
@@ -373,7 +373,7 @@ class SparseMultiClassGPC(GPCEstimator):
             if len(unknown):
                 raise ValueError(f"y has classes {unknown.tolist()} not in classes "
                                  f"{classes.tolist()}")
-            with _parallel.pinned_blas():   # the first K_uu factors as every later one's:
+            with _threads.blas("blocks"):   # the first K_uu factors as every later one's:
                 self._start_fit(X, y, classes, noise)   # the same bits whatever BLAS's threads
         elif not self._sites_home:
             raise ValueError("the sites of this model's interrupted distributed fit stayed on its "

@@ -14,7 +14,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy.cluster.vq import kmeans2
 
-from .. import _parallel
+from .. import _parallel, _threads
 from .._estimator import GPCEstimator, _scale_of, as_rows, check_n_jobs, median_length_scale
 from .._validation import check_positive_float, check_positive_int, plain
 from ..kernels import RBF, ConstantKernel, as_kernel, user_kernel
@@ -421,7 +421,7 @@ class SparseGaussianProcessClassifier(GPCEstimator):
         if len(classes) < 2:
             raise ValueError(f"only one class ({plain(classes[0])!r}) is present in y; GP classification "
                              "needs at least two classes")
-        with _parallel.pinned_blas():   # the first K_uu factors as every later one's:
+        with _threads.blas("blocks"):   # the first K_uu factors as every later one's:
             self._start_fit(X, y, classes, likelihood)   # the same bits whatever BLAS's threads
         self._train(X, y, self._epochs(X.shape[0], self._batch))
         return self
@@ -496,7 +496,7 @@ class SparseGaussianProcessClassifier(GPCEstimator):
             raise ValueError(f"y has classes {unknown.tolist()} not in classes_ "
                              f"{classes.tolist()}")
         if first:
-            with _parallel.pinned_blas():   # the first K_uu factors as every later one's:
+            with _threads.blas("blocks"):   # the first K_uu factors as every later one's:
                 self._start_fit(X, y, classes, likelihood)   # the same bits whatever BLAS's threads
         elif not getattr(self, "_sites_home", True):
             raise ValueError("the sites of this model's interrupted distributed fit stayed on its "
