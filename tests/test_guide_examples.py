@@ -1,6 +1,7 @@
 """The code blocks of the user guide (docs/guide/*.rst) run as written.
 
-Each page's ``.. code-block:: python`` blocks run in order in one namespace that holds the names
+Each page's ``.. code-block:: python`` blocks run in order, with warnings as errors (a documented
+example runs without any), in one namespace that holds the names
 the guide leaves to the reader: ``X``, ``y`` (300 rows of banana), ``X_val``, ``y_val``,
 ``X_test`` and ``K`` (a kernel matrix of ``X``).  The cluster of the scaling-up page is a
 LocalCluster on 127.0.0.1 that the block itself starts and closes.
@@ -8,6 +9,7 @@ LocalCluster on 127.0.0.1 that the block itself starts and closes.
 
 import pathlib
 import textwrap
+import warnings
 
 import numpy as np
 import pytest
@@ -61,10 +63,13 @@ def test_guide_code_runs(page):
         matplotlib.use("Agg")
     namespace = _reader_names()
     for k, block in enumerate(blocks):
-        try:
-            exec(compile(block, f"{page}, code block {k + 1}", "exec"), namespace)
-        except Exception as exc:
-            raise AssertionError(f"{page}, code block {k + 1} failed:\n{block}") from exc
+        # a documented example runs without warnings: each one it raises fails the test
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            try:
+                exec(compile(block, f"{page}, code block {k + 1}", "exec"), namespace)
+            except Exception as exc:
+                raise AssertionError(f"{page}, code block {k + 1} failed:\n{block}") from exc
     if "matplotlib" in namespace or "pd" in namespace:
         import matplotlib.pyplot as plt
         plt.close("all")
