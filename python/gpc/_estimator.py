@@ -12,8 +12,10 @@ import functools
 import inspect
 import numbers
 import warnings
+from typing import Optional
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ._threads import available_cores, check_n_jobs, entry, resolve_n_jobs
 from ._validation import check_finite_array
@@ -187,7 +189,7 @@ class GPCEstimator(_ClassifierMixin, _Base):
                 setattr(cls, name, _entry_point(method))
 
     @_entry_point
-    def score(self, X, y, sample_weight=None):
+    def score(self, X: ArrayLike, y: ArrayLike, sample_weight: Optional[ArrayLike] = None) -> float:
         """Mean accuracy of ``predict(X)`` against ``y`` (scikit-learn's ``ClassifierMixin.score``)."""
         return super().score(X, y, sample_weight=sample_weight)
 
