@@ -546,11 +546,11 @@ def test_failed_warm_start_falls_back_to_a_cold_start(monkeypatch):
     cold = rmgpc_ep(Ks, Y15, 6, tol=1e-4)
     runs, real = [], ep._run
 
-    def warm_fails(blocks, y, model, max_iter, tol, damping, min_damping, init_sites, pool, memory):
+    def warm_fails(blocks, y, model, max_iter, tol, damping, min_damping, init_sites, *rest):
         runs.append(init_sites is not None)
         if init_sites is not None:
             raise ep._OutsideDomain("injected")
-        return real(blocks, y, model, max_iter, tol, damping, min_damping, init_sites, pool, memory)
+        return real(blocks, y, model, max_iter, tol, damping, min_damping, init_sites, *rest)
 
     monkeypatch.setattr(ep, "_run", warm_fails)
     res = rmgpc_ep(Ks, Y15, 6, tol=1e-4, init=start)
