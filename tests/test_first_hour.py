@@ -343,3 +343,26 @@ def test_compare_split_message_prints_the_label_plainly():
     y = np.array([0] * 10 + [7], dtype=np.int64)
     with pytest.raises(ValueError, match=r"^class 7 has 1 rows"):
         holdout_split(np.zeros((11, 2)), y, 0.3, 0)
+
+
+def test_exact_estimators_report_progress_when_verbose(capsys):
+    """verbose=1: one stderr line per optimiser start of each problem; 2: also one per evaluation;
+    0 (the default) prints nothing."""
+    from sklearn.gaussian_process.kernels import RBF as SkRBF
+
+    import gpc
+    rng = np.random.default_rng(0)
+    y = np.repeat([0, 1, 2], 15)
+    X = rng.normal(size=(45, 2)) + 3.0 * np.eye(3)[y][:, :2]
+    gpc.GaussianProcessClassifier(kernel=1.0 * SkRBF(1.0)).fit(X, y)
+    gpc.MultiClassGPC().fit(X, y)
+    assert capsys.readouterr().err == ""
+    gpc.GaussianProcessClassifier(kernel=1.0 * SkRBF(1.0), verbose=1).fit(X, y)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 3 and all("start 1 of 1: log evidence" in line for line in lines)
+    assert "0 vs rest" in lines[0] and "2 vs rest" in lines[2]
+    gpc.MultiClassGPC(verbose=2).fit(X, y)
+    lines = capsys.readouterr().err.splitlines()
+    evaluations = [line for line in lines if ": evaluation " in line]
+    assert evaluations and lines[-1].startswith("MultiClassGPC('robust'): start 1 of 1")
+    assert f"after {len(evaluations)} evaluations" in lines[-1]

@@ -15,7 +15,7 @@ from numpy.typing import ArrayLike
 
 from . import _threads
 from ._estimator import GPCEstimator, check_n_jobs, independent_generators, int_seed
-from ._validation import check_finite_array, check_optimizer, check_positive_int
+from ._validation import check_finite_array, check_optimizer, check_positive_int, plain
 from .inference import METHODS, infer
 from .kernels import ConstantKernel, RBF, as_kernel, user_kernel
 from .likelihoods import get_likelihood
@@ -65,7 +65,7 @@ class _BinaryGPC:
     """
 
     def __init__(self, kernel, likelihood, method, schedule, optimizer, n_restarts, max_iter, tol,
-                 rng, method_options, warm_start=False):
+                 rng, method_options, warm_start=False, verbose=0, label="fit"):
         self.kernel = kernel
         self.likelihood = likelihood
         self.method = method
@@ -77,6 +77,8 @@ class _BinaryGPC:
         self.rng = rng
         self.method_options = method_options
         self.warm_start = warm_start
+        self.verbose = verbose
+        self.label = label
 
     @property
     def kernel_(self):
@@ -182,7 +184,8 @@ class _BinaryGPC:
 
             theta, value, grad = maximise_evidence(
                 objective, self._kernel.theta, self._kernel.bounds, optimizer=self.optimizer,
-                n_restarts=self.n_restarts, random_state=self.rng, return_gradient=True)
+                n_restarts=self.n_restarts, random_state=self.rng, return_gradient=True,
+                verbose=self.verbose, label=self.label)
             self._kernel = self._kernel.clone_with_theta(theta)
             # scikit-learn's ConvergenceWarning at a bound, for the θ the optimiser cannot tell
             # from a bound (bound_check_theta); the fitted θ stays as found
@@ -274,6 +277,10 @@ class GaussianProcessClassifier(GPCEstimator):
         None as many as BLAS may use (threadpoolctl's limit, else OMP_NUM_THREADS /
         OPENBLAS_NUM_THREADS, else every core), -1 every core, -2 all but one, k > 0 exactly k.
         The fit does not depend on it.
+    verbose : int, default 0
+        Progress on stderr (not a scikit-learn parameter): 1 prints one line per optimiser start
+        of each binary problem (its best log evidence and how many evaluations it took), 2 also
+        one line per evaluation of the evidence.
 
     Attributes
     ----------
@@ -305,7 +312,8 @@ class GaussianProcessClassifier(GPCEstimator):
     def __init__(self, kernel=None, likelihood="probit", method=None, schedule=None,
                  optimizer="fmin_l_bfgs_b", n_restarts_optimizer=0, max_iter=None, tol=None,
                  multi_class="one_vs_rest", random_state=None, method_options=None,
-                 max_iter_predict=100, warm_start=False, copy_X_train=True, n_jobs=None):
+                 max_iter_predict=100, warm_start=False, copy_X_train=True, n_jobs=None,
+                 verbose=0):
         self.kernel = kernel
         self.likelihood = likelihood
         self.method = method
@@ -321,6 +329,7 @@ class GaussianProcessClassifier(GPCEstimator):
         self.warm_start = warm_start
         self.copy_X_train = copy_X_train
         self.n_jobs = n_jobs
+        self.verbose = verbose
 
     # -- validation ---------------------------------------------------------------------------
     _fitted_attribute = "base_estimators_"
@@ -412,9 +421,11 @@ class GaussianProcessClassifier(GPCEstimator):
             inits = [b.result_ if hasattr(b, "result_") and len(b.y_train_) == len(labels) else None
                      for b, (_, labels) in zip(previous, problems)]
         rngs = independent_generators(self.random_state, len(problems))
+        labels = [f"{type(self).__name__} {self._problem_name(pair)}" for pair in self._pairs]
         binaries = [_BinaryGPC(kernel, likelihood, method, self.schedule, self.optimizer,
                                self.n_restarts_optimizer, self._max_iter(method), self.tol, rng, options,
-                               warm_start=bool(self.warm_start)) for rng in rngs]
+                               warm_start=bool(self.warm_start), verbose=int(self.verbose),
+                               label=label) for rng, label in zip(rngs, labels)]
 
         def fit_one(k):
             rows, labels = problems[k]
@@ -431,6 +442,13 @@ class GaussianProcessClassifier(GPCEstimator):
         self.n_iter_ = fits[0].result_.n_iter if len(fits) == 1 else np.array([b.result_.n_iter for b in fits])
         self.converged_ = bool(all(b.result_.converged for b in fits))
         return self
+
+    def _problem_name(self, pair):
+        positive, negative = pair
+        if self.n_classes_ == 2:
+            return "(binary)"
+        name = plain(self.classes_[positive])
+        return f"{name!r} vs rest" if negative is None else f"{name!r} vs {plain(self.classes_[negative])!r}"
 
     def _set_fitted(self, fits, X_train):
         """The attributes common to fit and partial_fit, from the fitted binary problems."""

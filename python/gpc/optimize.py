@@ -5,6 +5,7 @@ with the analytic gradient each method provides; restarts from points drawn unif
 bounds, as scikit-learn does.
 """
 
+import sys
 import warnings
 
 import numpy as np
@@ -68,8 +69,12 @@ def stop_message(res, what, advice):
     return f"L-BFGS-B stopped without convergence {what}: {reason}. Try: {advice}."
 
 
+def _say(line):
+    print(line, file=sys.stderr, flush=True)
+
+
 def maximise_evidence(objective, theta0, bounds, optimizer="fmin_l_bfgs_b", n_restarts=0,
-                      random_state=None, return_gradient=False):
+                      random_state=None, return_gradient=False, verbose=0, label="fit"):
     """Maximise a log evidence over θ.
 
     Parameters
@@ -91,6 +96,9 @@ def maximise_evidence(objective, theta0, bounds, optimizer="fmin_l_bfgs_b", n_re
     return_gradient : bool, default False
         Also return the evidence gradient at the point returned (None if the optimiser returned a
         point it never evaluated).
+    verbose : int, default 0
+        1: one line on stderr per start (its best log evidence and the evaluations it took);
+        2: also one line per evaluation (its log evidence and log θ).  Lines begin with ``label``.
 
     Returns
     -------
@@ -99,10 +107,15 @@ def maximise_evidence(objective, theta0, bounds, optimizer="fmin_l_bfgs_b", n_re
         Only with ``return_gradient``.
     """
     gradients = {}    # θ's bytes -> the evidence gradient there, for return_gradient
+    count = [0]       # evaluations of the current start
 
     def neg(theta, eval_gradient=True):
         # scikit-learn's obj_func protocol: (value, gradient), or the value alone without the gradient
         value, grad = objective(theta)
+        count[0] += 1
+        if verbose >= 2:
+            _say(f"{label}: evaluation {count[0]}: log evidence {float(value):.6g} at log θ "
+                 f"{np.array2string(np.asarray(theta), precision=4, separator=', ')}")
         if not np.isfinite(value):
             # a point where the method broke down: make it unattractive, not fatal
             value, grad = -np.inf, np.zeros_like(theta)
@@ -124,8 +137,12 @@ def maximise_evidence(objective, theta0, bounds, optimizer="fmin_l_bfgs_b", n_re
         for _ in range(n_restarts):
             starts.append(random_state.uniform(bounds[:, 0], bounds[:, 1]))
     best_theta, best_value = None, np.inf
-    for start in starts:
+    for k, start in enumerate(starts):
+        count[0] = 0
         theta, value = run(neg, start, bounds=bounds)   # bounds by keyword, as scikit-learn calls
+        if verbose >= 1:
+            _say(f"{label}: start {k + 1} of {len(starts)}: log evidence {-float(value):.6g} "
+                 f"after {count[0]} evaluations")
         if best_theta is None or value < best_value:
             best_theta, best_value = np.asarray(theta, dtype=np.float64), value
     if not return_gradient:

@@ -139,6 +139,9 @@ class MultiClassGPC(GPCEstimator):
         posterior.  A float ε in (0, (l − 1)/l): fixed label noise (see above), its starting value.
     label_noise_bounds : (float, float) or "fixed", default (1e-6, 0.4)
         Bounds of ε when it is learnt (each below (l − 1)/l), or "fixed" to keep it.
+    verbose : int, default 0
+        Progress on stderr: 1 prints one line per optimiser start (its best log evidence and how
+        many evaluations it took), 2 also one line per evaluation of the evidence.
 
     Attributes
     ----------
@@ -181,7 +184,7 @@ class MultiClassGPC(GPCEstimator):
     def __init__(self, kernel=None, model="robust", a0=1.0, b0=9.0, shared_kernel=True,
                  optimizer="fmin_l_bfgs_b", n_restarts_optimizer=0, max_iter=500, tol=1e-4,
                  random_state=None, n_jobs=None, label_noise="beta",
-                 label_noise_bounds=LABEL_NOISE_BOUNDS):
+                 label_noise_bounds=LABEL_NOISE_BOUNDS, verbose=0):
         self.kernel = kernel
         self.model = model
         self.a0 = a0
@@ -195,6 +198,7 @@ class MultiClassGPC(GPCEstimator):
         self.n_jobs = n_jobs
         self.label_noise = label_noise
         self.label_noise_bounds = label_noise_bounds
+        self.verbose = verbose
 
     # -- validation -----------------------------------------------------------------------------
     _fitted_attribute = "ep_result_"
@@ -354,7 +358,8 @@ class MultiClassGPC(GPCEstimator):
             start = theta0[free]
             t, _ = maximise_evidence(objective, start, bounds[free], optimizer=self.optimizer,
                                      n_restarts=self.n_restarts_optimizer,
-                                     random_state=self._rng())
+                                     random_state=self._rng(), verbose=int(self.verbose),
+                                     label=f"MultiClassGPC({self.model!r})")
             theta = full(t)
         self.theta_ = theta
         self.kernels_, self.noise_, _ = self._unpack(theta)
