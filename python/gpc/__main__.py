@@ -61,8 +61,7 @@ def build_parser():
                       help="use a seeded stratified subset of N points (a quick look at a large set)")
     cmp_.add_argument("--jobs", type=int, default=1, help="processes for the fits")
     cmp_.add_argument("--threads", type=int, default=1,
-                      help="BLAS threads per fit (default 1; needs threadpoolctl, else set "
-                           "OPENBLAS_NUM_THREADS)")
+                      help="BLAS threads per fit (default 1)")
     cmp_.add_argument("--out", help="write every section's records as JSON")
     cmp_.add_argument("--plot", help="write a PNG of test error and NLL against fit time, a column per "
                                      "section (needs matplotlib)")

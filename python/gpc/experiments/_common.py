@@ -80,12 +80,10 @@ def _share_cores(jobs):
 
     Without it every worker's OpenBLAS starts one thread per core, and ``jobs`` workers on as many
     cores spin against each other (measured: 2 workers on 2 cores ran PL Table I fits 3-5x slower
-    than one process).  Uses threadpoolctl when installed (it comes with scikit-learn).
+    than one process).
     """
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - threadpoolctl comes with the test extra
-        return
+    from threadpoolctl import threadpool_limits
+
     threadpool_limits(max(1, available_cores() // jobs))
 
 

@@ -15,8 +15,8 @@
 With ``--data`` or ``--csv`` the data set picks its section (more than two classes: multiclass; more
 than :data:`LARGE` rows: sparse; otherwise exact), unless ``--section`` or ``--methods`` name one.
 Method names are unique across sections: the exact engine's "sep" is *sequential* EP, the sparse
-estimator's EP is "sparse-ep".  Every fit runs with BLAS on ``--threads`` threads (default 1, via
-threadpoolctl when installed) and is timed in CPU seconds, so the figures do not depend on what else
+estimator's EP is "sparse-ep".  Every fit runs with BLAS on ``--threads`` threads (default 1,
+through threadpoolctl) and is timed in CPU seconds, so the figures do not depend on what else
 the machine runs.
 """
 
@@ -143,16 +143,10 @@ def held_out_scores(model, X_test, y_test):
 
 @contextlib.contextmanager
 def blas_threads(n):
-    """BLAS (and gpc's row passes, which follow it) on ``n`` threads while the block runs.
+    """BLAS on ``n`` threads while the block runs: the caller's limit, which the estimators'
+    ``n_jobs=None`` takes as their threads (gpc._threads)."""
+    from threadpoolctl import threadpool_limits
 
-    Needs threadpoolctl (a dependency of gpc); without it the
-    environment decides (OPENBLAS_NUM_THREADS=1 gives the same).
-    """
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - threadpoolctl is a dependency of gpc
-        yield
-        return
     with threadpool_limits(n):
         yield
 
