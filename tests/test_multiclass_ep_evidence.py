@@ -97,7 +97,7 @@ def test_estimator_never_keeps_an_impossible_state(monkeypatch):
             MultiClassGPC(label_noise=0.05, random_state=0, max_iter=50).fit(X, y)
 
 
-@pytest.mark.slow     # about 4 minutes: 14 evaluations of 500 EP iterations that do not converge
+@pytest.mark.slow     # 14 evaluations of 500 EP iterations that do not converge
 def test_small_fixed_label_noise_with_the_optimiser():
     """The reproducer: ε = 1e-5 learnt in (1e-7, 0.4) on 90 rows of three clusters.  Warm starts
     ended at log Z = +1441 and +9252 and the fit kept the latter (training accuracy 0.30); now the
