@@ -374,3 +374,30 @@ def test_a_dropped_first_pass_leaves_the_log_z_of_the_state_it_keeps(monkeypatch
     assert clf._state.skipped_passes == 1 and calls[0] == 2
     assert not np.any(clf._state.sites.tau_t) and not np.any(clf._state.sites.tau_o)
     _assert_valid_multiclass(clf, X, y)
+
+
+@pytest.mark.parametrize("multiclass", [False, True], ids=["binary", "multiclass"])
+def test_an_interrupt_during_the_set_up_leaves_the_estimator_unfitted(monkeypatch, multiclass):
+    """A Ctrl-C in the fit's set-up (Z, the kernels, the first factors), before training starts,
+    leaves no classes_, n_features_in_ or history_ behind: the estimator is unfitted."""
+    from sklearn.exceptions import NotFittedError
+
+    import gpc
+    cls = gpc.SparseMultiClassGPC if multiclass else gpc.SparseGaussianProcessClassifier
+    rng = np.random.default_rng(0)
+    y = np.arange(90) % (3 if multiclass else 2)
+    X = rng.normal(size=(90, 2)) + y[:, None]
+    real = cls._start_fit
+
+    def interrupted(self, *args):
+        real(self, *args)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cls, "_start_fit", interrupted)
+    clf = cls(n_inducing=8, max_iter=2, progress=False, random_state=0)
+    for start in (clf.fit, clf.partial_fit):
+        with pytest.raises(KeyboardInterrupt):
+            start(X, y, classes=np.unique(y)) if start == clf.partial_fit else start(X, y)
+        for name in ("classes_", "n_features_in_", "history_"):
+            assert not hasattr(clf, name), name
+        with pytest.raises(NotFittedError):
+            clf.predict(X)

@@ -347,8 +347,7 @@ class SparseMultiClassGPC(GPCEstimator):
         if len(classes) < 2:
             raise ValueError(f"only one class ({plain(classes[0])!r}) is present in y; classification "
                              "needs at least two")
-        with _threads.blas("blocks"):   # the first K_uu factors as every later one's:
-            self._start_fit(X, y, classes, noise)   # the same bits whatever BLAS's threads
+        self._begin_fit(X, y, classes, noise)
         self._train(X, y, self._epochs(X.shape[0], self._batch))
         return self
 
@@ -373,8 +372,7 @@ class SparseMultiClassGPC(GPCEstimator):
             if len(unknown):
                 raise ValueError(f"y has classes {unknown.tolist()} not in classes "
                                  f"{classes.tolist()}")
-            with _threads.blas("blocks"):   # the first K_uu factors as every later one's:
-                self._start_fit(X, y, classes, noise)   # the same bits whatever BLAS's threads
+            self._begin_fit(X, y, classes, noise)
         elif not self._sites_home:
             raise ValueError("the sites of this model's interrupted distributed fit stayed on its "
                              "cluster: partial_fit cannot continue it; call fit")
@@ -485,6 +483,7 @@ class SparseMultiClassGPC(GPCEstimator):
     _FIT_STATE = ("classes_", "n_features_in_", "_state", "_trainer", "history_", "_sites_home",
                   "_start", "_batch")
     _unfit = _SHARED._unfit
+    _begin_fit = _SHARED._begin_fit
 
     def _has_model(self):
         """Whether the state holds a model whose attributes are valid: a completed step (a finite

@@ -421,8 +421,7 @@ class SparseGaussianProcessClassifier(GPCEstimator):
         if len(classes) < 2:
             raise ValueError(f"only one class ({plain(classes[0])!r}) is present in y; GP classification "
                              "needs at least two classes")
-        with _threads.blas("blocks"):   # the first K_uu factors as every later one's:
-            self._start_fit(X, y, classes, likelihood)   # the same bits whatever BLAS's threads
+        self._begin_fit(X, y, classes, likelihood)
         self._train(X, y, self._epochs(X.shape[0], self._batch))
         return self
 
@@ -496,8 +495,7 @@ class SparseGaussianProcessClassifier(GPCEstimator):
             raise ValueError(f"y has classes {unknown.tolist()} not in classes_ "
                              f"{classes.tolist()}")
         if first:
-            with _threads.blas("blocks"):   # the first K_uu factors as every later one's:
-                self._start_fit(X, y, classes, likelihood)   # the same bits whatever BLAS's threads
+            self._begin_fit(X, y, classes, likelihood)
         elif not getattr(self, "_sites_home", True):
             raise ValueError("the sites of this model's interrupted distributed fit stayed on its "
                              "cluster, which is gone: partial_fit cannot continue it; call fit")
@@ -563,6 +561,17 @@ class SparseGaussianProcessClassifier(GPCEstimator):
     #: what ``_start_fit`` and training set: removed by :meth:`_unfit`
     _FIT_STATE = ("classes_", "n_features_in_", "_problems", "_trainer", "history_",
                   "_sites_home", "_start", "_batch", "_threads")
+
+    def _begin_fit(self, *args):
+        """``_start_fit(*args)`` with BLAS as in every later step (the first K_uu factors then
+        have the same bits whatever the caller's BLAS threads); a set-up that does not finish (an
+        error, an interrupt) leaves the estimator unfitted, not half set up."""
+        try:
+            with _threads.blas("blocks"):
+                self._start_fit(*args)
+        except BaseException:
+            self._unfit()
+            raise
 
     def _has_model(self):
         """Whether every problem has completed a step (L-BFGS-B: an evaluation), so the states
