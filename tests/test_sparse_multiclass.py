@@ -11,6 +11,7 @@ docs/derivations-sparse-multiclass.md).
 """
 
 import copy
+import functools
 import threading
 import warnings
 
@@ -292,6 +293,10 @@ def _small_blocks(monkeypatch):
     block of gpc._parallel's default BLOCK_WORK, 15 of 2⁹ (a minibatch of 40: 5), and ranges of
     16 points make 8 (3) ranges of the compiled passes."""
     monkeypatch.setattr(_parallel, "BLOCK_WORK", 2 ** 9)
+    # a fresh cache of the fixed blocks for this test: the module's cache holds blocks cut by the
+    # default BLOCK_WORK (whichever earlier test asked for the same rows), and must not keep these
+    monkeypatch.setattr(_parallel, "row_blocks",
+                        functools.lru_cache(maxsize=512)(_parallel.row_blocks.__wrapped__))
     monkeypatch.setattr(S, "RANGE_ROWS", 16)
 
 
