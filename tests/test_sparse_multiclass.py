@@ -18,7 +18,7 @@ import warnings
 import numpy as np
 import pytest
 
-from gpc import MultiClassGPC, SparseMultiClassGPC, _parallel
+from gpc import MultiClassGPC, SparseMultiClassGPC, _parallel, _threads
 from gpc.datasets import load_glass, load_thyroid
 from gpc.distributed import InProcessEngine
 from gpc.kernels import RBF, ConstantKernel
@@ -293,6 +293,7 @@ def _small_blocks(monkeypatch):
     block of gpc._parallel's default BLOCK_WORK, 15 of 2⁹ (a minibatch of 40: 5), and ranges of
     16 points make 8 (3) ranges of the compiled passes."""
     monkeypatch.setattr(_parallel, "BLOCK_WORK", 2 ** 9)
+    monkeypatch.setattr(_threads, "BLOCK_THREADS_FROM", 2 * 2 ** 9)    # the policy's two blocks
     # a fresh cache of the fixed blocks for this test: the module's cache holds blocks cut by the
     # default BLOCK_WORK (whichever earlier test asked for the same rows), and must not keep these
     monkeypatch.setattr(_parallel, "row_blocks",

@@ -168,11 +168,14 @@ def test_one_thread_runs_every_block_in_the_caller(monkeypatch):
 
 def test_n_jobs_none_follows_blas_limits():
     threadpoolctl = pytest.importorskip("threadpoolctl")
+    # a step's pass of 800 rows x 100² is past the thread policy's BLOCK_THREADS_FROM
     with threadpoolctl.threadpool_limits(limits=1, user_api="blas"):
-        clf = _fit(None, batch_size=800, max_iter=1)
+        clf = _fit(None, batch_size=800, max_iter=1, n_inducing=100)
     assert clf._trainer.n_jobs == 1
-    assert _fit(-1, batch_size=800, max_iter=1)._trainer.n_jobs == available_cores()
-    assert _fit(3, batch_size=800, max_iter=1)._trainer.n_jobs == 3
+    assert _fit(-1, batch_size=800, max_iter=1, n_inducing=100)._trainer.n_jobs == available_cores()
+    assert _fit(3, batch_size=800, max_iter=1, n_inducing=100)._trainer.n_jobs == 3
+    # below it the engine runs on one thread whatever n_jobs asks (gpc._threads.engine_threads)
+    assert _fit(3, batch_size=200, max_iter=1, n_inducing=60)._trainer.n_jobs == 1
 
 
 # -- the runner and the fixed cuts ---------------------------------------------------------------

@@ -26,9 +26,11 @@ The policy:
   ``n = DENSE_BLAS_FROM`` rows and HTPC from ``n·l = HTPC_BLAS_FROM`` run BLAS on the call's
   workers; below that size a factorisation takes a few milliseconds, too little to share.  The
   O(n²) element passes (``gpc._parallel.over_rows``) use as many threads as BLAS may then.
-- **Engine threads** (:func:`block_threads`): the sparse engines and the multi-class EP keep BLAS
-  on one thread and run their own blocks of work on the workers, in a fixed order, so their
-  results do not depend on the number of threads.
+- **Engine threads** (:func:`block_threads`, :func:`engine_threads`): the sparse engines and the
+  multi-class EP keep BLAS on one thread and run their own blocks of work on the workers, in a
+  fixed order, so their results do not depend on the number of threads; they do so from a size
+  of work where the threads gain (``BLOCK_THREADS_FROM``, ``CLASS_THREADS_FROM``), on one
+  thread below it.
 - **One call at a time per process.**  A public call that starts while another runs in another
   thread waits for it (a process-wide lock; nested calls in the same thread and in gpc's own
   worker threads pass).  Each call then owns the process's BLAS settings and all its workers, so
@@ -72,6 +74,14 @@ DENSE_BLAS_FROM = 2048
 #: n·l from which HTPC's BLAS calls run on the call's workers (an (n l)³/3 Cholesky of 1.2e9
 #: multiply-adds and up: tens of milliseconds per call, where threads pay for their start)
 HTPC_BLAS_FROM = 1536
+#: multiply-adds of one problem's (one class's) pass over a step's rows, rows · m², from which
+#: the sparse engines' own threads run: two of gpc._parallel's blocks (BLOCK_WORK = 2**21), so a
+#: pass has blocks to share; below it waking the helpers and handing them the GIL costs more than
+#: they save (glass's six classes of 149 rows at m = 100: 1.2x the time of one thread)
+BLOCK_THREADS_FROM = 2 ** 22
+#: rows from which the multi-class EP factors its class blocks in threads (at 150 rows the
+#: threads made glass's fits 1.4-1.7x slower; at 1000 they factor 1.9x faster)
+CLASS_THREADS_FROM = 512
 #: per engine, the size from which its BLAS runs on the call's workers (None: always one thread,
 #: the engine's own threads take its blocks)
 RULES = {"dense": DENSE_BLAS_FROM, "htpc": HTPC_BLAS_FROM, "blocks": None}
@@ -326,6 +336,19 @@ def blas(engine, size=0):
 
 
 # -- the engines' own threads ---------------------------------------------------------------------
+def engine_threads(engine, size, n_jobs=None):
+    """The threads of an engine's own work (not BLAS's): ``n_jobs`` resolved
+    (:func:`resolve_n_jobs`) from the engine's size on, else one.  ``engine`` is "blocks" (the
+    sparse engines; ``size`` one problem's pass over a step's rows, rows · m² multiply-adds,
+    from ``BLOCK_THREADS_FROM``) or "classes" (the multi-class EP's class blocks; ``size`` the
+    rows, from ``CLASS_THREADS_FROM``)."""
+    starts = {"blocks": BLOCK_THREADS_FROM, "classes": CLASS_THREADS_FROM}
+    if engine not in starts:
+        raise ValueError(f"unknown engine {engine!r}; known: {sorted(starts)}")
+    workers = resolve_n_jobs(n_jobs)
+    return workers if size >= starts[engine] else 1
+
+
 def threads_now():
     """The threads ``gpc._parallel.over_blocks`` uses in this thread now: the innermost
     :func:`block_threads` context's, 1 outside one (and inside a block)."""

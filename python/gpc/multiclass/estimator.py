@@ -285,7 +285,8 @@ class MultiClassGPC(GPCEstimator):
         Ks, cache = self._matrices(kernels, noise, X)
         res = rmgpc_ep(Ks, y, self.n_classes_, a0=self.a0, b0=self.b0,
                        robust=self.model == "robust", max_iter=self.max_iter, tol=self.tol,
-                       init=init, n_threads=self._n_jobs(), rate=rate, warn=False)
+                       init=init, n_threads=_threads.engine_threads("classes", len(y), self.n_jobs),
+                       rate=rate, warn=False)
         if not eval_gradient:
             return res
         Ms = res.gradient_matrices()

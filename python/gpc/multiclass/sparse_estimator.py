@@ -399,6 +399,7 @@ class SparseMultiClassGPC(GPCEstimator):
                                  "optimize_inducing=False (or a gpc kernel)")
         Zs = [Z] if self.shared_inducing else [Z.copy() for _ in range(C)]
         self._batch = self._minibatch_rows(n)
+        self._step_work = (self._batch or n) * len(Z) ** 2
         if self.client is not None and self._batch is not None:
             raise ValueError("client= trains in batch: use batch_size=None (or 'auto')")
         model = ArgmaxLikelihood(C, noise, self.a0, self.b0)
@@ -448,7 +449,7 @@ class SparseMultiClassGPC(GPCEstimator):
                              "are per row): the labels differ from the first fit's")
         # the trainer trains inside gpc._parallel.block_threads(n_jobs): BLAS on one thread per
         # call, the classes' blocks and the ranges of points on n_jobs threads
-        self._trainer.n_jobs = self._n_jobs()
+        self._trainer.n_jobs = self._engine_threads()
         rows, bar, interrupted = None, None, False
         try:
             try:
@@ -481,9 +482,10 @@ class SparseMultiClassGPC(GPCEstimator):
 
     #: what ``_start_fit`` and training set: removed by :meth:`_unfit`
     _FIT_STATE = ("classes_", "n_features_in_", "_state", "_trainer", "history_", "_sites_home",
-                  "_start", "_batch")
+                  "_start", "_batch", "_step_work")
     _unfit = _SHARED._unfit
     _begin_fit = _SHARED._begin_fit
+    _engine_threads = _SHARED._engine_threads
 
     def _has_model(self):
         """Whether the state holds a model whose attributes are valid: a completed step (a finite

@@ -439,7 +439,9 @@ class SparseGaussianProcessClassifier(GPCEstimator):
                              "gpc kernel)")
         n = X.shape[0]
         self._batch = self._minibatch_rows(n)
-        self._threads = self._n_jobs()
+        #: one problem's pass over a step's rows (the thread policy's "blocks" size)
+        self._step_work = (self._batch or n) * len(Z) ** 2
+        self._threads = self._engine_threads()
         states = [self._new_state(kernel, Z, n) for _ in range(1 if len(classes) == 2 else len(classes))]
         self._trainer = self._new_trainer(states, likelihood, rng)
         self._problems = [(_BinarySparse(state, likelihood), None) for state in states]
@@ -514,7 +516,7 @@ class SparseGaussianProcessClassifier(GPCEstimator):
         return [np.where(y == c, 1.0, -1.0) for c in self.classes_]
 
     def _train(self, X, y, epochs):
-        self._threads = self._trainer.n_jobs = self._n_jobs()
+        self._threads = self._trainer.n_jobs = self._engine_threads()
         targets = self._targets(y)
         self._problems = [(model, t) for (model, _), t in zip(self._problems, targets)]
         states = self._trainer.states
@@ -560,7 +562,12 @@ class SparseGaussianProcessClassifier(GPCEstimator):
 
     #: what ``_start_fit`` and training set: removed by :meth:`_unfit`
     _FIT_STATE = ("classes_", "n_features_in_", "_problems", "_trainer", "history_",
-                  "_sites_home", "_start", "_batch", "_threads")
+                  "_sites_home", "_start", "_batch", "_threads", "_step_work")
+
+    def _engine_threads(self):
+        """The engine's threads for training: n_jobs from the thread policy's size of a step's
+        pass on (gpc._threads.engine_threads), else one."""
+        return _threads.engine_threads("blocks", getattr(self, "_step_work", 0), self.n_jobs)
 
     def _begin_fit(self, *args):
         """``_start_fit(*args)`` with BLAS as in every later step (the first K_uu factors then
