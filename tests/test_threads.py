@@ -107,11 +107,10 @@ def test_the_dense_engine_takes_the_workers_from_its_size(monkeypatch):
     assert {threads for _, threads in _SEEN} == {frozenset({1})}
 
 
-def test_concurrent_fits_in_threads_run_one_after_the_other_with_serial_bits():
-    """Two fits started together in two threads: each is pinned (threadpoolctl lets only one
-    thread set OpenBLAS's limit; a fit in a second thread ran on unpinned BLAS before), they do
-    not interleave (the kernel's evaluations of one all come before the other's), and each gives
-    the bits of the same fit made alone in the main thread."""
+def test_concurrent_fits_in_threads_are_pinned_and_give_serial_bits():
+    """Two fits started together in two threads: each runs on one BLAS thread (threadpoolctl lets
+    only one thread set OpenBLAS's limit, and a fit in a second thread ran on unpinned BLAS
+    before) and gives the bits of the same fit made alone in the main thread."""
     X, y = _data(n=80)
     make = ESTIMATORS["sparse"]
     serial = make().fit(X, y).predict_proba(X)
@@ -135,11 +134,36 @@ def test_concurrent_fits_in_threads_run_one_after_the_other_with_serial_bits():
     assert not errors and len(results) == 2
     for out in results.values():
         np.testing.assert_array_equal(out, serial)
-    order = [ident for ident, _ in _SEEN]
-    first = order[0]
-    switch = order.index(next(i for i in order if i != first))
-    assert set(order[:switch]) == {first} and first not in order[switch:]
-    assert {threads for _, threads in _SEEN} == {frozenset({1})}
+    assert _SEEN and {threads for _, threads in _SEEN} == {frozenset({1})}
+
+
+def test_a_call_waits_while_another_thread_s_call_runs():
+    """One public call at a time per process: while a call holds the policy in one thread, a fit
+    started in another evaluates nothing; it runs once that call returns."""
+    X, y = _data(n=40)
+    holding, release, done = threading.Event(), threading.Event(), threading.Event()
+
+    def hold():
+        with _threads.entry(1):
+            holding.set()
+            release.wait(60)
+
+    def fit():
+        ESTIMATORS["sparse"]().fit(X, y)
+        done.set()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert holding.wait(60)
+    _SEEN.clear()
+    fitter = threading.Thread(target=fit)
+    fitter.start()
+    fitter.join(1.0)               # the fit, were it not waiting, would evaluate its kernel by now
+    assert not _SEEN and not done.is_set()
+    release.set()
+    holder.join(60)
+    fitter.join(120)
+    assert done.is_set() and _SEEN
 
 
 def test_a_public_call_inside_a_call_passes_the_lock():
