@@ -401,3 +401,27 @@ def test_an_interrupt_during_the_set_up_leaves_the_estimator_unfitted(monkeypatc
             assert not hasattr(clf, name), name
         with pytest.raises(NotFittedError):
             clf.predict(X)
+
+
+def test_a_minibatch_evidence_estimate_above_zero_warns(monkeypatch):
+    """A minibatch fit reports the mean of its last epoch's minibatch estimates of log Z; where
+    their noise makes it positive (no probability of the labels can be), the fit says so."""
+    from gpc.exceptions import ConvergenceWarning
+
+    rng = np.random.default_rng(0)
+    y = np.arange(120) % 2
+    X = rng.normal(size=(120, 2)) + 2.0 * y[:, None]
+    clf = SparseGaussianProcessClassifier(n_inducing=8, batch_size=40, max_iter=2, progress=False,
+                                          random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        clf.fit(X, y)                          # a negative estimate: no warning
+    assert clf.log_marginal_likelihood_value_ < 0
+    # the estimate as the slow fuzz met it (+10 after epoch 2 of 400 rows in minibatches of 60)
+    monkeypatch.setattr(SparseGaussianProcessClassifier, "log_marginal_likelihood_value_",
+                        property(lambda self: 10.0))
+    with pytest.warns(ConvergenceWarning, match="above 0"):
+        clf.fit(X, y)
+    with warnings.catch_warnings():            # batch training reports no estimate of this kind
+        warnings.simplefilter("error", ConvergenceWarning)
+        clf.set_params(batch_size=None, max_iter=2).fit(X, y)

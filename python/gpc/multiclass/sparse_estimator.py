@@ -479,6 +479,7 @@ class SparseMultiClassGPC(GPCEstimator):
             warnings.warn("fit interrupted: the model keeps its last completed step"
                           + ("" if self._sites_home else ", but the cluster kept its sites: "
                              "partial_fit cannot continue this fit"), RuntimeWarning, stacklevel=3)
+        self._check_minibatch_evidence()
 
     #: what ``_start_fit`` and training set: removed by :meth:`_unfit`
     _FIT_STATE = ("classes_", "n_features_in_", "_state", "_trainer", "history_", "_sites_home",
@@ -486,6 +487,7 @@ class SparseMultiClassGPC(GPCEstimator):
     _unfit = _SHARED._unfit
     _begin_fit = _SHARED._begin_fit
     _engine_threads = _SHARED._engine_threads
+    _check_minibatch_evidence = _SHARED._check_minibatch_evidence
 
     def _has_model(self):
         """Whether the state holds a model whose attributes are valid: a completed step (a finite

@@ -17,6 +17,7 @@ from scipy.cluster.vq import kmeans2
 from .. import _parallel, _threads
 from .._estimator import GPCEstimator, _scale_of, as_rows, check_n_jobs, median_length_scale
 from .._validation import check_positive_float, check_positive_int, plain
+from ..exceptions import ConvergenceWarning
 from ..kernels import RBF, ConstantKernel, as_kernel, user_kernel
 from ..likelihoods import get_likelihood
 from ._passes import as_block, block_ranges
@@ -559,6 +560,22 @@ class SparseGaussianProcessClassifier(GPCEstimator):
         elif interrupted:
             warnings.warn("fit interrupted: the model keeps its last completed step",
                           RuntimeWarning, stacklevel=3)
+        self._check_minibatch_evidence()
+
+    def _check_minibatch_evidence(self):
+        """Warn when a minibatch fit's log evidence, the mean of its last epoch's minibatch
+        estimates, is above 0, which no probability of the labels can be: each estimate scales
+        one minibatch's terms to all rows, and on small data early in training their noise can
+        exceed the value.  The estimate is reported as it is, with this warning."""
+        if self._batch is None:
+            return
+        value = self.log_marginal_likelihood_value_
+        if value > 0:
+            warnings.warn(f"the log evidence estimate of the last epoch's minibatches is "
+                          f"{value:.4g}, above 0: the minibatch estimates' noise exceeds their "
+                          "value; train longer, use larger minibatches (batch_size) or batch "
+                          "training (batch_size=None) for a log evidence to compare",
+                          ConvergenceWarning, stacklevel=4)
 
     #: what ``_start_fit`` and training set: removed by :meth:`_unfit`
     _FIT_STATE = ("classes_", "n_features_in_", "_problems", "_trainer", "history_",
