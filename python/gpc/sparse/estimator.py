@@ -255,7 +255,7 @@ class SparseGaussianProcessClassifier(GPCEstimator):
     kernel_ : the fitted kernel, or a list (one-vs-rest)
     log_marginal_likelihood_value_ : log Z_q (eq. (3)) at the last step; for minibatch training
         the last epoch's estimate over all n rows, the mean of its minibatches' estimates (each
-        one's data terms scaled by n/|M|), which ``history_`` records as the epoch's objective
+        one's data terms scaled by ``n/|M|``), which ``history_`` records as the epoch's objective
         (during an epoch: the mean of its steps so far); the sum over the one-vs-rest problems
     n_iter_ : int, epochs completed (L-BFGS-B fits: evaluations that could be evaluated)
     history_ : list of dicts, one per epoch: ``iteration``, ``seconds``, ``objective`` (log Z_q),
