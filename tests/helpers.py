@@ -1,5 +1,8 @@
 """Helpers shared by the tests: small synthetic problems and an in-process command line."""
 
+import contextlib
+import logging
+
 import numpy as np
 
 
@@ -26,3 +29,20 @@ def run_cli(argv, capsys):
         code = exc.code
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+@contextlib.contextmanager
+def local_client(patience=300.0):
+    """A dask client on a fresh LocalCluster of 2 worker processes x 1 thread on the loopback, both
+    workers up (waits bounded by ``patience`` seconds), closed on exit."""
+    import dask
+    import distributed
+
+    timeouts = {"distributed.comm.timeouts.connect": "120s", "distributed.comm.timeouts.tcp": "120s"}
+    with dask.config.set(timeouts), \
+            distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                     host="127.0.0.1", dashboard_address="127.0.0.1:0",
+                                     silence_logs=logging.ERROR) as cluster, \
+            distributed.Client(cluster, timeout=patience) as client:
+        client.wait_for_workers(2, timeout=patience)
+        yield client

@@ -14,6 +14,8 @@ import warnings
 import numpy as np
 import pytest
 
+from helpers import local_client
+
 from gpc import SparseGaussianProcessClassifier, SparseMultiClassGPC, _parallel
 from gpc.distributed import InProcessEngine
 from gpc._estimator import NotFittedError
@@ -336,20 +338,11 @@ def test_a_failed_sharded_fit_is_unfitted_or_at_its_last_valid_step(monkeypatch,
 def test_a_beta_fit_on_a_local_cluster_equals_two_shards_in_process(clean_900):
     # the shards' share of the ψ̃ change runs on the workers as in process (2 worker processes,
     # loopback; every wait bounded by 300 s on a loaded machine)
-    import logging
-
-    dask = pytest.importorskip("dask")
-    distributed = pytest.importorskip("distributed")
+    pytest.importorskip("distributed")
     X, y = clean_900
     kw = dict(n_inducing=20, max_iter=4, random_state=0, progress=False)
     local = SparseMultiClassGPC(client=InProcessEngine(n_shards=2), **kw).fit(X, y)
-    timeouts = {"distributed.comm.timeouts.connect": "120s", "distributed.comm.timeouts.tcp": "120s"}
-    with dask.config.set(timeouts), \
-            distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                     host="127.0.0.1", dashboard_address="127.0.0.1:0",
-                                     silence_logs=logging.ERROR) as cluster, \
-            distributed.Client(cluster, timeout=300.0) as client:
-        client.wait_for_workers(2, timeout=300.0)
+    with local_client() as client:
         remote = SparseMultiClassGPC(client=client, **kw).fit(X, y)
     _assert_valid_multiclass(remote, X, y)
     assert remote.log_marginal_likelihood_value_ == pytest.approx(

@@ -18,6 +18,8 @@ import warnings
 import numpy as np
 import pytest
 
+from helpers import local_client
+
 from gpc import MultiClassGPC, SparseMultiClassGPC, _parallel, _threads
 from gpc.datasets import load_glass, load_thyroid
 from gpc.distributed import InProcessEngine
@@ -403,21 +405,13 @@ def test_client_on_a_dask_cluster_equals_in_process():
     """The shard steps pickle and run on a LocalCluster (2 worker processes, loopback): a batch fit
     with every parameter learnt equals the in-process one to rounding, the sites come home, and
     the pickled model continues in process.  Every wait is bounded (300 s: a loaded machine)."""
-    import logging
     import pickle
 
-    dask = pytest.importorskip("dask")
-    distributed = pytest.importorskip("distributed")
+    pytest.importorskip("distributed")
     X, y, Xt, _ = _thyroid(90)
     kw = dict(n_inducing=8, max_iter=4, label_noise=0.02, random_state=0, progress=False)
     local = SparseMultiClassGPC(**kw).fit(X, y)
-    timeouts = {"distributed.comm.timeouts.connect": "120s", "distributed.comm.timeouts.tcp": "120s"}
-    with dask.config.set(timeouts), \
-            distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                     host="127.0.0.1", dashboard_address="127.0.0.1:0",
-                                     silence_logs=logging.ERROR) as cluster, \
-            distributed.Client(cluster, timeout=300.0) as client:
-        client.wait_for_workers(2, timeout=300.0)
+    with local_client() as client:
         remote = SparseMultiClassGPC(client=client, **kw).fit(X, y)
     assert remote.log_marginal_likelihood_value_ == pytest.approx(
         local.log_marginal_likelihood_value_, rel=1e-10)
