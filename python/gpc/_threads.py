@@ -298,11 +298,6 @@ def inherit(fn):
     return run
 
 
-def current():
-    """The :class:`Policy` of the call running in this thread, or None outside one."""
-    return getattr(_local, "policy", None)
-
-
 def blas_now():
     """The threads BLAS may use for a call made now from this thread: the stretch's grant inside
     a public call (:func:`blas`), 1 in a thread of gpc's own, else :func:`blas_cores`."""
