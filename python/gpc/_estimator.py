@@ -17,6 +17,7 @@ from typing import Optional
 import numpy as np
 from numpy.typing import ArrayLike
 
+from ._parallel import BLOCK_ROWS
 from ._threads import available_cores, check_n_jobs, entry, resolve_n_jobs
 from ._validation import check_finite_array
 
@@ -72,10 +73,6 @@ except ImportError:  # pragma: no cover - exercised only without scikit-learn
             return float(np.average(self.predict(X) == np.asarray(y), weights=sample_weight))
 
 __all__: list[str] = []
-
-#: rows read at a time by a pass over the data (checking a lazily read X, a sparse fit's blocks
-#: outside minibatches, prediction, a shard task's blocks)
-BLOCK_ROWS = 4096
 
 #: rows of the median heuristic's subsample
 _MEDIAN_ROWS = 1_000

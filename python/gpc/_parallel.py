@@ -35,6 +35,10 @@ import numpy as np
 
 from ._threads import _local, blas_now, block_threads, threads_now
 
+#: rows read at a time by a pass over the data (checking a lazily read X, a sparse fit's blocks
+#: outside minibatches, prediction, a shard task's blocks)
+BLOCK_ROWS = 4096
+
 #: below this many rows a pass is one call (dispatching a range costs tens of microseconds)
 MIN_ROWS = 512
 #: the number of row ranges of a pass from MIN_ROWS rows up

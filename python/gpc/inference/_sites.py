@@ -64,10 +64,8 @@ from ..exceptions import (ConvergenceWarning, DivergenceError, NegativeVarianceE
 from .._parallel import over_rows
 from ..posterior import TINY_SITE_PRECISION, InverseFactorPosterior, site_posterior
 from ._damping import AT_ROUNDING_FLOOR, AdaptiveDamping, rounding_level
+from .rules import ON_NEGATIVE, RULES
 
-RULES = {"ep": 0, "pl": 1}
-#: codes of gpc._site_rule (src/gpc_core/gpc/_site_rule.pxd)
-ON_NEGATIVE = {"raise": 0, "clip": 1, "skip": 2, "pl": 3, "keep": 4, "keep-skip": 5}
 RECOMPUTE_EVERY = 5
 DEFAULT_BLOCK = 64
 #: parallel sweeps whose sites moved by more than this refactor in single precision

@@ -47,12 +47,10 @@ from ..posterior import SitePosterior
 from ._result import InferenceResult
 from ._damping import DEFAULT_MIN_DAMPING, check_min_damping
 from ._sites import check_options, negative_site_remedies, run_schedule
+from .rules import DEFAULT_ON_NEGATIVE
 
 DEFAULT_MAX_ITER = 100
 DEFAULT_TOL = 1e-6
-#: EP's default policy for negative variances, for every EP in gpc (dense and sparse): negative site
-#: precisions kept, PL's site where a site has no cavity (module docstring)
-DEFAULT_ON_NEGATIVE = "keep"
 
 
 def run(K, y, likelihood, prior_mean, *, schedule="sequential", max_iter=None, tol=None,

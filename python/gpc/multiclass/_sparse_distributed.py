@@ -26,7 +26,7 @@ import numpy as np
 
 from ..sparse._distributed import _light
 from ..sparse._trainer import TrainingRows
-from .._estimator import BLOCK_ROWS
+from .._parallel import BLOCK_ROWS
 from .ep import _Sites
 from .sparse import EvidenceParts, evidence_pass, refines_outliers, site_pass
 

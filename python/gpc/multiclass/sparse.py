@@ -47,7 +47,7 @@ import numpy as np
 from scipy.special import betaln, expit
 
 from .. import _lapack, _pages, _parallel, _sparse
-from .._estimator import BLOCK_ROWS
+from .._parallel import BLOCK_ROWS
 from .._multiclass import refine_outlier_prior
 from .._sparse_multiclass import evidence_block, local_ep_block, refine_block
 from ..exceptions import DivergenceError, NotPositiveDefiniteError

@@ -9,7 +9,8 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .. import _parallel, _threads
-from .._estimator import BLOCK_ROWS, GPCEstimator
+from .._estimator import GPCEstimator
+from .._parallel import BLOCK_ROWS
 from .._validation import check_positive_float, plain
 from ..kernels import as_kernel, user_kernel
 from ..sparse._passes import as_block, block_ranges

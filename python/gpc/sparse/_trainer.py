@@ -26,7 +26,7 @@ import numpy as np
 from scipy.optimize import minimize
 
 from .. import _parallel
-from .._estimator import BLOCK_ROWS
+from .._parallel import BLOCK_ROWS
 from ..exceptions import ConvergenceWarning, NumericalError
 from ..optimize import stop_message
 from ._train import (LocalBatch, LocalRows, batch_index, iteration, random_batches, take_rows,

@@ -48,39 +48,8 @@ import numpy as np
 
 from .. import _lapack, _parallel, _sparse
 from ..exceptions import NegativeVarianceError, NotPositiveDefiniteError
-from ..inference._sites import ON_NEGATIVE, RULES
-from ..inference.ep import DEFAULT_ON_NEGATIVE  # the exact EP's default, shared by the sparse EP
+from ..inference.rules import DEFAULT_ON_NEGATIVE, EP, Rule
 from ..inference.pl import slr
-
-
-@dataclass(frozen=True)
-class Rule:
-    """How the sparse sites are refitted: ``method`` "ep" (moment matching) or "pl" (PL's
-    statistical linear regression), and EP's policy ``on_negative`` for negative cavity or site
-    variances (gpc.inference._sites: "raise", "clip", "skip", "pl"; default the exact EP's).
-
-    Both run the site rule of gpc._site_rule; the codes are those of gpc.inference._sites.
-    """
-
-    method: str = "ep"
-    on_negative: str = DEFAULT_ON_NEGATIVE
-
-    def __post_init__(self):
-        if self.method not in RULES:
-            raise ValueError(f"the sparse site rule must be one of {', '.join(RULES)}, got "
-                             f"{self.method!r}")
-        if self.on_negative not in ON_NEGATIVE:
-            raise ValueError(f"on_negative must be one of {', '.join(ON_NEGATIVE)}, got "
-                             f"{self.on_negative!r}")
-
-    @property
-    def codes(self):
-        """(rule, on_negative) as the codes of gpc._site_rule."""
-        return RULES[self.method], ON_NEGATIVE[self.on_negative]
-
-
-#: EP with the default policy: the rule of a caller that names none
-EP = Rule()
 
 
 @dataclass

@@ -1,0 +1,46 @@
+"""How sites are refitted, for every EP and PL in gpc: the dense engine (``gpc.inference``) and the
+sparse one (``gpc.sparse``).
+
+``RULES`` names the site rules of ``gpc._site_rule`` (moment matching, "ep", or PL's statistical
+linear regression, "pl") and ``ON_NEGATIVE`` the policies for a negative cavity or site variance
+(``gpc.inference._sites`` says what each does), both by their codes in ``_site_rule.pxd``.
+``DEFAULT_ON_NEGATIVE`` is EP's default policy, dense and sparse: negative site precisions kept,
+PL's site where a site has no cavity.  ``Rule`` bundles a rule and a policy for the sparse passes.
+"""
+
+from dataclasses import dataclass
+
+RULES = {"ep": 0, "pl": 1}
+#: codes of gpc._site_rule (src/gpc_core/gpc/_site_rule.pxd)
+ON_NEGATIVE = {"raise": 0, "clip": 1, "skip": 2, "pl": 3, "keep": 4, "keep-skip": 5}
+DEFAULT_ON_NEGATIVE = "keep"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How the sparse sites are refitted: ``method`` "ep" (moment matching) or "pl" (PL's
+    statistical linear regression), and EP's policy ``on_negative`` for negative cavity or site
+    variances ("raise", "clip", "skip", "pl", "keep", "keep-skip"; default the exact EP's).
+
+    Both run the site rule of gpc._site_rule.
+    """
+
+    method: str = "ep"
+    on_negative: str = DEFAULT_ON_NEGATIVE
+
+    def __post_init__(self):
+        if self.method not in RULES:
+            raise ValueError(f"the sparse site rule must be one of {', '.join(RULES)}, got "
+                             f"{self.method!r}")
+        if self.on_negative not in ON_NEGATIVE:
+            raise ValueError(f"on_negative must be one of {', '.join(ON_NEGATIVE)}, got "
+                             f"{self.on_negative!r}")
+
+    @property
+    def codes(self):
+        """(rule, on_negative) as the codes of gpc._site_rule."""
+        return RULES[self.method], ON_NEGATIVE[self.on_negative]
+
+
+#: EP with the default policy: the rule of a caller that names none
+EP = Rule()
