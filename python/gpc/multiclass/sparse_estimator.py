@@ -1,6 +1,7 @@
 """``SparseMultiClassGPC``: robust multi-class GP classification on inducing points, scalable EP."""
 
 from functools import partial
+from typing import Optional
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -308,6 +309,22 @@ class SparseMultiClassGPC(SparseEstimator):
         return np.searchsorted(self.classes_, y).astype(np.intp)
 
     # -- fitting -------------------------------------------------------------------------------
+    def fit(self, X: ArrayLike, y: ArrayLike) -> "SparseMultiClassGPC":
+        """Initialise Z and the kernels, then train for ``max_iter`` epochs."""
+        return self._fit(X, y)
+
+    def partial_fit(self, X: ArrayLike, y: ArrayLike,
+                    classes: Optional[ArrayLike] = None) -> "SparseMultiClassGPC":
+        """One more epoch over (X, y), continuing from the current state.
+
+        The rows (and labels) must be those of the first ``fit``: each point keeps its sites
+        between calls.  With ``tied_sites`` there are no per-row sites and the rows may be new
+        (a stream).  On an unfitted estimator the call starts a fit of one epoch; ``classes``
+        then names every class y may ever hold (needed when the first rows do not show them all)
+        and must be the same, or None, on later calls.
+        """
+        return self._partial_fit(X, y, classes)
+
     def _initial_model(self, X, rng):
         """Z, and one kernel (shared) or C (one per class), as gpc kernels."""
         C = len(self.classes_)

@@ -11,7 +11,7 @@ the progress bar, the ``"auto"`` training defaults, prediction over row blocks, 
 
 import time
 import warnings
-from typing import Optional, cast
+from typing import cast
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -81,7 +81,8 @@ class _Progress:
 class SparseEstimator(GPCEstimator):
     """The base of the sparse estimators: fitting, training and the bookkeeping around a model.
 
-    A fit runs ``_check_params()``, then ``_start_fit`` (classes, validation data, Z and the
+    The subclass's ``fit`` and ``partial_fit`` (its own docstrings and types) call :meth:`_fit`
+    and :meth:`_partial_fit`.  A fit runs ``_check_params()``, then ``_start_fit`` (classes, validation data, Z and the
     kernels, the minibatch size, the model and its trainer), then ``_train`` for the epochs of
     ``max_iter``: the trainer's steps on the training rows, one ``history_`` entry per epoch
     (log Z, failed steps, seconds and, with ``validation_data``, the held-out error and NLL).
@@ -209,8 +210,8 @@ class SparseEstimator(GPCEstimator):
         return _threads.engine_threads("blocks", getattr(self, "_step_work", 0), self.n_jobs)
 
     # -- fitting -----------------------------------------------------------------------------------
-    def fit(self, X: ArrayLike, y: ArrayLike) -> "SparseEstimator":
-        """Initialise Z and the kernels, then train for ``max_iter`` epochs."""
+    def _fit(self, X, y):
+        """``fit``: Z and the kernels initialised, then ``max_iter`` epochs of training."""
         X = cast(np.ndarray, self._check_X(X, fitting=True))
         y = self._check_y(y, X.shape[0])
         setup = self._check_params()
@@ -222,18 +223,9 @@ class SparseEstimator(GPCEstimator):
         self._train(X, y, self._epochs(X.shape[0], self._batch))
         return self
 
-    def partial_fit(self, X: ArrayLike, y: ArrayLike,
-                    classes: Optional[ArrayLike] = None) -> "SparseEstimator":
-        """One more epoch over (X, y), continuing from the current state.
-
-        The rows (and their labels) must be the training rows of the first ``fit``: each row
-        keeps its sites between calls.  With ``tied_sites`` there are no per-row sites, and the
-        rows may be new ones (a stream).  On an unfitted estimator the call starts a fit of one
-        epoch; ``classes`` then fixes the classes (scikit-learn's meaning: every class that y may
-        ever hold, needed when the first rows do not show them all) and must be the same, or
-        None, on later calls.  An L-BFGS-B fit restarts the optimiser for two evaluations, of
-        which the first is the point it starts from.
-        """
+    def _partial_fit(self, X, y, classes):
+        """``partial_fit``: a fit of one epoch on an unfitted estimator, else one more epoch on
+        the rows of the first fit (any rows when the trainer ``streams``)."""
         first = not hasattr(self, self._fitted_attribute)
         X = cast(np.ndarray, self._check_X(X, fitting=first))
         y = self._check_y(y, X.shape[0])
@@ -323,10 +315,10 @@ class SparseEstimator(GPCEstimator):
                           "predict as they did), but the cluster did not give its per-row sites "
                           "back (a Ctrl-C in the terminal of a LocalCluster stops its workers "
                           "too), so partial_fit cannot continue this fit: call fit again",
-                          RuntimeWarning, stacklevel=3)
+                          RuntimeWarning, stacklevel=5)
         elif interrupted:
             warnings.warn("fit interrupted: the model keeps its last completed step",
-                          RuntimeWarning, stacklevel=3)
+                          RuntimeWarning, stacklevel=5)
         self._check_minibatch_evidence()
 
     def _check_minibatch_evidence(self):
@@ -342,7 +334,7 @@ class SparseEstimator(GPCEstimator):
                           f"{value:.4g}, above 0: the minibatch estimates' noise exceeds their "
                           "value; train longer, use larger minibatches (batch_size) or batch "
                           "training (batch_size=None) for a log evidence to compare",
-                          ConvergenceWarning, stacklevel=4)
+                          ConvergenceWarning, stacklevel=6)
 
     def _has_model(self):
         """Whether every state has completed a step (L-BFGS-B: an evaluation), so the states hold

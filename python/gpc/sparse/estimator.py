@@ -7,6 +7,7 @@ linearisation on the same sites), "gfitc" or "svi" (the baselines of SEP §3).
 """
 
 import warnings
+from typing import Optional
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -343,6 +344,25 @@ class SparseGaussianProcessClassifier(SparseEstimator):
             return InProcessRows(X, targets)
         from ._distributed import DistributedFit
         return EngineRows(DistributedFit(self.client, X, targets, self._trainer.states))
+
+    # -- fitting -------------------------------------------------------------------------------
+    def fit(self, X: ArrayLike, y: ArrayLike) -> "SparseGaussianProcessClassifier":
+        """Initialise Z and the kernel, then train for ``max_iter`` epochs."""
+        return self._fit(X, y)
+
+    def partial_fit(self, X: ArrayLike, y: ArrayLike,
+                    classes: Optional[ArrayLike] = None) -> "SparseGaussianProcessClassifier":
+        """One more epoch over (X, y), continuing from the current state.
+
+        The rows must be the training rows of the first ``fit``: each row keeps its sites between
+        calls.  With ``tied_sites`` there are no per-row sites, and the rows may be new ones (a
+        stream).  On an unfitted estimator the call starts a fit of one epoch; ``classes`` then
+        fixes the classes (scikit-learn's meaning: every class that y may ever hold, needed when
+        the first rows do not show them all) and must be the same, or None, on later calls.  An
+        L-BFGS-B fit (GFITC, batch SVI) restarts the optimiser for two evaluations, of which the
+        first is the point it starts from.
+        """
+        return self._partial_fit(X, y, classes)
 
     # -- fitted attributes -----------------------------------------------------------------------
     def _one_or_list(self, values):
