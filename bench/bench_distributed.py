@@ -180,7 +180,7 @@ def main(n=200_000, m=M, iters=4, n_tiny=N_TINY, workers=2):
         local = sparse_iteration(None, X, y, m, iters) if n else None
         local_tiny = sparse_iteration(None, Xt, yt, m, 12)
         t = time.perf_counter()
-        from gpc.distributed.cli import local_cluster
+        from gpc.distributed import local_cluster
         with local_cluster(workers) as cluster, distributed.Client(cluster) as client:
             client.wait_for_workers(workers, timeout=300)
             print(f"cluster of {workers} up in {time.perf_counter() - t:.1f} s")

@@ -57,7 +57,7 @@ def test_sep_distributed_quiet(monkeypatch, capsys, quiet):
     cluster is replaced by the in-process fit, so the test needs no Dask."""
     import contextlib
 
-    from gpc.distributed import cli
+    from gpc.experiments import sep_distributed as cli
 
     @contextlib.contextmanager
     def in_process(**how):

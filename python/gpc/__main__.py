@@ -69,7 +69,7 @@ def build_parser():
                       help="no progress lines (one per section and per method, on stderr)")
 
     add_parsers(sub)
-    from .distributed.cli import add_parser as add_distributed
+    from .experiments.sep_distributed import add_parser as add_distributed
     add_distributed(sub)
     return parser
 
@@ -86,8 +86,8 @@ def main(argv=None):
             from .experiments import reproduce
             reproduce.main(args)
         elif args.command == "sep-distributed":
-            from .distributed import cli
-            cli.main(args)
+            from .experiments import sep_distributed
+            sep_distributed.main(args)
     except (FileNotFoundError, ValueError) as exc:
         msg = str(exc)
         if isinstance(exc, FileNotFoundError) and exc.filename and exc.filename not in msg:

@@ -3,13 +3,15 @@
 ``make_engine(client=None, n_shards=1)`` returns an `InProcessEngine` (shards in a list, steps in order) or,
 given a ``dask.distributed.Client``, a `DaskEngine` (shards persisted on the workers, pure step tasks).
 Both run the same step function and add its partial results in shard order, so they agree to rounding.
-See docs/distributed.md.
+``open_client`` and ``local_cluster`` start a client on a loopback ``LocalCluster`` (or connect to a
+running scheduler).  See docs/distributed.md.
 """
 
 from ._engine import InProcessEngine, add_partials, shard_bounds
-from ._dask import DaskEngine, DistributedError, INSTALL_HINT
+from ._dask import INSTALL_HINT, DaskEngine, DistributedError, local_cluster, open_client
 
-__all__ = ["InProcessEngine", "DaskEngine", "DistributedError", "make_engine", "add_partials", "shard_bounds"]
+__all__ = ["InProcessEngine", "DaskEngine", "DistributedError", "make_engine", "add_partials", "shard_bounds",
+           "open_client", "local_cluster"]
 
 
 def make_engine(client=None, n_shards=None, timeout=300.0):

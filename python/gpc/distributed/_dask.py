@@ -34,6 +34,7 @@ or a reset connection (after which the scheduler has released the client's actor
 them) raises `DistributedError`: the engine does not try to rebuild a fit the scheduler forgot.
 """
 
+import contextlib
 import logging
 import math
 
@@ -62,6 +63,69 @@ def import_distributed():
     except ImportError as exc:
         raise ImportError(INSTALL_HINT) from exc
     return da, distributed
+
+
+#: glibc's mmap threshold for the workers.  Dask's nanny sets MALLOC_TRIM_THRESHOLD_=65536, which
+#: also freezes glibc's adaptive mmap threshold at 128 KiB: every block of a shard task (BLOCK_ROWS
+#: rows x m doubles, 6.5 MB at m = 200) is then a fresh mmap whose pages are faulted in anew, CPU a
+#: plain process does not spend.  A 16 MiB threshold serves those blocks from the heap again.
+WORKER_ENVIRON = {"distributed.nanny.pre-spawn-environ.MALLOC_MMAP_THRESHOLD_": 16 * 2 ** 20}
+
+
+@contextlib.contextmanager
+def local_cluster(n_workers):
+    """A ``LocalCluster`` of ``n_workers`` processes x 1 thread on 127.0.0.1 with :data:`WORKER_ENVIRON`.
+
+    Parameters
+    ----------
+    n_workers : int
+        Worker processes to start.
+
+    Yields
+    ------
+    distributed.LocalCluster
+    """
+    import dask
+
+    _, distributed = import_distributed()
+    with dask.config.set(WORKER_ENVIRON), \
+            distributed.LocalCluster(n_workers=int(n_workers), threads_per_worker=1, processes=True,
+                                     host="127.0.0.1", dashboard_address="127.0.0.1:0",
+                                     silence_logs=logging.ERROR) as cluster:
+        yield cluster
+
+
+@contextlib.contextmanager
+def open_client(dask_workers=None, scheduler=None):
+    """A ``dask.distributed.Client``: on a new loopback LocalCluster or on a running scheduler.
+
+    Parameters
+    ----------
+    dask_workers : int or None
+        Start a ``LocalCluster`` of this many worker processes x 1 thread bound to 127.0.0.1.
+    scheduler : str or None
+        The address of a running scheduler (``tcp://host:8786``); used when given.
+
+    Yields
+    ------
+    distributed.Client or None
+        None when neither is given (train in process).
+
+    Notes
+    -----
+    A new LocalCluster's workers get :data:`WORKER_ENVIRON` (see :func:`local_cluster`).
+    """
+    if scheduler is None and not dask_workers:
+        yield None
+        return
+    _, distributed = import_distributed()
+    if scheduler is not None:
+        with distributed.Client(scheduler, timeout=60) as client:
+            yield client
+        return
+    with local_cluster(dask_workers) as cluster, distributed.Client(cluster) as client:
+        client.wait_for_workers(int(dask_workers), timeout=300)
+        yield client
 
 
 class ShardActor:

@@ -1,21 +1,16 @@
 """``SparseMultiClassGPC``: robust multi-class GP classification on inducing points, scalable EP."""
 
-import time
-import warnings
 from functools import partial
-from typing import Optional, cast
+from typing import Optional
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .. import _parallel, _threads
-from .._estimator import GPCEstimator
 from .._parallel import BLOCK_ROWS
-from .._validation import check_positive_float, plain
+from .._validation import check_positive_float
 from ..kernels import as_kernel, user_kernel
-from ..sparse._passes import as_block, block_ranges
-from ..sparse.estimator import (SparseGaussianProcessClassifier, _check_theta_in_bounds,
-                                default_kernel, initial_inducing)
+from ..sparse.base import SparseEstimator
+from ..sparse.estimator import default_kernel, initial_inducing
 from ._sparse_distributed import EngineClassRows, MultiClassShards
 from .estimator import LABEL_NOISE_BOUNDS, check_label_noise, check_label_noise_classes
 from .predict import N_NODES, argmax_probabilities
@@ -26,10 +21,6 @@ from .sparse_vi import SparseMultiClassVIState, VIBatch, VIMinibatch
 
 MODELS = ("robust", "standard")
 METHODS = ("ep", "vi")
-#: the binary sparse estimator's training bookkeeping, shared as it is (history, validation scores,
-#: progress bar, epochs, damping, clone and pickling with a client)
-_SHARED = SparseGaussianProcessClassifier
-AUTO_BATCH_SIZE, AUTO_MINIBATCH_FROM = 2000, 10_000
 #: bytes of temporaries a prediction may hold at once besides its (n, C) results: rows are
 #: predicted in blocks whose whitened rows and argmax integrals each fit this
 PREDICT_BYTES = 64 * 2 ** 20
@@ -52,7 +43,7 @@ def proba_block_rows(n_classes):
     return int(max(1, PREDICT_BYTES // per_row))
 
 
-class SparseMultiClassGPC(GPCEstimator):
+class SparseMultiClassGPC(SparseEstimator):
     """Robust multi-class GP classification with m inducing points per class, by scalable EP.
 
     RMGPC's model (RMGPC eq. (2)-(5)) on inducing points: C latent functions f_k with independent
@@ -236,27 +227,9 @@ class SparseMultiClassGPC(GPCEstimator):
         self.client = client
         self.n_jobs = n_jobs
 
+    # -- the hooks of SparseEstimator ----------------------------------------------------------------
     _fitted_attribute = "_state"
-    _lazy_rows = True
-
-    # the binary sparse estimator's bookkeeping (see _SHARED)
-    _check_validation_data = _SHARED._check_validation_data
-    _validation_scores = _SHARED._validation_scores
-    _record = _SHARED._record
-    _check_training_params = _SHARED._check_training_params
-    _partial_fit_classes = _SHARED._partial_fit_classes
     _FLAGS = ("shared_kernel", "shared_inducing", "optimize_inducing", "tied_sites")
-    _progress_bar = _SHARED._progress_bar
-    _epochs = _SHARED._epochs
-    _damping = _SHARED._damping
-    __sklearn_clone__ = _SHARED.__sklearn_clone__
-
-    def __getstate__(self):
-        """Pickle without ``client`` (as the binary sparse estimator): the unpickled model has
-        ``client=None`` and predicts and continues with ``partial_fit`` in process."""
-        state = dict(super().__getstate__())
-        state["client"] = None
-        return state
 
     # -- checks --------------------------------------------------------------------------------
     def _noise(self):
@@ -322,12 +295,9 @@ class SparseMultiClassGPC(GPCEstimator):
     def _learns_noise(self):
         return self._noise() == "fixed" and not isinstance(self.label_noise_bounds, str)
 
-    def _minibatch_rows(self, n):
-        """The rows of a minibatch for n training rows, or None for batch training."""
-        size = self.batch_size
-        if isinstance(size, str):
-            size = AUTO_BATCH_SIZE if n >= AUTO_MINIBATCH_FROM and self.client is None else None
-        return size if size is not None and size < n else None
+    def _auto_minibatches(self):
+        """"auto" trains on minibatches from AUTO_MINIBATCH_FROM rows on, in process only."""
+        return self.client is None
 
     def _class_index(self, y):
         """Labels as indices into ``classes_``; a ValueError for labels not seen in fit."""
@@ -341,16 +311,7 @@ class SparseMultiClassGPC(GPCEstimator):
     # -- fitting -------------------------------------------------------------------------------
     def fit(self, X: ArrayLike, y: ArrayLike) -> "SparseMultiClassGPC":
         """Initialise Z and the kernels, then train for ``max_iter`` epochs."""
-        X = cast(np.ndarray, self._check_X(X, fitting=True))
-        y = self._check_y(y, X.shape[0])
-        noise = self._check_params()
-        classes = np.unique(y)
-        if len(classes) < 2:
-            raise ValueError(f"only one class ({plain(classes[0])!r}) is present in y; classification "
-                             "needs at least two")
-        self._begin_fit(X, y, classes, noise)
-        self._train(X, y, self._epochs(X.shape[0], self._batch))
-        return self
+        return self._fit(X, y)
 
     def partial_fit(self, X: ArrayLike, y: ArrayLike,
                     classes: Optional[ArrayLike] = None) -> "SparseMultiClassGPC":
@@ -362,139 +323,62 @@ class SparseMultiClassGPC(GPCEstimator):
         then names every class y may ever hold (needed when the first rows do not show them all)
         and must be the same, or None, on later calls.
         """
-        first = not hasattr(self, "_state")
-        X = cast(np.ndarray, self._check_X(X, fitting=first))
-        y = self._check_y(y, X.shape[0])
-        if first:
-            noise = self._check_params()
-        classes = cast(np.ndarray, self._partial_fit_classes(y, classes, first))
-        if first:
-            unknown = np.setdiff1d(np.unique(y), classes)
-            if len(unknown):
-                raise ValueError(f"y has classes {unknown.tolist()} not in classes "
-                                 f"{classes.tolist()}")
-            self._begin_fit(X, y, classes, noise)
-        elif not self._sites_home:
-            raise ValueError("the sites of this model's interrupted distributed fit stayed on its "
-                             "cluster: partial_fit cannot continue it; call fit")
-        elif not self._state.tied and X.shape[0] != self._state.n:
-            raise ValueError(f"partial_fit continues the fit of {self._state.n} rows (their sites "
-                             f"are per row); got {X.shape[0]} rows")
-        self._train(X, y, self._trainer.partial_epochs)
-        return self
+        return self._partial_fit(X, y, classes)
 
-    def _start_fit(self, X, y, classes, noise):
-        """The model before training: classes, Z and kernels per class, the state, the trainer."""
-        self.classes_, self.n_features_in_ = classes, X.shape[1]
-        C, n = len(classes), X.shape[0]
+    def _initial_model(self, X, rng):
+        """Z, and one kernel (shared) or C (one per class), as gpc kernels."""
+        C = len(self.classes_)
         self._check_label_noise(C)
-        self._check_validation_data()
-        rng = self._rng()
         Z = initial_inducing(X, self.n_inducing, self.inducing_points, rng)
-        kernels = self._kernels(X, C, rng)
-        for kern in kernels:
-            _check_theta_in_bounds(kern)
-            if self.optimize_inducing and not kern._has_grad_inputs():
-                raise ValueError(f"the kernel {user_kernel(kern)!r} has no gradient in its inputs, "
-                                 "so the inducing points cannot move: pass "
-                                 "optimize_inducing=False (or a gpc kernel)")
-        Zs = [Z] if self.shared_inducing else [Z.copy() for _ in range(C)]
-        self._batch = self._minibatch_rows(n)
-        self._step_work = (self._batch or n) * len(Z) ** 2
+        if isinstance(self.kernel, (list, tuple)):
+            if len(self.kernel) != C:
+                raise ValueError(f"kernel is a list of {len(self.kernel)} kernels for {C} classes")
+            return Z, [as_kernel(k) for k in self.kernel]
+        kernel = default_kernel(X, rng) if self.kernel is None else as_kernel(self.kernel)
+        return Z, [kernel] if self.shared_kernel else [kernel] * C
+
+    def _new_trainer(self, X, y, noise, Z, kernels, rng):
+        """The state (every class's Z and kernel, the argmax likelihood) and its trainer."""
         if self.client is not None and self._batch is not None:
             raise ValueError("client= trains in batch: use batch_size=None (or 'auto')")
+        C, n = len(self.classes_), X.shape[0]
+        Zs = [Z] if self.shared_inducing else [Z.copy() for _ in range(C)]
         model = ArgmaxLikelihood(C, noise, self.a0, self.b0)
-        y_index = self._class_index(y)
         eps = float(self.label_noise) if noise == "fixed" else None
         bounds = self.label_noise_bounds if self._learns_noise() else None
-        self.history_ = []
-        self._sites_home = True
         if self.method == "vi":
             self._state = SparseMultiClassVIState(kernels, Zs, n, C, eps, bounds, self.jitter,
                                                   self.optimize_inducing)
-            self._trainer = (VIBatch([self._state], model, rng) if self._batch is None else
-                             VIMinibatch([self._state], model, rng, self._batch,
-                                         self.learning_rate))
-            self._start = time.perf_counter()
-            return
+            return (VIBatch([self._state], model, rng) if self._batch is None else
+                    VIMinibatch([self._state], model, rng, self._batch, self.learning_rate))
         self._state = SparseMultiClassState(
-            kernels, Zs, None if self.tied_sites else y_index, n, model, self.jitter,
+            kernels, Zs, None if self.tied_sites else self._class_index(y), n, model, self.jitter,
             self.optimize_inducing, self.learning_rate, tied=bool(self.tied_sites),
             label_noise=eps, noise_bounds=bounds)
         states = [self._state]
         if self.tied_sites:
-            self._trainer = MultiClassTied(states, model, rng, self._batch or BLOCK_ROWS,
-                                           self._damping(False))
-        elif self._batch is None:
-            self._trainer = MultiClassBatch(states, model, rng, self._damping(False))
-        else:
-            # damped as in batch: undamped per-row minibatch updates oscillated on ten classes
-            self._trainer = MultiClassMinibatch(states, model, rng, self._batch,
-                                                self._damping(False))
-        self._start = time.perf_counter()
+            return MultiClassTied(states, model, rng, self._batch or BLOCK_ROWS,
+                                  self._damping(False))
+        if self._batch is None:
+            return MultiClassBatch(states, model, rng, self._damping(False))
+        # damped as in batch: undamped per-row minibatch updates oscillated on ten classes
+        return MultiClassMinibatch(states, model, rng, self._batch, self._damping(False))
 
-    def _kernels(self, X, C, rng):
-        """One kernel (shared) or C (one per class), as gpc kernels."""
-        if isinstance(self.kernel, (list, tuple)):
-            if len(self.kernel) != C:
-                raise ValueError(f"kernel is a list of {len(self.kernel)} kernels for {C} classes")
-            return [as_kernel(k) for k in self.kernel]
-        kernel = default_kernel(X, rng) if self.kernel is None else as_kernel(self.kernel)
-        return [kernel] if self.shared_kernel else [kernel] * C
-
-    def _train(self, X, y, epochs):
-        state = self._state
+    def _training_rows(self, X, y):
+        """The rows with their labels as class indices, in process or on ``client``."""
         y_index = self._class_index(y)
-        if state.y is not None and not np.array_equal(state.y, y_index):
+        if self._state.y is not None and not np.array_equal(self._state.y, y_index):
             raise ValueError("partial_fit continues the fit of the same labelled rows (their sites "
                              "are per row): the labels differ from the first fit's")
-        # the trainer trains inside gpc._parallel.block_threads(n_jobs): BLAS on one thread per
-        # call, the classes' blocks and the ranges of points on n_jobs threads
-        self._trainer.n_jobs = self._engine_threads()
-        rows, bar, interrupted = None, None, False
-        try:
-            try:
-                if self.client is None:
-                    rows = MultiClassRows(X, y_index, Tasks())
-                else:
-                    rows = EngineClassRows(MultiClassShards(self.client, X, y_index, state))
-                bar = self._progress_bar(epochs, self._trainer.steps_per_epoch(rows))
-                self._trainer.train(rows, epochs, bar.update, self._record)
-            except KeyboardInterrupt:
-                interrupted = True
-            finally:
-                if bar is not None:
-                    bar.close()
-                if rows is not None:
-                    self._sites_home = rows.close([state], interrupted)
-        except Exception:
-            if not self._has_model():         # a failed fit leaves no invalid model behind
-                self._unfit()
-            raise
-        if interrupted and not self._has_model():
-            # before the first completed step there is no model to keep
-            self._unfit()
-            raise KeyboardInterrupt("fit interrupted before its first completed step: the "
-                                    "estimator is not fitted")
-        if interrupted:
-            warnings.warn("fit interrupted: the model keeps its last completed step"
-                          + ("" if self._sites_home else ", but the cluster kept its sites: "
-                             "partial_fit cannot continue this fit"), RuntimeWarning, stacklevel=3)
-        self._check_minibatch_evidence()
-
-    #: what ``_start_fit`` and training set: removed by :meth:`_unfit`
-    _FIT_STATE = ("classes_", "n_features_in_", "_state", "_trainer", "history_", "_sites_home",
-                  "_start", "_batch", "_step_work")
-    _unfit = _SHARED._unfit
-    _begin_fit = _SHARED._begin_fit
-    _engine_threads = _SHARED._engine_threads
-    _check_minibatch_evidence = _SHARED._check_minibatch_evidence
+        if self.client is None:
+            return MultiClassRows(X, y_index, Tasks())
+        return EngineClassRows(MultiClassShards(self.client, X, y_index, self._state))
 
     def _has_model(self):
         """Whether the state holds a model whose attributes are valid: a completed step (a finite
         log Z), ρ in [0, 1] and, under the Beta treatment, a proper Beta."""
         state = self._state
-        if not np.isfinite(state.log_z):
+        if not super()._has_model():
             return False
         if getattr(state, "model", None) is not None and state.model.beta:
             a, b = state.beta_posterior()
@@ -503,12 +387,6 @@ class SparseMultiClassGPC(GPCEstimator):
         return bool(0.0 <= state.rho <= 1.0)
 
     # -- fitted attributes -------------------------------------------------------------------------
-    @property
-    def n_iter_(self):
-        """Epochs completed (``fit`` and ``partial_fit`` together)."""
-        self._check_fitted()
-        return len(self.history_)
-
     @property
     def kernels_(self):
         """The fitted kernel of each class, of the kind passed in."""
@@ -541,20 +419,7 @@ class SparseMultiClassGPC(GPCEstimator):
                                  "outlier_probability(X, y) for any rows")
         return self._state.outlier_probability()
 
-    @property
-    def log_marginal_likelihood_value_(self):
-        self._check_fitted()
-        return float(self._state.log_z)
-
     # -- prediction ------------------------------------------------------------------------------
-    def _blocks(self, X, fn, block_rows=BLOCK_ROWS):
-        """fn over row blocks of X (checked) inside gpc._parallel.block_threads(n_jobs): BLAS on
-        one thread per call, each block's classes and ranges of points on n_jobs threads."""
-        X = self._check_X(X, fitting=False)
-        with _parallel.block_threads(self._n_jobs()):
-            return [fn(as_block(X, a, b), (a, b), Tasks())
-                    for a, b in block_ranges(X.shape[0], block_rows)]
-
     def _latent(self):
         """The latent moments of a block of rows, ``fn(Xb, tasks)`` → (means, variances)."""
         latent = getattr(self._state, "latent_moments", None)      # method="vi"
@@ -565,8 +430,8 @@ class SparseMultiClassGPC(GPCEstimator):
         a_*ᵀμ_k and a_*ᵀΣ_k a_* + s_*k.  Computed in blocks of rows (:meth:`predict_proba`'s)."""
         self._check_fitted()
         latent = self._latent()
-        parts = self._blocks(X, lambda Xb, _, tasks: latent(Xb, tasks),
-                             latent_block_rows(self._state))
+        parts = self._row_blocks(X, lambda Xb, _: latent(Xb, Tasks()),
+                                 latent_block_rows(self._state))
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
     def predict_proba(self, X: ArrayLike) -> np.ndarray:
@@ -585,20 +450,15 @@ class SparseMultiClassGPC(GPCEstimator):
         latent, C, rho = self._latent(), len(self.classes_), self._state.rho
         step = proba_block_rows(C)
 
-        def block(Xb, _, tasks):
-            means, varis = latent(Xb, tasks)
+        def block(Xb, _):
+            means, varis = latent(Xb, Tasks())
             out = np.empty_like(means)
-            for a, b in block_ranges(len(means), step):
-                out[a:b] = argmax_probabilities(means[a:b], varis[a:b])
+            for a in range(0, len(means), step):
+                out[a:a + step] = argmax_probabilities(means[a:a + step], varis[a:a + step])
             return out
 
-        parts = self._blocks(X, block, latent_block_rows(self._state))
+        parts = self._row_blocks(X, block, latent_block_rows(self._state))
         return rho / C + (1.0 - rho) * np.concatenate(parts)
-
-    def predict(self, X: ArrayLike) -> np.ndarray:
-        """The class with the largest predictive probability."""
-        self._check_fitted()
-        return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
 
     def outlier_probability(self, X, y):
         """Q(zᵢ = 1) of any labelled rows by their local EP (derivation §7): the rows' pair factors
@@ -613,5 +473,5 @@ class SparseMultiClassGPC(GPCEstimator):
         rows = getattr(self._state, "outlier_rows", None)      # method="vi"
         if rows is None:
             rows = partial(row_outlier_probability, self._state)
-        parts = self._blocks(X, lambda Xb, r, tasks: rows(Xb, index[r[0]:r[1]], tasks))
+        parts = self._row_blocks(X, lambda Xb, r: rows(Xb, index[r[0]:r[1]], Tasks()))
         return np.concatenate(parts)

@@ -6,34 +6,27 @@ says "sep": its ``method`` is "ep" (the scalable EP of the SEP paper, §2), "pl"
 linearisation on the same sites), "gfitc" or "svi" (the baselines of SEP §3).
 """
 
-import time
 import warnings
-from typing import Optional, cast
+from typing import Optional
 
 import numpy as np
 from numpy.typing import ArrayLike
 from scipy.cluster.vq import kmeans2
 
-from .. import _parallel, _threads
-from .._estimator import GPCEstimator, _scale_of, as_rows, check_n_jobs, median_length_scale
-from .._validation import check_positive_float, check_positive_int, plain
-from ..exceptions import ConvergenceWarning
+from .._estimator import _scale_of, as_rows, median_length_scale
+from .._parallel import BLOCK_ROWS
 from ..kernels import RBF, ConstantKernel, as_kernel, user_kernel
 from ..likelihoods import get_likelihood
-from ._passes import as_block, block_ranges
 from ._train import SEPState
-from ._trainer import (BLOCK_ROWS, EngineRows, InProcessRows, LBFGSTrainer, SEPBatch, SEPMinibatch,
-                       SEPTied, SVIMinibatch)
+from ._trainer import (EngineRows, InProcessRows, LBFGSTrainer, SEPBatch, SEPMinibatch, SEPTied,
+                       SVIMinibatch)
+from .base import SparseEstimator
+# the "auto" training defaults that batch_size and max_iter document below
+from .base import AUTO_BATCH_SIZE, AUTO_MIN_EPOCHS, AUTO_MINIBATCH_FROM  # noqa: F401
 from .baselines import GFITCState, SVIState
 from .ep import DEFAULT_ON_NEGATIVE, Rule, posterior_predict
 
 METHODS = ("ep", "pl", "gfitc", "svi")
-
-#: batch_size="auto": minibatches of AUTO_BATCH_SIZE rows from AUTO_MINIBATCH_FROM training rows on
-AUTO_BATCH_SIZE, AUTO_MINIBATCH_FROM = 2000, 10_000
-#: max_iter="auto": AUTO_BATCH_EPOCHS in batch (or L-BFGS-B evaluations); on minibatches enough
-#: epochs to see about AUTO_ROWS rows, at least AUTO_MIN_EPOCHS and at most AUTO_BATCH_EPOCHS
-AUTO_BATCH_EPOCHS, AUTO_ROWS, AUTO_MIN_EPOCHS = 100, 400_000, 2
 
 #: rows used for the k-means initialisation of Z
 _INIT_ROWS = 10_000
@@ -44,17 +37,6 @@ def default_kernel(X, rng):
     bounds relative to the data's scale, so inputs measured in any unit start inside them."""
     ell = median_length_scale(X, rng)
     return ConstantKernel(1.0) * RBF(ell, length_scale_bounds=(1e-5 * ell, 1e5 * ell))
-
-
-def _check_theta_in_bounds(kernel):
-    """A start outside the bounds would be clipped onto them by the first step: say so instead."""
-    theta, bounds = kernel.theta, kernel.bounds
-    slack = 1e-9 * np.maximum(1.0, np.abs(bounds))
-    outside = (theta < bounds[:, 0] - slack[:, 0]) | (theta > bounds[:, 1] + slack[:, 1])
-    if np.any(outside):
-        names = [n for n, o in zip(kernel.hyperparameter_names, outside) if o]
-        raise ValueError(f"the kernel's {', '.join(names)} start outside their bounds "
-                         f"({user_kernel(kernel)!r}); widen the bounds or rescale X")
 
 
 def _distinct(rows):
@@ -94,27 +76,6 @@ def initial_inducing(X, m, how, rng):
     return Z * scale
 
 
-class _Progress:
-    """A tqdm bar over the training steps when asked for and tqdm is installed; else nothing."""
-
-    def __init__(self, enabled, total):
-        self.bar = None
-        if enabled:
-            try:
-                from tqdm.auto import tqdm
-            except ImportError:       # tqdm is an optional extra
-                return
-            self.bar = tqdm(total=total, desc="sparse GP fit", leave=False)
-
-    def update(self, k=1):
-        if self.bar is not None:
-            self.bar.update(k)
-
-    def close(self):
-        if self.bar is not None:
-            self.bar.close()
-
-
 class _BinarySparse:
     """One ±1 problem: the SEP state and its training loop."""
 
@@ -130,7 +91,7 @@ class _BinarySparse:
         return self.likelihood.predictive_probability(mean, np.maximum(var, 1e-300))
 
 
-class SparseGaussianProcessClassifier(GPCEstimator):
+class SparseGaussianProcessClassifier(SparseEstimator):
     """Gaussian process classification with m inducing points (SEP paper, §2).
 
     The latent f has a GP prior; inducing values u = f(Z) carry it, each label's factor is
@@ -312,9 +273,9 @@ class SparseGaussianProcessClassifier(GPCEstimator):
         self.n_jobs = n_jobs
         self.on_negative = on_negative
 
-    # -- checks --------------------------------------------------------------------------------
+    # -- the hooks of SparseEstimator ----------------------------------------------------------------
     _fitted_attribute = "_problems"
-    _lazy_rows = True          # NumPy, np.memmap and Dask are read block by block
+    _FLAGS = ("optimize_inducing", "tied_sites")
 
     def _check_params(self):
         if self.method not in METHODS:
@@ -332,136 +293,21 @@ class SparseGaussianProcessClassifier(GPCEstimator):
                              "method='ep' or 'svi', or client=None")
         return get_likelihood(self.likelihood)
 
-    _FLAGS = ("optimize_inducing", "tied_sites")
+    def _auto_minibatches(self):
+        """SEP and SVI train on minibatches from AUTO_MINIBATCH_FROM rows on; GFITC in batch."""
+        return self.method != "gfitc"
 
-    def _check_training_params(self):
-        """The checks every sparse estimator shares: m, the epochs, the minibatch size, the step,
-        the jitter, the damping, n_jobs and the boolean flags (``_FLAGS``)."""
-        for name in self._FLAGS:
-            if not isinstance(getattr(self, name), (bool, np.bool_)):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        check_positive_int(self.n_inducing, "n_inducing")
-        if not (isinstance(self.max_iter, str) and self.max_iter == "auto"):
-            check_positive_int(self.max_iter, "max_iter")
-        if not (self.batch_size is None or (isinstance(self.batch_size, str)
-                                            and self.batch_size == "auto")):
-            check_positive_int(self.batch_size, "batch_size")
-        check_positive_float(self.learning_rate, "learning_rate")
-        check_positive_float(self.jitter, "jitter", allow_zero=True)
-        if self.damping is not None:
-            d = check_positive_float(self.damping, "damping")
-            if d > 1:
-                raise ValueError(f"damping must be in (0, 1], got {self.damping!r}")
-        check_n_jobs(self.n_jobs)
-
-    def _partial_fit_classes(self, y, classes, first):
-        """``classes`` of a partial_fit call checked against the first call's, and on the first
-        call the classes of the fit (``classes`` or those of y; at least two)."""
-        if classes is not None:
-            classes = np.unique(np.asarray(classes))
-            if not first and not np.array_equal(classes, self.classes_):
-                raise ValueError(f"classes={classes.tolist()} is not the same as on the first call "
-                                 f"({self.classes_.tolist()})")
-        if not first:
-            return self.classes_
-        classes = np.unique(y) if classes is None else classes
-        if len(classes) < 2:
-            raise ValueError("partial_fit needs at least two classes: pass classes=[...] on the "
-                             "first call")
-        return classes
-
-    def _check_validation_data(self):
-        """``validation_data`` as (X_val, y_val) with the training data's features and labels among
-        ``classes_``, checked before training starts."""
-        if self.validation_data is None:
-            return
-        try:
-            Xv, yv = self.validation_data
-        except (TypeError, ValueError):
-            raise ValueError("validation_data must be a pair (X_val, y_val)") from None
-        try:
-            Xv = self._check_X(Xv, fitting=False)
-            yv = self._check_y(yv, Xv.shape[0])
-        except ValueError as exc:
-            raise ValueError(f"validation_data: {exc}") from None
-        unknown = np.setdiff1d(np.unique(yv), self.classes_)
-        if len(unknown):
-            raise ValueError(f"validation_data: y_val has labels {unknown.tolist()} that are not "
-                             f"classes of y ({self.classes_.tolist()})")
-
-    def _damping(self, per_row_minibatch):
-        if self.damping is not None:
-            return self.damping
-        return 1.0 if per_row_minibatch else 0.5
-
-    def _minibatch_rows(self, n):
-        """The rows of a minibatch for n training rows, or None for batch training: ``batch_size``
-        below n, or with "auto" AUTO_BATCH_SIZE rows from AUTO_MINIBATCH_FROM rows on (SEP and
-        SVI; GFITC trains in batch)."""
-        size = self.batch_size
-        if isinstance(size, str):
-            size = AUTO_BATCH_SIZE if n >= AUTO_MINIBATCH_FROM and self.method != "gfitc" else None
-        return size if size is not None and size < n else None
-
-    def _epochs(self, n, minibatch):
-        """``max_iter``, or for "auto" 100 in batch and enough minibatch epochs to see about
-        AUTO_ROWS rows (at least AUTO_MIN_EPOCHS)."""
-        if not isinstance(self.max_iter, str):
-            return int(self.max_iter)
-        if minibatch is None:
-            return AUTO_BATCH_EPOCHS
-        return int(min(AUTO_BATCH_EPOCHS, max(AUTO_MIN_EPOCHS, -(-AUTO_ROWS // n))))
-
-    # -- fitting -------------------------------------------------------------------------------
-    def fit(self, X: ArrayLike, y: ArrayLike) -> "SparseGaussianProcessClassifier":
-        """Initialise Z and the kernel, then train for ``max_iter`` epochs."""
-        X = cast(np.ndarray, self._check_X(X, fitting=True))
-        y = self._check_y(y, X.shape[0])
-        likelihood = self._check_params()
-        classes = np.unique(y)
-        if len(classes) < 2:
-            raise ValueError(f"only one class ({plain(classes[0])!r}) is present in y; GP classification "
-                             "needs at least two classes")
-        self._begin_fit(X, y, classes, likelihood)
-        self._train(X, y, self._epochs(X.shape[0], self._batch))
-        return self
-
-    def _start_fit(self, X, y, classes, likelihood):
-        """The model before training: classes, Z, the kernel, one state per problem, the trainer."""
-        self.classes_, self.n_features_in_ = classes, X.shape[1]
-        self._check_validation_data()
-        rng = self._rng()
+    def _initial_model(self, X, rng):
         Z = initial_inducing(X, self.n_inducing, self.inducing_points, rng)
-        kernel = default_kernel(X, rng) if self.kernel is None else as_kernel(self.kernel)
-        _check_theta_in_bounds(kernel)
-        if self.optimize_inducing and not kernel._has_grad_inputs():
-            raise ValueError(f"the kernel {self.kernel!r} has no gradient in its inputs, so the "
-                             "inducing points cannot move: pass optimize_inducing=False (or a "
-                             "gpc kernel)")
-        n = X.shape[0]
-        self._batch = self._minibatch_rows(n)
-        #: one problem's pass over a step's rows (the thread policy's "blocks" size)
-        self._step_work = (self._batch or n) * len(Z) ** 2
-        self._threads = self._engine_threads()
-        states = [self._new_state(kernel, Z, n) for _ in range(1 if len(classes) == 2 else len(classes))]
-        self._trainer = self._new_trainer(states, likelihood, rng)
+        return Z, [default_kernel(X, rng) if self.kernel is None else as_kernel(self.kernel)]
+
+    def _new_trainer(self, X, y, likelihood, Z, kernels, rng):
+        """One state per problem (one for two classes, one per class one-vs-rest), and the
+        trainer of ``method`` (:mod:`gpc.sparse._trainer`)."""
+        n, (kernel,) = X.shape[0], kernels
+        states = [self._new_state(kernel, Z, n)
+                  for _ in range(1 if len(self.classes_) == 2 else len(self.classes_))]
         self._problems = [(_BinarySparse(state, likelihood), None) for state in states]
-        self.history_ = []
-        self._sites_home = True
-        self._start = time.perf_counter()
-
-    def _new_state(self, kernel, Z, n):
-        if self.method == "gfitc":
-            return GFITCState(kernel, Z, n, self.jitter, self.optimize_inducing,
-                              self._damping(False), on_negative=self.on_negative)
-        if self.method == "svi":
-            return SVIState(kernel, Z, n, self.jitter, self.optimize_inducing)
-        return SEPState(kernel, Z, n, self.jitter, self.optimize_inducing, self.learning_rate,
-                        tied=bool(self.tied_sites), method=self.method,
-                        on_negative=self.on_negative)
-
-    def _new_trainer(self, states, likelihood, rng):
-        """The trainer of ``method`` (:mod:`gpc.sparse._trainer`)."""
         batch, n_jobs = self._batch, self._threads
         if self.tied_sites:
             return SEPTied(states, likelihood, rng, batch or BLOCK_ROWS, self._damping(False),
@@ -475,6 +321,35 @@ class SparseGaussianProcessClassifier(GPCEstimator):
             return SVIMinibatch(states, likelihood, rng, batch, self.learning_rate, n_jobs=n_jobs)
         return LBFGSTrainer(states, likelihood, rng, n_jobs=n_jobs)
 
+    def _new_state(self, kernel, Z, n):
+        if self.method == "gfitc":
+            return GFITCState(kernel, Z, n, self.jitter, self.optimize_inducing,
+                              self._damping(False), on_negative=self.on_negative)
+        if self.method == "svi":
+            return SVIState(kernel, Z, n, self.jitter, self.optimize_inducing)
+        return SEPState(kernel, Z, n, self.jitter, self.optimize_inducing, self.learning_rate,
+                        tied=bool(self.tied_sites), method=self.method,
+                        on_negative=self.on_negative)
+
+    def _training_rows(self, X, y):
+        """Each problem's ±1 labels (classes_[1] against classes_[0] for two classes, each class
+        against the rest otherwise) on the rows, in process or on ``client``."""
+        y = np.asarray(y)
+        if len(self._problems) == 1:
+            targets = [np.where(y == self.classes_[1], 1.0, -1.0)]
+        else:
+            targets = [np.where(y == c, 1.0, -1.0) for c in self.classes_]
+        self._problems = [(model, t) for (model, _), t in zip(self._problems, targets)]
+        if self.client is None:
+            return InProcessRows(X, targets)
+        from ._distributed import DistributedFit
+        return EngineRows(DistributedFit(self.client, X, targets, self._trainer.states))
+
+    # -- fitting -------------------------------------------------------------------------------
+    def fit(self, X: ArrayLike, y: ArrayLike) -> "SparseGaussianProcessClassifier":
+        """Initialise Z and the kernel, then train for ``max_iter`` epochs."""
+        return self._fit(X, y)
+
     def partial_fit(self, X: ArrayLike, y: ArrayLike,
                     classes: Optional[ArrayLike] = None) -> "SparseGaussianProcessClassifier":
         """One more epoch over (X, y), continuing from the current state.
@@ -487,153 +362,7 @@ class SparseGaussianProcessClassifier(GPCEstimator):
         L-BFGS-B fit (GFITC, batch SVI) restarts the optimiser for two evaluations, of which the
         first is the point it starts from.
         """
-        first = not hasattr(self, "_problems")
-        X = cast(np.ndarray, self._check_X(X, fitting=first))
-        y = self._check_y(y, X.shape[0])
-        if first:
-            likelihood = self._check_params()
-        classes = cast(np.ndarray, self._partial_fit_classes(y, classes, first))
-        unknown = np.setdiff1d(np.unique(y), classes)
-        if len(unknown):
-            raise ValueError(f"y has classes {unknown.tolist()} not in classes_ "
-                             f"{classes.tolist()}")
-        if first:
-            self._begin_fit(X, y, classes, likelihood)
-        elif not getattr(self, "_sites_home", True):
-            raise ValueError("the sites of this model's interrupted distributed fit stayed on its "
-                             "cluster, which is gone: partial_fit cannot continue it; call fit")
-        elif not self._trainer.streams and X.shape[0] != self._trainer.states[0].n:
-            raise ValueError(f"partial_fit continues the fit of {self._trainer.states[0].n} rows "
-                             f"(its sites are per row); got {X.shape[0]} rows")
-        self._train(X, y, self._trainer.partial_epochs)
-        return self
-
-    def _targets(self, y):
-        """The ±1 labels of each binary problem: classes_[1] against classes_[0] for two classes,
-        each class against the rest otherwise."""
-        y = np.asarray(y)
-        if len(self._problems) == 1:
-            return [np.where(y == self.classes_[1], 1.0, -1.0)]
-        return [np.where(y == c, 1.0, -1.0) for c in self.classes_]
-
-    def _train(self, X, y, epochs):
-        self._threads = self._trainer.n_jobs = self._engine_threads()
-        targets = self._targets(y)
-        self._problems = [(model, t) for (model, _), t in zip(self._problems, targets)]
-        states = self._trainer.states
-        rows = None
-        interrupted = False
-        bar = None
-        self._training = True
-        try:
-            try:
-                if self.client is None:
-                    rows = InProcessRows(X, targets)
-                else:
-                    from ._distributed import DistributedFit
-                    rows = EngineRows(DistributedFit(self.client, X, targets, states))
-                bar = self._progress_bar(epochs, self._trainer.steps_per_epoch(rows))
-                self._trainer.train(rows, epochs, bar.update, self._record)
-            except KeyboardInterrupt:
-                interrupted = True
-            finally:
-                self._training = False
-                if bar is not None:
-                    bar.close()
-                if rows is not None:
-                    self._sites_home = rows.close(states, interrupted)
-        except Exception:
-            if not self._has_model():         # a failed fit leaves no half-made model behind
-                self._unfit()
-            raise
-        if interrupted and not self._has_model():
-            # before the first completed step there is no model to keep
-            self._unfit()
-            raise KeyboardInterrupt("fit interrupted before its first completed step: the "
-                                    "estimator is not fitted")
-        if interrupted and not self._sites_home:
-            warnings.warn("fit interrupted: the model keeps its last completed step (θ, Z and q "
-                          "predict as they did), but the cluster did not give its per-row sites "
-                          "back (a Ctrl-C in the terminal of a LocalCluster stops its workers "
-                          "too), so partial_fit cannot continue this fit: call fit again",
-                          RuntimeWarning, stacklevel=3)
-        elif interrupted:
-            warnings.warn("fit interrupted: the model keeps its last completed step",
-                          RuntimeWarning, stacklevel=3)
-        self._check_minibatch_evidence()
-
-    def _check_minibatch_evidence(self):
-        """Warn when a minibatch fit's log evidence, the mean of its last epoch's minibatch
-        estimates, is above 0, which no probability of the labels can be: each estimate scales
-        one minibatch's terms to all rows, and on small data early in training their noise can
-        exceed the value.  The estimate is reported as it is, with this warning."""
-        if self._batch is None:
-            return
-        value = self.log_marginal_likelihood_value_
-        if value > 0:
-            warnings.warn(f"the log evidence estimate of the last epoch's minibatches is "
-                          f"{value:.4g}, above 0: the minibatch estimates' noise exceeds their "
-                          "value; train longer, use larger minibatches (batch_size) or batch "
-                          "training (batch_size=None) for a log evidence to compare",
-                          ConvergenceWarning, stacklevel=4)
-
-    #: what ``_start_fit`` and training set: removed by :meth:`_unfit`
-    _FIT_STATE = ("classes_", "n_features_in_", "_problems", "_trainer", "history_",
-                  "_sites_home", "_start", "_batch", "_threads", "_step_work")
-
-    def _engine_threads(self):
-        """The engine's threads for training: n_jobs from the thread policy's size of a step's
-        pass on (gpc._threads.engine_threads), else one."""
-        return _threads.engine_threads("blocks", getattr(self, "_step_work", 0), self.n_jobs)
-
-    def _begin_fit(self, *args):
-        """``_start_fit(*args)`` with BLAS as in every later step (the first K_uu factors then
-        have the same bits whatever the caller's BLAS threads); a set-up that does not finish (an
-        error, an interrupt) leaves the estimator unfitted, not half set up."""
-        try:
-            with _threads.blas("blocks"):
-                self._start_fit(*args)
-        except BaseException:
-            self._unfit()
-            raise
-
-    def _has_model(self):
-        """Whether every problem has completed a step (L-BFGS-B: an evaluation), so the states
-        hold a model whose attributes are valid: a finite log Z_q each."""
-        return all(np.isfinite(state.log_z) for state in self._trainer.states)
-
-    def _unfit(self):
-        """Back to an unfitted estimator (the policy of ``_train``: no model is better than an
-        invalid one)."""
-        for name in self._FIT_STATE:
-            if name in self.__dict__:
-                delattr(self, name)
-
-    def _progress_bar(self, epochs, steps_per_epoch):
-        """What ``_train`` tells of each step (``update()``) and of the end (``close()``): a tqdm bar
-        with ``progress``; the experiments score held-out rows there between epochs."""
-        return _Progress(self.progress, epochs * steps_per_epoch)
-
-    def _validation_scores(self):
-        """(error, mean negative log predictive probability) on ``validation_data``."""
-        Xv, yv = self.validation_data
-        proba = self.predict_proba(Xv)
-        index = np.searchsorted(self.classes_, np.asarray(yv))
-        p = proba[np.arange(len(index)), np.clip(index, 0, len(self.classes_) - 1)]
-        return (float(np.mean(self.classes_[np.argmax(proba, axis=1)] != yv)),
-                float(-np.mean(np.log(np.maximum(p, 1e-300)))))
-
-    def _record(self, objective):
-        entry = {"iteration": len(self.history_) + 1,
-                 "seconds": time.perf_counter() - self._start,
-                 "objective": objective,
-                 "reverted": sum(s.reverted for s in self._trainer.states)}
-        if self.validation_data is not None:
-            entry["val_error"], entry["val_nll"] = self._validation_scores()
-        self.history_.append(entry)
-        if self.verbose:
-            print(", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}"
-                            for k, v in entry.items()))
+        return self._partial_fit(X, y, classes)
 
     # -- fitted attributes -----------------------------------------------------------------------
     def _one_or_list(self, values):
@@ -645,32 +374,12 @@ class SparseGaussianProcessClassifier(GPCEstimator):
         return self._one_or_list([m.state.Z for m, _ in self._problems])
 
     @property
-    def n_iter_(self):
-        """Epochs completed (``fit`` and ``partial_fit`` together)."""
-        self._check_fitted()
-        return len(self.history_)
-
-    @property
     def kernel_(self):
         """The fitted kernel, of the kind passed in (a scikit-learn kernel stays one)."""
         self._check_fitted()
         return self._one_or_list([user_kernel(m.state.kernel) for m, _ in self._problems])
 
-    @property
-    def log_marginal_likelihood_value_(self):
-        self._check_fitted()
-        return float(sum(m.state.log_z for m, _ in self._problems))
-
     # -- prediction ------------------------------------------------------------------------------
-    def _latent_blocks(self, X, fn):
-        """``fn`` of each block of BLOCK_ROWS rows of X, each on ``n_jobs`` threads (during
-        training, the training's; :mod:`gpc._parallel`'s fixed blocks: the same bits whatever
-        ``n_jobs``)."""
-        X = self._check_X(X, fitting=False)
-        threads = self._threads if getattr(self, "_training", False) else self._n_jobs()
-        with _parallel.block_threads(threads):
-            return [fn(as_block(X, a, b)) for a, b in block_ranges(X.shape[0], BLOCK_ROWS)]
-
     def predict_latent(self, X):
         """Latent predictive mean and variance (SEP eq. (5) before the likelihood integral).
 
@@ -679,7 +388,7 @@ class SparseGaussianProcessClassifier(GPCEstimator):
         self._check_fitted()
         cols = []
         for model, _ in self._problems:
-            parts = self._latent_blocks(X, model.latent)
+            parts = self._row_blocks(X, lambda Xb, _: model.latent(Xb))
             cols.append((np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])))
         if len(cols) == 1:
             return cols[0]
@@ -688,30 +397,9 @@ class SparseGaussianProcessClassifier(GPCEstimator):
     def predict_proba(self, X: ArrayLike) -> np.ndarray:
         """Class probabilities (SEP eq. (5)); one-vs-rest normalised to sum to one."""
         self._check_fitted()
-        P = np.column_stack([np.concatenate(self._latent_blocks(X, m.proba_positive))
+        P = np.column_stack([np.concatenate(self._row_blocks(X, lambda Xb, _: m.proba_positive(Xb)))
                              for m, _ in self._problems])
         if len(self._problems) == 1:
             return np.column_stack([1.0 - P[:, 0], P[:, 0]])
         total = P.sum(axis=1, keepdims=True)
         return P / np.where(total > 0, total, 1.0)
-
-    def predict(self, X: ArrayLike) -> np.ndarray:
-        """The class with the largest predictive probability."""
-        proba = self.predict_proba(X)
-        return self.classes_[np.argmax(proba, axis=1)]
-
-    def __sklearn_clone__(self):
-        """scikit-learn's ``clone``, sharing ``client``: a live connection is not copied (deep-copying a
-        dask Client fails), so clones, e.g. in a grid search, train on the same cluster."""
-        from sklearn.base import clone
-
-        params = self.get_params(deep=False)
-        return type(self)(**{name: value if name == "client" else clone(value, safe=False)
-                             for name, value in params.items()})
-
-    def __getstate__(self):
-        """Pickle without ``client``: a connection cannot be saved; the unpickled model has
-        ``client=None`` and predicts (and continues with ``partial_fit``) in process."""
-        state = dict(super().__getstate__())
-        state["client"] = None
-        return state

@@ -16,86 +16,19 @@ differ from the in-process fit's: the figures agree in distribution, not digit f
 training and 10,000 test images, odd against even class codes; SEP Fig. 3 right is on MNIST).
 ``--out`` writes the records as JSON, ``--plots DIR`` draws seconds per iteration and speedup
 against the number of workers (``sep-distributed.png``).  A progress line goes to stderr as each fit
-starts (``--quiet`` leaves them out, as in ``gpc compare``). :func:`open_client` is the same choice for
-any other command.
+starts (``--quiet`` leaves them out, as in ``gpc compare``).  The cluster comes from
+:func:`gpc.distributed.open_client`.
 """
 
-import contextlib
-import logging
 import sys
 import time
 
 import numpy as np
 
-__all__ = ["open_client", "local_cluster"]
+from ..distributed import open_client
+from ..sparse import SparseGaussianProcessClassifier
 
 DEFAULT_WORKERS = (1, 2)
-
-#: glibc's mmap threshold for the workers.  Dask's nanny sets MALLOC_TRIM_THRESHOLD_=65536, which
-#: also freezes glibc's adaptive mmap threshold at 128 KiB: every block of a shard task (BLOCK_ROWS
-#: rows x m doubles, 6.5 MB at m = 200) is then a fresh mmap whose pages are faulted in anew, CPU a
-#: plain process does not spend.  A 16 MiB threshold serves those blocks from the heap again.
-WORKER_ENVIRON = {"distributed.nanny.pre-spawn-environ.MALLOC_MMAP_THRESHOLD_": 16 * 2 ** 20}
-
-
-@contextlib.contextmanager
-def local_cluster(n_workers):
-    """A ``LocalCluster`` of ``n_workers`` processes x 1 thread on 127.0.0.1 with :data:`WORKER_ENVIRON`.
-
-    Parameters
-    ----------
-    n_workers : int
-        Worker processes to start.
-
-    Yields
-    ------
-    distributed.LocalCluster
-    """
-    import dask
-
-    from ._dask import import_distributed
-
-    _, distributed = import_distributed()
-    with dask.config.set(WORKER_ENVIRON), \
-            distributed.LocalCluster(n_workers=int(n_workers), threads_per_worker=1, processes=True,
-                                     host="127.0.0.1", dashboard_address="127.0.0.1:0",
-                                     silence_logs=logging.ERROR) as cluster:
-        yield cluster
-
-
-@contextlib.contextmanager
-def open_client(dask_workers=None, scheduler=None):
-    """A ``dask.distributed.Client``: on a new loopback LocalCluster or on a running scheduler.
-
-    Parameters
-    ----------
-    dask_workers : int or None
-        Start a ``LocalCluster`` of this many worker processes x 1 thread bound to 127.0.0.1.
-    scheduler : str or None
-        The address of a running scheduler (``tcp://host:8786``); used when given.
-
-    Yields
-    ------
-    distributed.Client or None
-        None when neither is given (train in process).
-
-    Notes
-    -----
-    A new LocalCluster's workers get :data:`WORKER_ENVIRON` (see :func:`local_cluster`).
-    """
-    from ._dask import import_distributed
-
-    if scheduler is None and not dask_workers:
-        yield None
-        return
-    _, distributed = import_distributed()
-    if scheduler is not None:
-        with distributed.Client(scheduler, timeout=60) as client:
-            yield client
-        return
-    with local_cluster(dask_workers) as cluster, distributed.Client(cluster) as client:
-        client.wait_for_workers(int(dask_workers), timeout=300)
-        yield client
 
 
 def add_parser(sub):
@@ -161,8 +94,6 @@ def _data(args):
 
 
 def _fit(client, args, Xtr, ytr, Xte, yte):
-    from ..sparse import SparseGaussianProcessClassifier
-
     clf = SparseGaussianProcessClassifier(n_inducing=args.n_inducing, max_iter=args.max_iter,
                                           batch_size=args.batch_size, random_state=args.seed,
                                           progress=False, client=client)
