@@ -432,23 +432,7 @@ def htpc_predict_proba(result, b, K_cross, k_diag, seed=0):
 def evidence(est, theta, X, y, eval_gradient=True, init=None):
     """HTPC's Laplace approximation at θ = (kernel log θ, log b_k) and, with ``eval_gradient``, its
     log evidence's forward-difference gradient in θ (step :data:`FD_STEP`, each shifted fit
-    warm-started from the one at θ).
-
-    Parameters
-    ----------
-    est : MultiClassGPC
-        Its settings and θ's layout (``est._unpack``).
-    theta : ndarray
-    X : ndarray (n, d)
-    y : int array (n,)
-        Class indices.
-    eval_gradient : bool
-    init : HTPCLaplaceResult, optional
-        Warm start.
-
-    Returns
-    -------
-    HTPCLaplaceResult, or (HTPCLaplaceResult, ndarray) with the gradient.
+    warm-started from the one at θ); :class:`gpc.multiclass.models.MultiClassModel`'s ``evidence``.
     """
     kernels, scales, _ = est._unpack(theta)
     res = htpc_laplace(kernels[0](X), y, est.n_classes_, scales, max_iter=est.max_iter,

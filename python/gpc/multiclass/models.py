@@ -2,9 +2,11 @@
 
 The estimator holds what every model shares (validation, θ's kernel part and its pure amplitudes,
 type-II ML with warm starts, the fitted attributes) and asks the model entry for the rest.
-Adding a multi-class model: write its module, with ``evidence(est, theta, X, y, eval_gradient,
-init)`` and ``predictive(est, X)`` (as :mod:`gpc.multiclass.rmgpc` and :mod:`gpc.multiclass.htpc`
-do), and add one ``MultiClassModel`` entry to ``MODELS``.
+Both callables of an entry take the estimator ``est``: its settings, and ``est._unpack(theta)``,
+which splits θ into the classes' kernels, the model's per-class parameters and the fixed outlier
+rate.  Adding a multi-class model: write its module, with ``evidence(est, theta, X, y,
+eval_gradient, init)`` and ``predictive(est, X)`` (as :mod:`gpc.multiclass.rmgpc` and
+:mod:`gpc.multiclass.htpc` do), and add one ``MultiClassModel`` entry to ``MODELS``.
 """
 
 from dataclasses import dataclass

@@ -35,28 +35,12 @@ def class_matrices(kernels, noise, X):
 
 
 def evidence(est, theta, X, y, eval_gradient=True, init=None, *, robust):
-    """EP's state at θ and, with ``eval_gradient``, the gradient of its log evidence in θ.
+    """EP's state at θ (RMGPC with ``robust``, else SMGPC) and, with ``eval_gradient``, the gradient
+    of its log evidence in θ (:class:`gpc.multiclass.models.MultiClassModel`'s ``evidence``).
 
-    Parameters
-    ----------
-    est : MultiClassGPC
-        Its settings and θ's layout (``est._unpack``): the kernels' log θ, then SMGPC's log ϑ_k²,
-        then log ε when the fixed label noise is learnt.
-    theta : ndarray
-    X : ndarray (n, d)
-    y : int array (n,)
-        Class indices.
-    eval_gradient : bool
-    init : MultiClassEPResult, optional
-        Warm start.
-    robust : bool
-        RMGPC (outlier indicators) or SMGPC.
-
-    Returns
-    -------
-    MultiClassEPResult, or (MultiClassEPResult, ndarray) with the gradient: eq. (18),
-    Σ_ij (M_k)_ij ∂(K_k)_ij/∂θ, summed over the classes for a shared kernel; ∂K_k/∂ log ϑ_k² =
-    ϑ_k² I gives ϑ_k² tr M_k; and ρ ∝ ε gives ∂/∂ log ε = ρ ∂/∂ρ (docs/derivations-rmgpc.md).
+    The gradient is eq. (18), Σ_ij (M_k)_ij ∂(K_k)_ij/∂θ, summed over the classes for a shared
+    kernel; ∂K_k/∂ log ϑ_k² = ϑ_k² I gives ϑ_k² tr M_k; and ρ ∝ ε gives ∂/∂ log ε = ρ ∂/∂ρ
+    (docs/derivations-rmgpc.md).
     """
     kernels, noise, rate = est._unpack(theta)
     Ks, cache = class_matrices(kernels, noise, X)
