@@ -1,37 +1,22 @@
-"""``MultiClassGPC``: RMGPC and SMGPC (RMGPC paper) as a scikit-learn-style estimator."""
+"""``MultiClassGPC``: RMGPC, SMGPC and HTPC (RMGPC paper) as a scikit-learn-style estimator; the
+models are entries of :data:`gpc.multiclass.models.MODELS`."""
 
-import warnings
 from typing import cast
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .. import _threads
 from .._estimator import GPCEstimator, check_n_jobs, median_length_scale, random_generator
 from .._validation import check_optimizer, check_positive_float, check_positive_int, plain
-from ..exceptions import ConvergenceWarning
 from ..kernels import RBF, as_kernel
 from ..optimize import maximise_evidence
-from .ep import rmgpc_ep
-from .htpc import htpc_laplace, htpc_predict_proba
-from .predict import predict_proba
+from .models import MODELS
 
-MODELS = ("robust", "standard", "heavy-tailed")
-#: SMGPC's latent noise ϑ_k² (RMGPC §4): starting value and bounds
-NOISE_INIT, NOISE_BOUNDS = 0.1, (1e-6, 1e2)
-#: HTPC's hyperbolic secant scales b_k: starting value and bounds
-SCALE_INIT, SCALE_BOUNDS = 1.0, (1e-2, 1e2)
-#: HTPC's evidence gradient is a forward difference in log space with this step; the Newton
-#: iteration underneath is run to 1e-9 on û so that the difference is not noise
-HTPC_FD_STEP, HTPC_NEWTON_TOL = 1e-5, 1e-9
 #: the fixed label noise ε's default bounds when it is learnt (model="robust", label_noise=ε)
 LABEL_NOISE_BOUNDS = (1e-6, 0.4)
 #: a kernel hyperparameter is a pure amplitude if K(θ + e_j) equals e · K(θ) to this relative
 #: tolerance (log-space θ: an amplitude scales K by e^Δ), checked on at most AMPLITUDE_ROWS rows
 AMPLITUDE_RTOL, AMPLITUDE_ROWS = 1e-10, 50
-#: a fit that ends unconverged advises standardising X when the features' standard deviations
-#: differ by more than this factor
-FEATURE_SCALE_SPREAD = 10.0
 
 
 def check_label_noise(label_noise, bounds, model):
@@ -204,11 +189,11 @@ class MultiClassGPC(GPCEstimator):
     _fitted_attribute = "ep_result_"
 
     def _check_params(self):
-        if self.model not in MODELS:
-            raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
-        if self.model == "heavy-tailed" and not self.shared_kernel:
-            raise ValueError("model='heavy-tailed' (HTPC) uses one kernel shared by the classes: "
-                             "set shared_kernel=True")
+        if self.model not in tuple(MODELS):
+            raise ValueError(f"model must be one of {tuple(MODELS)}, got {self.model!r}")
+        if self._model.shared_kernel_only and not self.shared_kernel:
+            raise ValueError(f"model={self.model!r} ({self._model.label}) uses one kernel shared by "
+                             "the classes: set shared_kernel=True")
         check_positive_float(self.a0, "a0")
         check_positive_float(self.b0, "b0")
         check_positive_int(self.max_iter, "max_iter")
@@ -218,6 +203,11 @@ class MultiClassGPC(GPCEstimator):
         random_generator(self.random_state)     # a ValueError naming random_state
         check_n_jobs(self.n_jobs)
         check_label_noise(self.label_noise, self.label_noise_bounds, self.model)
+
+    @property
+    def _model(self):
+        """The model's entry in the registry (:data:`gpc.multiclass.models.MODELS`)."""
+        return MODELS[self.model]
 
     def _fixed_noise(self):
         """Whether ε is a hyperparameter: label_noise=ε on the robust model."""
@@ -235,18 +225,18 @@ class MultiClassGPC(GPCEstimator):
 
     # -- the evidence as a function of θ ------------------------------------------------------------
     def _unpack(self, theta):
-        """θ → (one kernel per class, one noise or scale per class or None, fixed outlier rate ρ
-        or None)."""
+        """θ → (one kernel per class, the model's parameter per class (SMGPC's ϑ_k², HTPC's b_k) or
+        None, fixed outlier rate ρ or None)."""
         l, p = self.n_classes_, self._base_kernel.n_dims
         n_kernels = 1 if self.shared_kernel else l
         kernels = [self._base_kernel.clone_with_theta(theta[j * p:(j + 1) * p]) for j in range(n_kernels)]
         if self.shared_kernel:
             kernels = kernels * l
         rest = theta[n_kernels * p:]
-        noise = np.exp(rest) if self.model in ("standard", "heavy-tailed") else None
+        per_class = np.exp(rest) if self._model.per_class is not None else None
         eps = self._label_noise(theta)
         rate = None if eps is None else eps * l / (l - 1)   # (1 − ε) p + ε/(l − 1)(1 − p) = (1 − ρ) p + ρ/l
-        return kernels, noise, rate
+        return kernels, per_class, rate
 
     def _label_noise(self, theta):
         """The fixed label noise ε at θ (its last entry when learnt), or None."""
@@ -254,53 +244,9 @@ class MultiClassGPC(GPCEstimator):
             return None
         return float(np.exp(theta[-1])) if self._learns_noise() else float(self.label_noise)
 
-    def _matrices(self, kernels, noise, X):
-        cache, Ks = {}, []
-        for k, kern in enumerate(kernels):
-            if id(kern) not in cache:
-                cache[id(kern)] = kern(X)
-            K = cache[id(kern)]
-            Ks.append(K + noise[k] * np.eye(len(X)) if noise is not None else K)
-        return Ks, cache
-
-    def _htpc_evidence(self, theta, X, y, eval_gradient=True, init=None):
-        """HTPC's Laplace evidence at θ = (kernel θ, log b_k), and its forward-difference gradient."""
-        kernels, scales, _ = self._unpack(theta)
-        res = htpc_laplace(kernels[0](X), y, self.n_classes_, scales, max_iter=self.max_iter,
-                           tol=HTPC_NEWTON_TOL, init=init)
-        if not eval_gradient:
-            return res
-        grad = np.empty_like(theta)
-        for j in range(theta.size):
-            step = np.zeros_like(theta)
-            step[j] = HTPC_FD_STEP
-            shifted = self._htpc_evidence(theta + step, X, y, eval_gradient=False, init=res)
-            grad[j] = (shifted.log_evidence - res.log_evidence) / HTPC_FD_STEP
-        return res, grad
-
     def _evidence(self, theta, X, y, eval_gradient=True, init=None):
-        if self.model == "heavy-tailed":
-            return self._htpc_evidence(theta, X, y, eval_gradient, init)
-        kernels, noise, rate = self._unpack(theta)
-        Ks, cache = self._matrices(kernels, noise, X)
-        res = rmgpc_ep(Ks, y, self.n_classes_, a0=self.a0, b0=self.b0,
-                       robust=self.model == "robust", max_iter=self.max_iter, tol=self.tol,
-                       init=init, n_threads=_threads.engine_threads("classes", len(y), self.n_jobs),
-                       rate=rate, warn=False)
-        if not eval_gradient:
-            return res
-        Ms = res.gradient_matrices()
-        grads = []
-        if self.shared_kernel:
-            grads.append(kernels[0].gradient_contract(X, sum(Ms), K=cache[id(kernels[0])], symmetric=True))
-        else:
-            grads += [kern.gradient_contract(X, M, K=cache[id(kern)], symmetric=True)
-                      for kern, M in zip(kernels, Ms)]
-        if noise is not None:   # ∂K_k/∂ log ϑ_k² = ϑ_k² I
-            grads.append(noise * np.array([np.trace(M) for M in Ms]))
-        if self._learns_noise():   # ρ ∝ ε, so ∂/∂ log ε = ρ ∂/∂ρ (docs/derivations-rmgpc.md)
-            grads.append([rate * res.rate_gradient()])
-        return res, np.concatenate(grads)
+        """The model's approximation at θ, and with ``eval_gradient`` its evidence's gradient."""
+        return self._model.evidence(self, theta, X, y, eval_gradient, init)
 
     # -- fitting ----------------------------------------------------------------------------------
     def fit(self, X: ArrayLike, y: ArrayLike) -> "MultiClassGPC":
@@ -327,10 +273,10 @@ class MultiClassGPC(GPCEstimator):
         n_kernels = 1 if self.shared_kernel else self.n_classes_
         theta0 = np.tile(self._base_kernel.theta, n_kernels)
         bounds = np.tile(self._base_kernel.bounds, (n_kernels, 1)).reshape(-1, 2)
-        if self.model != "robust":    # SMGPC's ϑ_k² or HTPC's b_k, one per class
-            init, box = (NOISE_INIT, NOISE_BOUNDS) if self.model == "standard" else (SCALE_INIT, SCALE_BOUNDS)
-            theta0 = np.concatenate([theta0, np.full(self.n_classes_, np.log(init))])
-            bounds = np.vstack([bounds, np.tile(np.log(box), (self.n_classes_, 1))])
+        per_class = self._model.per_class
+        if per_class is not None:     # SMGPC's ϑ_k² or HTPC's b_k
+            theta0 = np.concatenate([theta0, np.full(self.n_classes_, np.log(per_class.init))])
+            bounds = np.vstack([bounds, np.tile(np.log(per_class.bounds), (self.n_classes_, 1))])
         if self._learns_noise():      # log ε
             theta0 = np.append(theta0, np.log(self.label_noise))
             bounds = np.vstack([bounds, np.log(np.asarray(self.label_noise_bounds, dtype=float))])
@@ -363,35 +309,20 @@ class MultiClassGPC(GPCEstimator):
                                      label=f"MultiClassGPC({self.model!r})")
             theta = full(t)
         self.theta_ = theta
-        self.kernels_, self.noise_, _ = self._unpack(theta)
-        self.scales_ = None
-        if self.model == "heavy-tailed":   # the extra parameters are scales, not noise
-            self.scales_, self.noise_ = self.noise_, None
+        self.kernels_, values, _ = self._unpack(theta)
+        self.noise_ = self.scales_ = None
+        if per_class is not None:
+            setattr(self, per_class.attribute, values)
         self.label_noise_ = self._label_noise(theta)
         self.ep_result_ = self._final_state(theta, X, y_index, last)
-        if self.model != "heavy-tailed" and not self.ep_result_.converged:
-            self._warn_unconverged(X)
+        if self._model.warn_unconverged is not None and not self.ep_result_.converged:
+            self._model.warn_unconverged(self, X)
         self.n_iter_ = self.ep_result_.n_iter
         self.log_marginal_likelihood_value_ = self.ep_result_.log_evidence
-        self.outlier_probability_ = (np.zeros(X.shape[0]) if self.model == "heavy-tailed"
-                                     else self.ep_result_.outlier_probability.copy())
+        self.outlier_probability_ = (self.ep_result_.outlier_probability.copy() if self._model.outliers
+                                     else np.zeros(X.shape[0]))
         self.X_train_ = X
         return self
-
-    def _warn_unconverged(self, X):
-        """A ConvergenceWarning for EP stopped by ``max_iter`` at the fitted θ (the optimiser's other
-        evaluations only steer the search; an unconverged one among them is not the fit's result).
-        It advises standardising X only when the features' scales differ."""
-        sd = X.std(axis=0)
-        sd = sd[sd > 0]
-        spread = float(sd.max() / sd.min()) if sd.size else 1.0
-        advice = (f"the features' standard deviations differ by a factor {spread:.3g}: standardise X "
-                  "(e.g. scikit-learn's StandardScaler) or give the kernel one length scale per "
-                  "feature" if spread > FEATURE_SCALE_SPREAD else
-                  "raise max_iter, or try n_restarts_optimizer > 0 for other hyperparameters")
-        warnings.warn(f"EP did not converge in max_iter={self.max_iter} iterations at the fitted "
-                      "hyperparameters: the posterior and outlier probabilities are its last iterate, "
-                      f"not EP's fixed point; {advice}", ConvergenceWarning, stacklevel=3)
 
     def _amplitude_dims(self, X, n_kernels):
         """Indices of θ that only scale the evidence's invariant direction (class docstring): the
@@ -436,20 +367,7 @@ class MultiClassGPC(GPCEstimator):
         """Class probabilities (m, l), columns in the order of ``classes_``; RMGPC eq. (19)-(20)."""
         self._check_fitted()
         X = cast(np.ndarray, self._check_X(X, fitting=False))
-        if self.model == "heavy-tailed":
-            kern = self.kernels_[0]
-            size = len(self.classes_) * self.X_train_.shape[0]
-            with _threads.blas("htpc", size):
-                return htpc_predict_proba(self.ep_result_, self.scales_, kern(X, self.X_train_),
-                                          kern.diag(X))
-        crosses, diags, cache = [], [], {}
-        for k, kern in enumerate(self.kernels_):
-            if id(kern) not in cache:
-                cache[id(kern)] = (kern(X, self.X_train_), kern.diag(X))
-            Kc, kd = cache[id(kern)]
-            crosses.append(Kc)
-            diags.append(kd + self.noise_[k] if self.noise_ is not None else kd)
-        return predict_proba(self.ep_result_, crosses, diags)
+        return self._model.predictive(self, X)
 
     def predict(self, X: ArrayLike) -> np.ndarray:
         """The class with the largest predictive probability."""

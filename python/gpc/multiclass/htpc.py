@@ -30,6 +30,9 @@ Memory: the fit holds the l² n curvature blocks, the whitened Hessian and its C
 needs, (l + 2) n² doubles (64 MB there, where the dense predictive solve kept three (n l)²
 matrices): K, the l Cholesky factors of I + D_c^½ K D_c^½ and one n × n factor of a Woodbury
 correction (:func:`htpc_latent_moments`, docs/derivations-rmgpc.md).
+
+As ``MultiClassGPC``'s model "heavy-tailed": :func:`evidence` (the Laplace evidence at the
+estimator's θ, with a forward-difference gradient) and :func:`predictive`.
 """
 
 import warnings
@@ -47,6 +50,11 @@ from .. import _threads
 
 #: Monte Carlo samples of u(x*) per test point in the predictive integral
 N_PREDICT_SAMPLES = 2000
+#: the hyperbolic secant scales b_k as hyperparameters: starting value and bounds
+SCALE_INIT, SCALE_BOUNDS = 1.0, (1e-2, 1e2)
+#: the evidence's gradient is a forward difference in log space with this step; the Newton
+#: iteration underneath is run to 1e-9 on û so that the difference is not noise
+FD_STEP, NEWTON_TOL = 1e-5, 1e-9
 
 
 def _log_sin_pi_half(log_p):
@@ -419,3 +427,31 @@ def htpc_predict_proba(result, b, K_cross, k_diag, seed=0):
         u = mean[j] + z @ (V * np.sqrt(np.maximum(w, 0.0))).T
         probs[j] = _softmax(secant_transform(u / scale[j], np.asarray(b)[None, :])[0]).mean(axis=0)
     return probs / probs.sum(axis=1, keepdims=True)
+
+
+def evidence(est, theta, X, y, eval_gradient=True, init=None):
+    """HTPC's Laplace approximation at θ = (kernel log θ, log b_k) and, with ``eval_gradient``, its
+    log evidence's forward-difference gradient in θ (step :data:`FD_STEP`, each shifted fit
+    warm-started from the one at θ); :class:`gpc.multiclass.models.MultiClassModel`'s ``evidence``.
+    """
+    kernels, scales, _ = est._unpack(theta)
+    res = htpc_laplace(kernels[0](X), y, est.n_classes_, scales, max_iter=est.max_iter,
+                       tol=NEWTON_TOL, init=init)
+    if not eval_gradient:
+        return res
+    grad = np.empty_like(theta)
+    for j in range(theta.size):
+        step = np.zeros_like(theta)
+        step[j] = FD_STEP
+        shifted = evidence(est, theta + step, X, y, eval_gradient=False, init=res)
+        grad[j] = (shifted.log_evidence - res.log_evidence) / FD_STEP
+    return res, grad
+
+
+def predictive(est, X):
+    """P(y* = k | x*) of the fitted ``est`` at the rows X (:func:`htpc_predict_proba`), BLAS on the
+    threads the "htpc" engine is granted for n l."""
+    kern = est.kernels_[0]
+    size = len(est.classes_) * est.X_train_.shape[0]
+    with _threads.blas("htpc", size):
+        return htpc_predict_proba(est.ep_result_, est.scales_, kern(X, est.X_train_), kern.diag(X))
