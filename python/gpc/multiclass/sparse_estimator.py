@@ -13,15 +13,15 @@ from .._estimator import GPCEstimator
 from .._parallel import BLOCK_ROWS
 from .._validation import check_positive_float, plain
 from ..kernels import as_kernel, user_kernel
-from ..sparse._passes import as_block, block_ranges
+from ..sparse.core.passes import as_block, block_ranges
+from ..sparse.core.trainers import SEPBatch, SEPMinibatch, SEPTied
 from ..sparse.estimator import (SparseGaussianProcessClassifier, _check_theta_in_bounds,
                                 default_kernel, initial_inducing)
 from ._sparse_distributed import EngineClassRows, MultiClassShards
 from .estimator import LABEL_NOISE_BOUNDS, check_label_noise, check_label_noise_classes
 from .predict import N_NODES, argmax_probabilities
-from .sparse import (ArgmaxLikelihood, MultiClassBatch, MultiClassMinibatch, MultiClassRows,
-                     MultiClassTied, SparseMultiClassState, Tasks, latent_moments,
-                     row_outlier_probability)
+from .sparse import (ArgmaxLikelihood, MultiClassRows, SparseMultiClassState, Tasks,
+                     latent_moments, row_outlier_probability)
 from .sparse_vi import SparseMultiClassVIState, VIBatch, VIMinibatch
 
 MODELS = ("robust", "standard")
@@ -423,14 +423,13 @@ class SparseMultiClassGPC(GPCEstimator):
             label_noise=eps, noise_bounds=bounds)
         states = [self._state]
         if self.tied_sites:
-            self._trainer = MultiClassTied(states, model, rng, self._batch or BLOCK_ROWS,
-                                           self._damping(False))
+            self._trainer = SEPTied(states, model, rng, self._batch or BLOCK_ROWS,
+                                    self._damping(False))
         elif self._batch is None:
-            self._trainer = MultiClassBatch(states, model, rng, self._damping(False))
+            self._trainer = SEPBatch(states, model, rng, self._damping(False))
         else:
             # damped as in batch: undamped per-row minibatch updates oscillated on ten classes
-            self._trainer = MultiClassMinibatch(states, model, rng, self._batch,
-                                                self._damping(False))
+            self._trainer = SEPMinibatch(states, model, rng, self._batch, self._damping(False))
         self._start = time.perf_counter()
 
     def _kernels(self, X, C, rng):

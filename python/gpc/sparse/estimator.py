@@ -20,12 +20,13 @@ from .._validation import check_positive_float, check_positive_int, plain
 from ..exceptions import ConvergenceWarning
 from ..kernels import RBF, ConstantKernel, as_kernel, user_kernel
 from ..likelihoods import get_likelihood
-from ._passes import as_block, block_ranges
-from ._train import SEPState
-from ._trainer import (BLOCK_ROWS, EngineRows, InProcessRows, LBFGSTrainer, SEPBatch, SEPMinibatch,
-                       SEPTied, SVIMinibatch)
+from .._parallel import BLOCK_ROWS
+from ._train import EngineRows, InProcessRows, SEPState
 from .baselines import GFITCState, SVIState
-from .ep import DEFAULT_ON_NEGATIVE, Rule, posterior_predict
+from .core.natural import posterior_predict
+from .core.passes import as_block, block_ranges
+from .core.trainers import LBFGSTrainer, SEPBatch, SEPMinibatch, SEPTied, SVIMinibatch
+from .ep import DEFAULT_ON_NEGATIVE, Rule
 
 METHODS = ("ep", "pl", "gfitc", "svi")
 

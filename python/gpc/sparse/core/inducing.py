@@ -24,8 +24,8 @@ caller's gpc._parallel.block_threads context, chunk sums added in chunk order.
 
 import numpy as np
 
-from .. import _lapack, _parallel, _sparse
-from .._linalg import cholesky_lower
+from ... import _lapack, _parallel, _sparse
+from ..._linalg import cholesky_lower
 
 #: rows of one call to the kernel at least (a call holds the GIL for tens of microseconds of
 #: Python, worth it from about this many rows on)
