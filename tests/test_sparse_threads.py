@@ -565,7 +565,7 @@ def test_block_entry_checks_name_the_problem():
 
 
 def test_the_kernel_chunks_case_has_several_chunks():
-    from gpc.sparse import _inducing
+    from gpc.sparse.core import inducing as _inducing
 
     factor = _inducing.InducingFactor(ConstantKernel(1.0) * RBF(1.0), X[:100])
     assert factor.bound.nogil and len(factor.chunks(1500)) == 3
@@ -576,7 +576,7 @@ def test_the_kernel_is_called_on_fixed_chunks(monkeypatch, compiled):
     # the squared exponential's compiled chunks (GIL released) are blocks of about BLOCK_WORK;
     # any other kernel's hold the GIL and come in kernel_chunks of >= KERNEL_ROWS rows
     from gpc.kernels import Matern
-    from gpc.sparse import _inducing
+    from gpc.sparse.core import inducing as _inducing
 
     sizes = []
     kernel = ConstantKernel(1.5) * (RBF(1.2) if compiled else Matern(1.2))

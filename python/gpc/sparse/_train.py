@@ -142,7 +142,7 @@ class SEPState(SparseState):
     def swap(self, naturals, u_space):
         """q from a minibatch's swapped (P, h); with a gradient to come, the prior term's parts as
         side tasks beside the evidence's blocks: Σ_w, or with the rows' directions (``u_space``)
-        its u-space L⁻ᵀΣ_wL⁻¹ and K_uu⁻¹ (ep.prior_term_u)."""
+        its u-space L⁻ᵀΣ_wL⁻¹ and K_uu⁻¹ (core.natural.prior_term_u)."""
         try:
             self.q = NaturalPosterior(*naturals)
         except NotPositiveDefiniteError:     # negative sites made q improper
@@ -417,7 +417,7 @@ def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P
 
     The rows run by fixed sub-blocks (gpc._sparse.refine_block: marginals, old directions, the
     site rule, the sub-block's sums and new directions) on the caller's threads, the sub-blocks'
-    sums added in block order (:func:`ep.add_blocks`).  ``before(j)``, when given, runs in
+    sums added in block order (:func:`core.natural.add_blocks`).  ``before(j)``, when given, runs in
     sub-block j first and fills its rows of ``A`` and ``s`` (the whitening's blocks,
     :meth:`InducingFactor.whiten_blocks`: one pass instead of two).
 

@@ -232,7 +232,7 @@ def block_evidence(likelihood, y, A, s, q, tau, nu, gradient=True, held="sites",
     The cavity is q less the row's site, Σ_c a_i = Σ_w a_i v_c/σ² and μ_c = μ_w + Σ_w a_i (τμ_i -
     ν_i) v_c/σ², so γ_i = d1 μ_w + e_i Σ_w a_i (e_i from :func:`gpc._sparse.evidence_rows`).
     G_A has rows γ_i - 2 g_s a_i and AtG = Σ_b (g_s a_i - γ_i) a_iᵀ, the w-space K_uu part for
-    :func:`gpc.sparse._passes.finish_evidence`.  With ``directions``, the rows' v_i = L⁻ᵀa_i
+    :func:`gpc.sparse.core.passes.finish_evidence`.  With ``directions``, the rows' v_i = L⁻ᵀa_i
     (b x m, float64; the minibatch's site swap makes them) and ``to_kernel``, both come in
     u-space instead: G_A := ∂F/∂K_bu with rows L⁻ᵀ(γ_i - 2 g_s a_i), and AtG := L⁻ᵀ(the w-space
     AtG)L⁻¹ = -Σ_b (L⁻ᵀ(γ_i - g_s a_i)) v_iᵀ, the rows' ∂F/∂K_uu before symmetrising

@@ -40,12 +40,12 @@ def finish_evidence(factor, q, parts, scale=1.0, held="sites", u_space=False):
     """From the summed block parts add the K_uu part: (log_z, g_theta, g_Z, n_bad).
 
     ``scale`` multiplies the data terms (n/|M| for a minibatch, SEP eq. (6)).  With ``held`` =
-    "sites" (:func:`ep.block_evidence`) the prior's part rides on the per-row terms and is scaled
-    with them; with "cavity" it is eq. (4)'s prior term, from q alone and not scaled, and with
-    ``u_space`` the rows' K_uu part is in u-space (:func:`ep.block_evidence` given the rows'
-    directions).  Either way a minibatch of all the data gives the batch value.  The
-    K_bu part may still be a side task (:func:`block_parts` with ``later``): it runs beside the
-    K_uu part's congruence panels.
+    "sites" (gpc.sparse.ep.block_evidence) the prior's part rides on the per-row terms and is
+    scaled with them; with "cavity" it is eq. (4)'s prior term, from q alone and not scaled, and
+    with ``u_space`` the rows' K_uu part is in u-space (block_evidence given the rows'
+    directions).  Either way a minibatch of all the data gives the batch value.  The K_bu part may
+    still be a side task (gpc.sparse._passes.block_parts with ``later``): it runs beside the K_uu
+    part's congruence panels.
     """
     log_z, g_theta, g_Z, AtG, n_bad = parts
     log_z = q.log_normaliser_ratio() + scale * log_z

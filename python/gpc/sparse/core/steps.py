@@ -213,18 +213,25 @@ def iteration(state, rows, damping):
     try:
         if rows.size == state.n:
             before = state.snapshot() if rows.undoable else None
-            if state.rebuild(rows.update_sites(damping)):
-                rows.commit()
-                state.n_sited = state.n
-            else:
-                rows.revert()
-                state.drop_update()
+            if not _pass(state, rows, damping):
                 before = None
             return _inner_step(state, rows, state.n, "sites", before)
         _refine_minibatch(state, rows, damping)
         return _inner_step(state, rows, max(state.n_sited, rows.size), "cavity")
     finally:
         state.settle()
+
+
+def _pass(state, rows, damping):
+    """A parallel pass over all n rows: q rebuilt from the new sites, which are kept if it has a
+    factor (else dropped under the failure rule); whether they were kept."""
+    if state.rebuild(rows.update_sites(damping)):
+        rows.commit()
+        state.n_sited = state.n
+        return True
+    rows.revert()
+    state.drop_update()
+    return False
 
 
 def _refine_minibatch(state, rows, damping):
@@ -291,12 +298,7 @@ def run_ep(state, rows, damping=0.5, tol=1e-9, max_iter=1000):
     below ``tol``; returns (passes, converged).  A pass that leaves q without a factor is dropped
     under the failure rule."""
     for it in range(1, max_iter + 1):
-        if state.rebuild(rows.update_sites(damping * state.damping_scale)):
-            rows.commit()
-            state.n_sited = state.n
-        else:
-            rows.revert()
-            state.drop_update()
+        _pass(state, rows, damping * state.damping_scale)
         if state.mismatch < tol:
             return it, True
     return max_iter, False
