@@ -57,9 +57,8 @@ from ..sparse.core.natural import (NaturalPosterior, rows_gradient, transform_na
                                    whitened_sums_blocks)
 from ..sparse.core.passes import as_block, block_ranges, finish_evidence
 from ..sparse.core.rows import Rows
-from ..sparse.core.steps import (SparseState, batch_index, random_batches, site_directions,
-                                 take_rows, tied_cavity)
-from ..sparse.core.trainers import TrainingRows
+from ..sparse.core.steps import SparseState, batch_index, site_directions, take_rows, tied_cavity
+from ..sparse.core.trainers import LocalTrainingRows
 from .ep import _Sites
 
 NOISES = ("beta", "fixed", "none")
@@ -841,17 +840,14 @@ def tied_block(block, y, cavities, qs, model, state, gradient, tasks=SERIAL):
 
 
 # -- the rows the trainers train on ----------------------------------------------------------------
-class MultiClassRows(TrainingRows):
+class MultiClassRows(LocalTrainingRows):
     """The training rows of a multi-class fit in this process (one problem, k = 0, with class
     labels 0..C−1), for the trainers of gpc.sparse.core.trainers; ``tasks`` runs the class
     blocks."""
 
     def __init__(self, X, y, tasks=SERIAL):
-        self.X, self.n, self.tasks = X, X.shape[0], tasks
-        self.y = np.ascontiguousarray(y, dtype=np.intp)
-
-    def batches(self, size, rng=None):
-        return random_batches(self.n, size, rng)
+        super().__init__(X, [np.ascontiguousarray(y, dtype=np.intp)])
+        self.y, self.tasks = self.targets[0], tasks
 
     def all_rows(self, k, state, likelihood):
         return LocalClassRows(state, likelihood, self.X, self.y, None, self.tasks)
@@ -859,16 +855,6 @@ class MultiClassRows(TrainingRows):
     def batch_rows(self, k, state, likelihood, batch, sites=True):
         rows = batch_index(batch)
         return LocalClassRows(state, likelihood, self.X, self.y[rows], rows, self.tasks)
-
-    def svi_rows(self, k, likelihood, batch):
-        rows = batch_index(batch)
-        return take_rows(self.X, rows), self.y[rows]
-
-    def objective_rows(self, k, likelihood):
-        return self.X, self.y
-
-    def start_minibatches(self, k, state):
-        state.start_minibatches(self.X, BLOCK_ROWS)
 
 
 def latent_moments(state, Xb, tasks=SERIAL):

@@ -29,9 +29,9 @@ from .core.natural import (NaturalPosterior, add_blocks, add_vectors, as_vector,
                            row_blocks, rows_of, transform_natural, whitened_sums)
 from .core.passes import as_block, block_ranges
 from .core.rows import Rows
-from .core.steps import (SparseState, batch_index, iteration, random_batches, site_directions,
-                         take_rows, tied_cavity, tied_iteration)
-from .core.trainers import TrainingRows
+from .core.steps import (SparseState, batch_index, iteration, site_directions, take_rows,
+                         tied_cavity, tied_iteration)
+from .core.trainers import LocalTrainingRows, TrainingRows
 from .ep import check_filled, check_refined, update_sites
 
 
@@ -161,12 +161,6 @@ class SEPState(SparseState):
     def add_tied(self, sums, damping, shrink):
         dP, dh = sums
         return self.add_sites(damping * dP, damping * dh, shrink=shrink)
-
-    def snapshot(self):
-        return self.tau, self.nu, self.q, self.V, self.n_sited, self.n_fixed
-
-    def restore(self, before):
-        self.tau, self.nu, self.q, self.V, self.n_sited, self.n_fixed = before
 
     def log_normaliser(self):
         return self.q.log_normaliser_ratio()
@@ -471,15 +465,8 @@ def tied_minibatch_step(state, likelihood, Xb, yb, damping):
     return tied_iteration(state, LocalBatch(state, likelihood, Xb, yb, None), damping)
 
 
-class InProcessRows(TrainingRows):
-    """The rows in this process: any row-sliceable X (NumPy, ``np.memmap``, Dask), read block by
-    block."""
-
-    def __init__(self, X, targets):
-        self.X, self.targets, self.n = X, targets, X.shape[0]
-
-    def batches(self, size, rng=None):
-        return random_batches(self.n, size, rng)
+class InProcessRows(LocalTrainingRows):
+    """The rows of a binary fit in this process (one ±1 label vector per problem)."""
 
     def all_rows(self, k, state, likelihood):
         return LocalRows(state, likelihood, self.X, self.targets[k], BLOCK_ROWS)
@@ -488,16 +475,6 @@ class InProcessRows(TrainingRows):
         rows = batch_index(batch)
         return LocalBatch(state, likelihood, take_rows(self.X, rows), self.targets[k][rows],
                           rows if sites else None)
-
-    def svi_rows(self, k, likelihood, batch):
-        rows = batch_index(batch)
-        return take_rows(self.X, rows), self.targets[k][rows]
-
-    def objective_rows(self, k, likelihood):
-        return self.X, self.targets[k]
-
-    def start_minibatches(self, k, state):
-        state.start_minibatches(self.X, BLOCK_ROWS)
 
 
 class EngineRows(TrainingRows):

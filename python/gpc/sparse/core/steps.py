@@ -64,9 +64,11 @@ class SparseState:
     * ``_params()`` / ``_set_params(p)``: the packed parameters, and the move to p (q carried over
       in u-space, SEP §2.3), raising when a factor or q has none;
     * ``rebuild(sums)``, ``swap(naturals, u_space)``, ``add_tied(sums, damping, shrink)``: q from a
-      batch pass's sums, from a minibatch's swapped natural parameters, or with the tied site moved
-      to (1 - shrink) new, False and q unchanged where a q has no factor; ``tied_cavity()``;
-    * ``snapshot()`` / ``restore(before)`` of the sites, q and directions an update replaces;
+      batch pass's sums, from a minibatch's swapped natural parameters, or from the tied site
+      scaled by ``shrink`` plus ``damping`` times the rows' matched sums; each False, q unchanged,
+      where a q has no factor; ``tied_cavity()``, the cavity a tied step matches against;
+    * for rows that are ``undoable``, ``snapshot()`` / ``restore(before)`` of the sites, q and
+      directions a batch pass replaces;
     * ``log_normaliser()``, the terms of log Z that come from q; ``data_terms(parts)``, the rows'
       evidence parts' (Σ log terms, pairs or rows left out); ``gradient(parts, scale, held,
       u_space)``, log Z's gradient in ``_params()``' order, data terms scaled by ``scale``.

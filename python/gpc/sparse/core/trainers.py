@@ -32,7 +32,7 @@ from ... import _parallel
 from ..._parallel import BLOCK_ROWS
 from ...exceptions import ConvergenceWarning, NumericalError
 from ...optimize import stop_message
-from .steps import iteration, tied_iteration
+from .steps import batch_index, iteration, random_batches, take_rows, tied_iteration
 
 
 # -- where the rows are ------------------------------------------------------------------------
@@ -76,6 +76,28 @@ class TrainingRows(ABC):
     def close(self, states, interrupted=False):
         """The end of a training run; whether every state has its per-row sites (in process: yes)."""
         return True
+
+
+class LocalTrainingRows(TrainingRows):
+    """The rows in this process: any row-sliceable X (NumPy, ``np.memmap``, Dask), read block by
+    block, and each problem's labels (``targets[k]``).  A model's subclass gives the rows of a
+    step (``all_rows``, ``batch_rows``)."""
+
+    def __init__(self, X, targets):
+        self.X, self.targets, self.n = X, targets, X.shape[0]
+
+    def batches(self, size, rng=None):
+        return random_batches(self.n, size, rng)
+
+    def svi_rows(self, k, likelihood, batch):
+        rows = batch_index(batch)
+        return take_rows(self.X, rows), self.targets[k][rows]
+
+    def objective_rows(self, k, likelihood):
+        return self.X, self.targets[k]
+
+    def start_minibatches(self, k, state):
+        state.start_minibatches(self.X, BLOCK_ROWS)
 
 
 # -- the trainers --------------------------------------------------------------------------------
