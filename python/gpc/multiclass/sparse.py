@@ -22,8 +22,8 @@ One step on a block of rows (derivation §10):
     their kept directions (minibatch, SEP §2.3);
 (e) the evidence's data terms and per-row gradient coefficients in one compiled pass
     (gpc._sparse_multiclass.evidence_block), then per class the core's row gradient
-    (gpc.sparse.core.natural.rows_gradient) and the kernel's contraction, and one Adadelta step on every
-    class's log θ and Z and on log ε.
+    (gpc.sparse.core.natural.rows_gradient) and the kernel's contraction, and one Adadelta step
+    on every class's log θ and Z and on log ε.
 
 The work runs on the threads of gpc._parallel.block_threads(n_jobs), which the trainers and the
 estimator's prediction enter (BLAS on one thread per call meanwhile), through
@@ -36,10 +36,11 @@ depend on the number of threads.  Row blocks follow one another.
 The model is a tenant of the sparse core (gpc.sparse.core), as the binary model is: its state
 (:class:`SparseMultiClassState`, a :class:`gpc.sparse.core.steps.SparseState`) and its rows
 (:class:`LocalClassRows`, a :class:`gpc.sparse.core.rows.Rows`) run the core's one step loop
-(``iteration``, ``tied_iteration``, ``run_ep`` and its failure rule) under the core's trainers;
-the epochs and minibatches (random subsets of the rows, drawn afresh each epoch) are theirs.  A variational baseline with the same likelihood and a
-Gaussian q(u_k) per class can reuse :class:`MultiClassRows` (``objective_rows``/``svi_rows`` give
-the rows and their class labels) and the trainers.
+(``iteration``, ``tied_iteration``, ``run_ep`` and its failure rule) under the core's trainers; the
+epochs and minibatches (random subsets of the rows, drawn afresh each epoch) are theirs.  A
+variational baseline with the same likelihood and a Gaussian q(u_k) per class can reuse
+:class:`MultiClassRows` (``objective_rows``/``svi_rows`` give the rows and their class labels) and
+the trainers.
 """
 
 import math

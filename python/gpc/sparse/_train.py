@@ -116,28 +116,13 @@ class SEPState(SparseState):
         self.kernel, self.Z, self.factor, self.q = kernel, np.array(Z), factor, q
         self._theta = theta
 
-    def add_sites(self, dP, dh, shrink=1.0):
-        """q with the sites' change (dP, dh) added (after ``shrink`` scales the old sites, for the
-        tied site); False and q unchanged if that q has no factor (negative sites)."""
-        m = self.factor.m
-        P = self.q.P.copy()
-        if shrink != 1.0:
-            P.flat[:: m + 1] -= 1.0
-            P *= shrink
-            P.flat[:: m + 1] += 1.0
-        P += dP
-        try:
-            self.q = NaturalPosterior(0.5 * (P + P.T), shrink * self.q.h + dh)
-            if shrink == 0.0:                # a rebuild with the current factor: no directions
-                self.V = None
-        except NotPositiveDefiniteError:     # negative sites made q improper
-            return False
-        return True
-
     # -- what the core's step loop asks of a state (gpc.sparse.core.steps.SparseState) ----------
     def rebuild(self, sums):
-        """q from a batch pass's sums (P - I, h) with the current factor."""
-        return self.add_sites(*sums, shrink=0.0)
+        """q from a batch pass's sums (P - I, h) with the current factor (no kept directions)."""
+        if not self.add_tied(sums, 1.0, 0.0):
+            return False
+        self.V = None
+        return True
 
     def swap(self, naturals, u_space):
         """q from a minibatch's swapped (P, h); with a gradient to come, the prior term's parts as
@@ -159,8 +144,21 @@ class SEPState(SparseState):
         return tied_cavity(self.q, self.n)
 
     def add_tied(self, sums, damping, shrink):
+        """q with its sites scaled by ``shrink`` and ``damping`` times the sums (dP, dh) added; False
+        and q unchanged if that q has no factor (negative sites)."""
         dP, dh = sums
-        return self.add_sites(damping * dP, damping * dh, shrink=shrink)
+        m = self.factor.m
+        P = self.q.P.copy()
+        if shrink != 1.0:
+            P.flat[:: m + 1] -= 1.0
+            P *= shrink
+            P.flat[:: m + 1] += 1.0
+        P += damping * dP
+        try:
+            self.q = NaturalPosterior(0.5 * (P + P.T), shrink * self.q.h + damping * dh)
+        except NotPositiveDefiniteError:     # negative sites made q improper
+            return False
+        return True
 
     def log_normaliser(self):
         return self.q.log_normaliser_ratio()
@@ -169,7 +167,7 @@ class SEPState(SparseState):
         return parts[0], parts[4]
 
     def gradient(self, parts, scale, held, u_space):
-        """log Z_q's gradient in (log θ, Z) from the rows' parts (:func:`core.passes.finish_evidence`)."""
+        """log Z_q's gradient in (log θ, Z) from the rows' parts (core.passes.finish_evidence)."""
         _, g_theta, g_Z, _ = finish_evidence(self.factor, self.q, parts, scale=scale, held=held,
                                              u_space=u_space)
         return np.concatenate([g_theta, g_Z.ravel() if self.optimize_inducing else np.empty(0)])
