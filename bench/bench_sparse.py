@@ -25,7 +25,7 @@ from threadpoolctl import threadpool_limits
 from gpc import _lapack, _sparse
 from gpc.kernels import RBF, ConstantKernel
 from gpc.likelihoods import get_likelihood
-from gpc.sparse._passes import as_block, block_ranges
+from gpc.sparse.core.passes import as_block, block_ranges
 from gpc.sparse._train import SEPState, minibatch_step, tied_minibatch_step
 
 N = int(os.environ.get("GPC_BENCH_SPARSE_N", "1000000"))

@@ -586,7 +586,7 @@ def test_a_reverted_minibatch_leaves_the_shards_as_before():
     from gpc.likelihoods import get_likelihood
     from gpc.sparse._distributed import DistributedFit
     from gpc.sparse._train import SEPState
-    from gpc.sparse.ep import NaturalPosterior
+    from gpc.sparse.core.natural import NaturalPosterior
 
     X, y = _sparse_problem(2)
     y = np.where(y == np.unique(y)[1], 1.0, -1.0)
@@ -598,11 +598,11 @@ def test_a_reverted_minibatch_leaves_the_shards_as_before():
         plan = fit.plan(100)
         for j in (0, 1):
             rows = fit.rows(0, lik, 100, plan[j])
-            P, h, _ = rows.swap_sites(state.factor, state.q, 1.0)
+            (P, h), _ = rows.swap_sites(1.0)
             if j == 1 and reverted:
                 rows.revert()
                 rows = fit.rows(0, lik, 100, plan[j])
-                P, h, _ = rows.swap_sites(state.factor, state.q, 1.0)
+                (P, h), _ = rows.swap_sites(1.0)
             state.q = NaturalPosterior(P, h)
             rows.commit()
         shards = [sites[0].settled() for sites in fit.engine.sites()]

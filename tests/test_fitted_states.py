@@ -117,7 +117,8 @@ def _assert_usable(clf, X):
 
 
 def _binary_hooks():
-    from gpc.sparse import _trainer, baselines
+    from gpc.sparse import baselines
+    from gpc.sparse.core import trainers as _trainer
     return {
         # GFITC and batch SVI: L-BFGS-B's first evaluation; SVI minibatches: the first step;
         # SEP (one-vs-rest minibatches): the first step of the second problem
@@ -160,7 +161,8 @@ def test_binary_interrupted_after_its_first_step_keeps_a_usable_model(monkeypatc
 
 
 def _multiclass_hooks():
-    from gpc.multiclass import sparse, sparse_vi
+    from gpc.multiclass import sparse_vi
+    from gpc.sparse.core import steps as sparse
     from gpc.sparse import baselines  # noqa: F401
     return {
         # EP: inside the first step, after its sites are committed and before its evidence
@@ -288,7 +290,7 @@ def test_shards_share_out_their_outlier_changes_so_the_beta_stays_proper(clean_9
     # added make b negative (the Beta(53.5, −7.01)), their mean (share 1/K) cannot
     from gpc.multiclass import sparse as S
     from gpc.multiclass._sparse_distributed import pack, site_task, unpack
-    from gpc.sparse._distributed import _light
+    from gpc.sparse.core.shards import light as _light
     X, y = clean_900
     clf = SparseMultiClassGPC(n_inducing=20, max_iter=1, random_state=0, progress=False)
     clf.partial_fit(X, y)            # a model; its state is put back to the prior below

@@ -235,7 +235,7 @@ def test_a_factor_sums_the_compiled_chunks_in_order(monkeypatch):
     # comes from its own row), the gradients' chunk sums agree to rounding (1e-12 of the largest
     # entry: the same terms added in other groups); and the threaded sums are one thread's bits
     from gpc import _parallel
-    from gpc.sparse._inducing import InducingFactor
+    from gpc.sparse.core.inducing import InducingFactor
 
     rng = np.random.default_rng(4)
     X, Z = rng.normal(size=(3000, 4)), rng.normal(size=(200, 4))

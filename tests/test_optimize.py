@@ -78,8 +78,8 @@ def test_a_failed_line_search_says_what_happened_and_what_to_try():
 def test_the_sparse_lbfgs_fit_says_so_too():
     # the same failure in the sparse L-BFGS-B fits (GFITC, batch SVI)
     from gpc.exceptions import ConvergenceWarning
-    from gpc.sparse._trainer import LBFGSTrainer
-    from gpc.sparse.baselines import _LBFGSState
+    from gpc.sparse.core.trainers import LBFGSTrainer
+    from gpc.sparse.core.variational import LBFGSState as _LBFGSState
 
     class Wrong(_LBFGSState):
         name = "test"

@@ -9,9 +9,10 @@ from gpc.datasets import load
 from gpc.exceptions import NumericalError
 from gpc.kernels import RBF, ConstantKernel, WhiteKernel
 from gpc.likelihoods import get_likelihood
-from gpc.sparse._inducing import InducingFactor
-from gpc.sparse._trainer import LBFGSTrainer
-from gpc.sparse.baselines import GFITCState, SVIState, _LBFGSState
+from gpc.sparse.baselines import GFITCState, SVIState
+from gpc.sparse.core.inducing import InducingFactor
+from gpc.sparse.core.trainers import LBFGSTrainer
+from gpc.sparse.core.variational import LBFGSState as _LBFGSState
 
 
 @pytest.fixture(scope="module")

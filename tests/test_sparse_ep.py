@@ -7,8 +7,9 @@ import gpc
 from gpc.datasets import load
 from gpc.kernels import RBF, ConstantKernel, WhiteKernel
 from gpc.likelihoods import get_likelihood
-from gpc.sparse._inducing import InducingFactor
-from gpc.sparse._passes import evidence, run_ep
+from gpc.sparse._passes import evidence
+from gpc.sparse._train import run_ep
+from gpc.sparse.core.inducing import InducingFactor
 
 
 def _standardised(name, n=None):
@@ -100,7 +101,8 @@ def test_evidence_gradient_matches_finite_differences(likelihood, white, held):
 
 def _refine(lik, y, mean, var, s, tau, nu, damping, moved=None, rule=None):
     """gpc._sparse.refine_rows with EP's "skip" policy unless told: (τ, ν, n_failed, n_fixed)."""
-    from gpc.sparse.ep import Rule, refine_rows
+    from gpc.inference.rules import Rule
+    from gpc.sparse.ep import refine_rows
     rule = Rule("ep", "skip") if rule is None else rule
     return refine_rows(lik, y, mean, var, s, tau, nu, damping, rule, moved=moved)
 
@@ -112,7 +114,8 @@ def test_compiled_site_rule_matches_the_dense_cavity(likelihood):
     # site rule's matched site (ep.matched_site's algebra).  Against the same cavity formed
     # densely: P - τ a'a'ᵀ inverted, and matched_site on its marginal of a.  O(1) quantities of a
     # 6 x 6 problem: agreement to 1e-10 is rounding.
-    from gpc.sparse.ep import NaturalPosterior, matched_site
+    from gpc.sparse.core.natural import NaturalPosterior
+    from gpc.sparse.ep import matched_site
     rng = np.random.default_rng(3)
     m, b = 6, 5
     lik = get_likelihood(likelihood)

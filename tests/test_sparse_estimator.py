@@ -123,13 +123,13 @@ def test_interrupted_fit_keeps_last_step_and_partial_fit_continues(monkeypatch):
             raise KeyboardInterrupt
         return real(*args, **kw)
 
-    monkeypatch.setattr("gpc.sparse._trainer.iteration", flaky)
+    monkeypatch.setattr("gpc.sparse.core.trainers.iteration", flaky)
     clf = SparseGaussianProcessClassifier(n_inducing=10, max_iter=5, batch_size=50, random_state=0)
     with pytest.warns(RuntimeWarning, match="interrupted"):
         clf.fit(X, y)
     assert len(clf.history_) == 1          # 4 minibatches per epoch: the 7th step is in epoch 2
     assert np.all(np.isfinite(clf.predict_proba(X)))
-    monkeypatch.setattr("gpc.sparse._trainer.iteration", real)
+    monkeypatch.setattr("gpc.sparse.core.trainers.iteration", real)
     clf.partial_fit(X, y)
     assert len(clf.history_) == 2
     assert clf.score(X, y) > 0.8
@@ -262,14 +262,16 @@ def test_refined_minibatch_is_a_fair_sample_of_the_gradient(held):
     larger data this made the amplitude run away)."""
     import copy
 
-    from gpc.sparse._passes import block_parts, evidence, finish_evidence
+    from gpc.sparse._passes import block_parts, evidence
+    from gpc.sparse.core import steps
+    from gpc.sparse.core.passes import finish_evidence
     X, y, lik, state = _australian_state(epochs=1)
     n, b = len(y), 69
     mean = 0.0
     for k in range(n // b):
         s2, rows = copy.deepcopy(state), slice(k * b, (k + 1) * b)
         A, s, Kbu = s2.factor.whiten(X[rows], keep_cross=True)
-        _train._refine_minibatch(s2, _train.LocalBatch(s2, lik, X[rows], y[rows], rows), 1.0)
+        steps._refine_minibatch(s2, _train.LocalBatch(s2, lik, X[rows], y[rows], rows), 1.0)
         parts = block_parts(lik, X[rows], y[rows], A, s, s2.factor, s2.q, s2.tau[rows],
                             s2.nu[rows], True, Kbu, held)
         mean = mean + finish_evidence(s2.factor, s2.q, parts, scale=n / b, held=held)[1] / (n // b)
@@ -311,8 +313,9 @@ def test_sparse_gradient_of_other_kernels_matches_finite_differences(name):
     # The differences re-converge EP (warm) to 1e-11 at θ ± h: ~1e-6 over 2h at worst, O(h²)
     # truncation ~1e-9, on gradients of size 1-10.
     from gpc.kernels import as_kernel
-    from gpc.sparse._inducing import InducingFactor
-    from gpc.sparse._passes import evidence, run_ep
+    from gpc.sparse._passes import evidence
+    from gpc.sparse._train import run_ep
+    from gpc.sparse.core.inducing import InducingFactor
     make, inputs = OTHER_KERNELS[name]
     X, y = _standardised("crabs")
     y = np.where(y == np.unique(y)[1], 1.0, -1.0)

@@ -11,10 +11,11 @@ import pytest
 
 from gpc import SparseGaussianProcessClassifier, SparseMultiClassGPC
 from gpc.distributed import InProcessEngine
-from gpc.multiclass.sparse import MultiClassMinibatch, MultiClassRows
+from gpc.multiclass.sparse import MultiClassRows
 from gpc.sparse._distributed import minibatch_plan
-from gpc.sparse._train import random_batches
-from gpc.sparse._trainer import InProcessRows
+from gpc.sparse._train import InProcessRows
+from gpc.sparse.core.steps import random_batches
+from gpc.sparse.core.trainers import SEPMinibatch as MultiClassMinibatch
 
 
 def _three_sorted_classes(n_per_class=2000):

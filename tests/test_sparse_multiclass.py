@@ -25,6 +25,7 @@ from gpc.datasets import load_glass, load_thyroid
 from gpc.distributed import InProcessEngine
 from gpc.kernels import RBF, ConstantKernel
 from gpc.multiclass import sparse as S
+from gpc.sparse.core import steps, trainers
 
 
 def _subset(loader, per_class, n_test=10, seed=0):
@@ -113,7 +114,7 @@ def test_z_equals_x_without_outliers_is_smgpc():
     model = S.ArgmaxLikelihood(3, "none")
     state = S.SparseMultiClassState([kern], [X], index, len(y), model, 0.0, False, 1.0)
     rows = S.MultiClassRows(X, index)
-    passes, converged = S.run_ep(state, rows.all_rows(0, state, model), tol=1e-11, max_iter=5000)
+    passes, converged = steps.run_ep(state, rows.all_rows(0, state, model), tol=1e-11, max_iter=5000)
     assert converged
     means, _ = S.latent_moments(state, X)
     np.testing.assert_allclose(means, np.column_stack([c.mean for c in exact.classes]), atol=1e-8)
@@ -129,7 +130,7 @@ def _converge(state, model, X, y, sites=None):
         state.sites = sites.copy()
         if model.noise == "fixed":
             state.sites.lam_i[:] = state.prior_log_odds
-    _, converged = S.run_ep(state, rows.all_rows(0, state, model), tol=1e-12, max_iter=20000)
+    _, converged = steps.run_ep(state, rows.all_rows(0, state, model), tol=1e-12, max_iter=20000)
     assert converged
     return rows.all_rows(0, state, model)
 
@@ -174,7 +175,7 @@ def test_tied_gradient_matches_central_differences_at_held_tied_sites(noise):
     state.optimizer.lr = 0.0                           # hold θ, Z, ε: the tied sites settle
     rows = S.MultiClassRows(X, y)
     for _ in range(20):
-        S.tied_iteration(state, rows.batch_rows(0, state, model, (0, len(y)), False), 0.5)
+        steps.tied_iteration(state, rows.batch_rows(0, state, model, (0, len(y)), False), 0.5)
 
     def tied(st, gradient):
         return rows.batch_rows(0, st, model, (0, len(y)), False).tied_parts(
@@ -203,7 +204,7 @@ def test_tied_sites_with_one_row_are_untied_ep():
     untied_rows = _converge(untied, model, X, y)
     for _ in range(3):              # damping 1: the average site is the point's local EP
         tied.optimizer.lr = 0.0
-        S.tied_iteration(tied, rows.batch_rows(0, tied, model, (0, 1), False), 1.0)
+        steps.tied_iteration(tied, rows.batch_rows(0, tied, model, (0, 1), False), 1.0)
     for qt, qu in zip(tied.qs, untied.qs):
         np.testing.assert_allclose(qt.P, qu.P, atol=1e-9)
         np.testing.assert_allclose(qt.h, qu.h, atol=1e-9)
@@ -227,7 +228,7 @@ def test_a_dropped_site_update_halves_the_damping():
     changes = []
     for _ in range(40):
         before = state.qs[0].P.copy()
-        S.tied_iteration(state, rows.batch_rows(0, state, model, (0, 60), False), 1.0)
+        steps.tied_iteration(state, rows.batch_rows(0, state, model, (0, 60), False), 1.0)
         changes.append(np.max(np.abs(state.qs[0].P - before)) / np.max(np.abs(before)))
     assert 1 <= state.skipped_passes <= 3 and state.damping_scale < 1.0
     assert changes[-1] < 1e-4
@@ -242,8 +243,8 @@ def test_minibatch_of_all_rows_takes_the_batch_steps():
     b = _tiny("fixed")[2]
     rows = S.MultiClassRows(X, y)
     for _ in range(5):
-        va = S.iteration(a, rows.all_rows(0, a, model), 0.5)
-        vb = S.iteration(b, rows.batch_rows(0, b, model, (0, len(y))), 0.5)
+        va = steps.iteration(a, rows.all_rows(0, a, model), 0.5)
+        vb = steps.iteration(b, rows.batch_rows(0, b, model, (0, len(y))), 0.5)
         assert va == vb
         np.testing.assert_array_equal(a._params(), b._params())
         np.testing.assert_array_equal(a.sites.vector(), b.sites.vector())
@@ -267,7 +268,7 @@ def test_minibatch_ep_reaches_the_batch_fixed_point():
         st.optimizer.lr = 0.0
     rows = S.MultiClassRows(X, y)
     _converge(batch, model, X, y)
-    trainer = S.MultiClassMinibatch([mini], model, np.random.default_rng(0), 7, 0.7)
+    trainer = trainers.SEPMinibatch([mini], model, np.random.default_rng(0), 7, 0.7)
     trainer.train(rows, 150, lambda: None, lambda v: None)
     np.testing.assert_allclose(S.latent_moments(mini, X)[0], S.latent_moments(batch, X)[0],
                                atol=1e-5)
@@ -279,7 +280,7 @@ def test_minibatch_q_is_the_sum_of_its_sites_along_their_directions():
     """After minibatch steps that move θ and Z, each q_k is I + Σ_r Λ_r a'_r a'_rᵀ, h_k = Σ_r v_r a'_r
     over its rows' sites along their kept directions a'_r = L_kᵀ v_r (float32: 1e-6 relative)."""
     X, y, state, model = _tiny("fixed", n=30)
-    trainer = S.MultiClassMinibatch([state], model, np.random.default_rng(0), 8, 1.0)
+    trainer = trainers.SEPMinibatch([state], model, np.random.default_rng(0), 8, 1.0)
     trainer.train(S.MultiClassRows(X, y), 4, lambda: None, lambda v: None)
     assert not np.array_equal(state._params(), _tiny("fixed", n=30)[2]._params())
     tau, eta = state.sites.class_sites()

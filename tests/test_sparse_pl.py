@@ -13,9 +13,9 @@ from gpc.datasets import load, load_banana
 from gpc.distributed import InProcessEngine
 from gpc.kernels import RBF, ConstantKernel
 from gpc.likelihoods import get_likelihood
-from gpc.sparse._inducing import InducingFactor
-from gpc.sparse._passes import evidence, linearisation_of, linearised_evidence, run_ep
-from gpc.sparse._train import SEPState, batch_step, minibatch_step
+from gpc.sparse._passes import evidence, linearisation_of, linearised_evidence
+from gpc.sparse._train import SEPState, batch_step, minibatch_step, run_ep
+from gpc.sparse.core.inducing import InducingFactor
 from gpc.sparse.ep import Rule, linearised_sites
 from test_sparse_ep import assert_central_differences, off_data_problem
 

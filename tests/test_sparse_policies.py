@@ -14,9 +14,11 @@ from gpc.exceptions import ConvergenceWarning, NegativeVarianceError
 from gpc.inference._sites import NegativeSitesWarning
 from gpc.kernels import RBF, ConstantKernel
 from gpc.likelihoods import NoisyThreshold
-from gpc.sparse._inducing import InducingFactor
-from gpc.sparse._passes import evidence, run_ep
-from gpc.sparse.ep import DEFAULT_ON_NEGATIVE, NaturalPosterior, Rule, refine_rows
+from gpc.sparse._passes import evidence
+from gpc.sparse._train import run_ep
+from gpc.sparse.core.inducing import InducingFactor
+from gpc.sparse.core.natural import NaturalPosterior
+from gpc.sparse.ep import DEFAULT_ON_NEGATIVE, Rule, refine_rows
 
 POLICIES = ["raise", "clip", "skip", "pl"]
 

@@ -12,7 +12,7 @@ from gpc import SparseGaussianProcessClassifier, SparseMultiClassGPC, _parallel,
 from gpc._estimator import available_cores
 from gpc.kernels import RBF, ConstantKernel
 from gpc.likelihoods import get_likelihood
-from gpc.sparse.ep import NaturalPosterior, add_blocks, whitened_sums
+from gpc.sparse.core.natural import NaturalPosterior, add_blocks, whitened_sums
 
 
 def _problem(n=3000, d=4, seed=0):
@@ -429,8 +429,10 @@ def test_a_minibatch_step_takes_the_same_gradient_in_u_space_as_in_w_space():
     # the minibatch step's gradient from the swap's directions (u-space K_uu part) against the
     # same parts without them (w-space, as the shards and tied sites take it): the same θ and Z
     # gradient to rounding (products of m = 20 terms of size ~1-10: 1e-9 relative is rounding)
-    from gpc.sparse._passes import block_parts, finish_evidence
-    from gpc.sparse._train import LocalBatch, SEPState, _refine_minibatch
+    from gpc.sparse._passes import block_parts
+    from gpc.sparse._train import LocalBatch, SEPState
+    from gpc.sparse.core.passes import finish_evidence
+    from gpc.sparse.core.steps import _refine_minibatch
 
     rng = np.random.default_rng(5)
     Xs = rng.standard_normal((300, 3))
@@ -459,8 +461,8 @@ def test_the_u_space_prior_term_is_the_congruence_of_the_w_space_one():
     # and ν = L⁻ᵀμ, against NumPy's congruence of prior_term (m = 15 products of O(1) terms:
     # 1e-12 is rounding); exactly symmetric; its parts prefetched as side tasks or formed on
     # demand, the same bits
-    from gpc.sparse._inducing import InducingFactor
-    from gpc.sparse.ep import prior_term, prior_term_u
+    from gpc.sparse.core.inducing import InducingFactor
+    from gpc.sparse.core.natural import prior_term, prior_term_u
 
     m = 15
     Z = np.random.default_rng(3).standard_normal((m, 2))
@@ -490,8 +492,8 @@ def test_the_whitening_inside_the_swap_pass_gives_the_swap_after_a_whitening():
     # swap_block_sites(before=) whitens each block of rows right before its swap (one pass):
     # the same bits as a whitening pass and then the swap, on 1 and 3 threads; the tied sites'
     # match (tied_block_sites(before=)) likewise
-    from gpc.sparse._inducing import InducingFactor
     from gpc.sparse._train import swap_block_sites, tied_block_sites
+    from gpc.sparse.core.inducing import InducingFactor
 
     rng = np.random.default_rng(11)
     m, b = 40, 900                       # 900 rows against m = 40: several blocks
@@ -563,7 +565,7 @@ def test_block_entry_checks_name_the_problem():
 
 
 def test_the_kernel_chunks_case_has_several_chunks():
-    from gpc.sparse import _inducing
+    from gpc.sparse.core import inducing as _inducing
 
     factor = _inducing.InducingFactor(ConstantKernel(1.0) * RBF(1.0), X[:100])
     assert factor.bound.nogil and len(factor.chunks(1500)) == 3
@@ -574,7 +576,7 @@ def test_the_kernel_is_called_on_fixed_chunks(monkeypatch, compiled):
     # the squared exponential's compiled chunks (GIL released) are blocks of about BLOCK_WORK;
     # any other kernel's hold the GIL and come in kernel_chunks of >= KERNEL_ROWS rows
     from gpc.kernels import Matern
-    from gpc.sparse import _inducing
+    from gpc.sparse.core import inducing as _inducing
 
     sizes = []
     kernel = ConstantKernel(1.5) * (RBF(1.2) if compiled else Matern(1.2))

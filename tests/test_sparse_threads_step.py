@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gpc import SparseGaussianProcessClassifier, _parallel, _sparse
-from gpc.sparse.ep import NaturalPosterior, transform_natural
+from gpc.sparse.core.natural import NaturalPosterior, transform_natural
 
 RNG = np.random.default_rng(11)
 

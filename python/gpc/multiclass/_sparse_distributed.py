@@ -2,7 +2,7 @@
 
 The master (the estimator) holds θ, Z, ε and every class's q(w_k); the engine's shards hold rows, their
 class labels and their pair sites (5 C + 3 numbers per point, :class:`gpc.multiclass.ep._Sites`).  A
-batch iteration (:func:`gpc.multiclass.sparse.iteration`) is two rounds of pure shard steps that run the
+batch iteration (:func:`gpc.sparse.core.steps.iteration`) is two rounds of pure shard steps that run the
 same per-block functions as the in-process fit:
 
 * :func:`site_task`: every pair site of the shard refined against q (and, under the Beta treatment,
@@ -24,9 +24,10 @@ the same).  Minibatches and tied sites train in process only.
 
 import numpy as np
 
-from ..sparse._distributed import _light
-from ..sparse._trainer import TrainingRows
 from .._parallel import BLOCK_ROWS
+from ..sparse.core.rows import Rows
+from ..sparse.core.shards import light, sites_home
+from ..sparse.core.trainers import TrainingRows
 from .ep import _Sites
 from .sparse import EvidenceParts, evidence_pass, refines_outliers, site_pass
 
@@ -129,8 +130,6 @@ class MultiClassShards:
     def finish(self, state, interrupted=False):
         """Bring the sites home into ``state`` and release the shards; whether they came home (an
         interrupted fit waits a few seconds and does not recover lost workers)."""
-        from ..sparse._distributed import sites_home
-
         try:
             shards = sites_home(self.engine, _home, interrupted)
             if shards is None:
@@ -147,9 +146,9 @@ class MultiClassShards:
             self.engine.close()
 
 
-class ShardedClassRows:
-    """All the rows of a batch step on the engine, with :class:`gpc.multiclass.sparse.LocalClassRows`'
-    interface for :func:`gpc.multiclass.sparse.iteration` (batch only)."""
+class ShardedClassRows(Rows):
+    """All the rows of a batch step on the engine: the core's rows (:class:`gpc.sparse.core.rows.Rows`)
+    for its step loop, as :class:`gpc.multiclass.sparse.LocalClassRows` (batch only)."""
 
     def __init__(self, shards, state, model):
         self.shards, self.state, self.model = shards, state, model
@@ -157,7 +156,7 @@ class ShardedClassRows:
         self._ab = None
 
     def _light(self):
-        pairs = [_light(q, f) for q, f in zip(self.state.qs, self.state.factors)]
+        pairs = [light(q, f) for q, f in zip(self.state.qs, self.state.factors)]
         return [q for q, _ in pairs], [f for _, f in pairs]
 
     def _lam_prior(self):

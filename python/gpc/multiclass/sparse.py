@@ -9,21 +9,21 @@ the label noise ε of the scalable multi-class EP paper, ρ = Cε/(C − 1)), or
 projections t = aᵀw (derivation §1) has a pair site rank one in w_y along a_iy and in w_k along a_ik
 (RMGPC eq. (14) in u-space, derivation §2); q(w_k) ∝ N(0, I) Π sites is held by its natural
 parameters, P_k = I + A_kᵀ diag(Λ) A_k, h_k = A_kᵀ v (RMGPC eq. (17)'s row totals), as a
-:class:`gpc.sparse.ep.NaturalPosterior` per class.
+:class:`gpc.sparse.core.natural.NaturalPosterior` per class.
 
 One step on a block of rows (derivation §10):
 
 (a) per class the whitened rows A_k = K_bu L_k⁻ᵀ, the FITC variances and the marginals of a_ikᵀw_k
-    under q_k (gpc.sparse._inducing, gpc.sparse.ep: BLAS-3 products, b m² each);
+    under q_k (gpc.sparse.core.inducing, gpc.sparse.core.natural: BLAS-3 products, b m² each);
 (b) one compiled pass over the block's points (gpc._sparse_multiclass.refine_block: the cavities,
     the pair factor's tilted moments and the damped sites, through the exact engine's pair loop);
 (c) with a Beta-distributed ρ RMGPC's ψ̃ᵢ refinement, sequential (gpc._multiclass);
 (d) per class q_k rebuilt from its rows' site totals (batch) or the block's sites swapped in along
     their kept directions (minibatch, SEP §2.3);
 (e) the evidence's data terms and per-row gradient coefficients in one compiled pass
-    (gpc._sparse_multiclass.evidence_block), then per class the binary engine's row gradient
-    (gpc.sparse.ep.rows_gradient) and the kernel's contraction, and one Adadelta step on every
-    class's log θ and Z and on log ε.
+    (gpc._sparse_multiclass.evidence_block), then per class the core's row gradient
+    (gpc.sparse.core.natural.rows_gradient) and the kernel's contraction, and one Adadelta step
+    on every class's log θ and Z and on log ε.
 
 The work runs on the threads of gpc._parallel.block_threads(n_jobs), which the trainers and the
 estimator's prediction enter (BLAS on one thread per call meanwhile), through
@@ -33,12 +33,14 @@ swap and the gradient of (e) as one task per class (:class:`Tasks`), and the com
 (b) and (e) over fixed ranges of points.  Every sum is taken in a fixed order, so the bits do not
 depend on the number of threads.  Row blocks follow one another.
 
-The state and its steps keep the interfaces of the binary SEP trainers (gpc.sparse._train,
-gpc.sparse._trainer): a rows object refines its sites, commits or reverts them, and returns the
-evidence's parts; the trainers' epochs and minibatches (random subsets of the rows, drawn
-afresh each epoch) are the binary ones.  A variational baseline with the same likelihood and a
-Gaussian q(u_k) per class can reuse :class:`MultiClassRows` (``objective_rows``/``svi_rows`` give
-the rows and their class labels) and the trainers.
+The model is a tenant of the sparse core (gpc.sparse.core), as the binary model is: its state
+(:class:`SparseMultiClassState`, a :class:`gpc.sparse.core.steps.SparseState`) and its rows
+(:class:`LocalClassRows`, a :class:`gpc.sparse.core.rows.Rows`) run the core's one step loop
+(``iteration``, ``tied_iteration``, ``run_ep`` and its failure rule) under the core's trainers; the
+epochs and minibatches (random subsets of the rows, drawn afresh each epoch) are theirs.  A
+variational baseline with the same likelihood and a Gaussian q(u_k) per class can reuse
+:class:`MultiClassRows` (``objective_rows``/``svi_rows`` give the rows and their class labels) and
+the trainers.
 """
 
 import math
@@ -50,19 +52,17 @@ from .. import _lapack, _pages, _parallel, _sparse
 from .._parallel import BLOCK_ROWS
 from .._multiclass import refine_outlier_prior
 from .._sparse_multiclass import evidence_block, local_ep_block, refine_block
-from ..exceptions import DivergenceError, NotPositiveDefiniteError
-from ..inference import _LOG_EVIDENCE_SLACK
-from ..sparse._inducing import InducingFactor
-from ..sparse._passes import as_block, block_ranges, finish_evidence
-from ..sparse._train import (Adadelta, SEPState, batch_index, random_batches, site_directions,
-                              take_rows)
-from ..sparse._trainer import SEPBatch, SEPMinibatch, SEPTied, TrainingRows
-from ..sparse.ep import NaturalPosterior, rows_gradient, transform_natural, whitened_sums_blocks
+from ..exceptions import NotPositiveDefiniteError
+from ..sparse.core.inducing import InducingFactor
+from ..sparse.core.natural import (NaturalPosterior, rows_gradient, transform_natural,
+                                   whitened_sums_blocks)
+from ..sparse.core.passes import as_block, block_ranges, finish_evidence
+from ..sparse.core.rows import Rows
+from ..sparse.core.steps import SparseState, batch_index, site_directions, take_rows, tied_cavity
+from ..sparse.core.trainers import LocalTrainingRows
 from .ep import _Sites
 
 NOISES = ("beta", "fixed", "none")
-#: a batch pass whose log Z is not ≤ 0 is dropped and the damping halved, down to this factor
-MIN_DAMPING_SCALE = 2.0 ** -10
 #: points per range of a block's compiled passes (the unit that threads share out)
 RANGE_ROWS = 256
 #: the tied sites' local EP: stop when no moment moves by more than this (prior sd units)
@@ -116,7 +116,7 @@ class RowBlock:
     Parameters
     ----------
     Xb : (b, d) float64 rows
-    factors : list of C :class:`gpc.sparse._inducing.InducingFactor` (one object for shared ones)
+    factors : list of C :class:`gpc.sparse.core.inducing.InducingFactor` (one object for shared ones)
     tasks : :class:`Tasks`
     keep_cross : keep K_bu for :meth:`InducingFactor.block_gradient`
     """
@@ -236,7 +236,7 @@ class EvidenceParts:
     log_terms : float, Σ ℓᵢ
     classes : list of C (g_theta, g_Z, AtG) or None without the gradient: each class's K_bu and
         diag K_bb parts in θ and Z and its w-space K_uu part, for
-        :func:`gpc.sparse._passes.finish_evidence`
+        :func:`gpc.sparse.core.passes.finish_evidence`
     outlier_excess : float, Σ (pᵢ − ρ), pᵢ = Q(zᵢ = 1) (the fixed rate's gradient)
     n_bad : int, pairs left out (no proper cavity)
     """
@@ -304,7 +304,7 @@ def site_pass(X, y, sites, factors, qs, model, ab, damping, block_rows, tasks=SE
     moment mismatch.  ``keep``: a dict that receives the :class:`RowBlock` of a one-block pass.
     ``outliers`` False leaves the ψ̃ᵢ as they are (a pass from the prior q,
     :func:`refines_outliers`)."""
-    n, C = len(y), len(qs)
+    n = len(y)
     new = sites.copy()
     sums = [(np.zeros((f.m, f.m)), np.zeros(f.m)) for f in factors]
     mismatch = 0.0
@@ -364,9 +364,10 @@ def unpack_params(p, kernels, Zs, optimize_inducing, eps, eps_bounds):
     return new_kernels, Zs, eps, at
 
 
-class SparseMultiClassState:
+class SparseMultiClassState(SparseState):
     """Everything a sparse multi-class fit carries between steps: each class's kernel, inducing
-    inputs, factor and q(w_k), the sites, the outlier rate, the optimiser.
+    inputs, factor and q(w_k), the sites, the outlier rate, the optimiser (the counters, the
+    optimiser and the failure rule are the core's, :class:`gpc.sparse.core.steps.SparseState`).
 
     Parameters
     ----------
@@ -411,19 +412,10 @@ class SparseMultiClassState:
             elif model.beta:      # ψ̃ᵢ from the prior alone, as the exact engine starts
                 refine_outlier_prior(self.sites.lam.sum(axis=1), self.sites.alpha,
                                      self.sites.beta, self.sites.lam_i, model.a0, model.b0, 1.0)
-        self.V = None
-        self.n_sited = 0
         self.remote_beta = None     # Q's Beta while the sites are on an engine's shards
-        self.n_params = (sum(len(k.theta) for k in self.kernels)
-                         + (sum(Z.size for Z in self.Zs) if self.optimize_inducing else 0)
-                         + (1 if self.eps_bounds is not None else 0))
-        self.optimizer = Adadelta(self.n_params, lr=lr)
-        self.log_z = np.nan
-        self.mismatch = np.inf      # the last site pass's largest undamped moment mismatch
-        self.reverted = 0           # parameter steps undone (rate halved)
-        self.skipped_passes = 0     # site updates dropped because a q lost its factor
-        self.damping_scale = 1.0    # halved after every dropped site update
-        self.n_bad = 0              # pairs left out of the last evidence (no proper cavity)
+        super().__init__(self.n, (sum(len(k.theta) for k in self.kernels)
+                                  + (sum(Z.size for Z in self.Zs) if self.optimize_inducing else 0)
+                                  + (1 if self.eps_bounds is not None else 0)), lr)
 
     # -- the classes' geometry ------------------------------------------------------------------
     def kernel_of(self, k):
@@ -476,10 +468,6 @@ class SparseMultiClassState:
         return expit(self.sites.z_log_odds())
 
     # -- parameters ------------------------------------------------------------------------------
-    @property
-    def learns(self):
-        return self.n_params > 0
-
     def _params(self):
         parts = [k.theta for k in self.kernels]
         if self.optimize_inducing:
@@ -515,23 +503,45 @@ class SparseMultiClassState:
             parts.append([g_eps])
         return np.concatenate(parts) if parts else np.empty(0)
 
-    def gradient_step(self, grad):
-        """One Adadelta ascent step on :meth:`_params`, reverted with the rate halved if it fails:
-        gpc.sparse._train.SEPState.gradient_step, handed the whole gradient (θ, Z and ε) as its
-        first part."""
-        return SEPState.gradient_step(self, grad, np.empty(0))
-
-    # -- q -------------------------------------------------------------------------------------
+    # -- q (what the core's step loop asks of a state) -----------------------------------------
     def set_qs(self, naturals):
         """q_k from natural parameters [(P_k, h_k)]; False and q unchanged if one has no factor."""
         try:
             qs = [NaturalPosterior(0.5 * (P + P.T), h) for P, h in naturals]
         except NotPositiveDefiniteError:
-            self.skipped_passes += 1
-            self.damping_scale *= 0.5
             return False
         self.qs = qs
         return True
+
+    def swap(self, naturals, u_space):
+        """q_k from a minibatch's swapped [(P_k, h_k)] (:meth:`LocalClassRows.swap_sites`)."""
+        return self.set_qs(naturals)
+
+    def tied_cavity(self):
+        """Each class's cavity of a point under tied sites (:func:`tied_cavities`)."""
+        return tied_cavities(self)
+
+    def add_tied(self, sums, damping, shrink):
+        """Every class's average site moved to (1 − δ|M|/n) T_k + δ Σ_M contributions (``shrink``
+        = 1 − δ|M|/n), from the rows' summed sites ``sums``."""
+        naturals = []
+        for q, (dP, dh) in zip(self.qs, sums):
+            P = shrink * q.P + damping * dP
+            P.flat[:: P.shape[0] + 1] += 1.0 - shrink
+            naturals.append((P, shrink * q.h + damping * dh))
+        return self.set_qs(naturals)
+
+    def snapshot(self):
+        return self.sites, self.qs, self.V, self.n_sited
+
+    def restore(self, before):
+        self.sites, self.qs, self.V, self.n_sited = before
+
+    def data_terms(self, parts):
+        return parts.log_terms, parts.n_bad
+
+    def gradient(self, parts, scale, held, u_space):
+        return evidence_and_gradient(self, parts, scale, held)
 
     def rebuild(self, sums):
         """q_k = I + Σ, h_k from a batch pass's sums (:func:`site_pass`)."""
@@ -546,7 +556,7 @@ class SparseMultiClassState:
         return False
 
     def start_minibatches(self, X, block_rows):
-        """Get ready for minibatch steps on the rows of X (gpc.sparse._train.SEPState's): each
+        """Get ready for minibatch steps on the rows of X (as the binary state does): each
         class's row directions V[k], and q rebuilt from the sites with the current factors when
         they are not zero."""
         if self.tied or self.V is not None:
@@ -562,7 +572,8 @@ class SparseMultiClassState:
             P, h = np.eye(f.m), np.zeros(f.m)
             V.append(site_directions(X, f, tau[:, k].copy(), eta[:, k].copy(), block_rows, P, h))
             naturals.append((P, h))
-        self.set_qs(naturals)     # if it fails, q keeps its last factorable form
+        if not self.set_qs(naturals):     # q keeps its last factorable form
+            self.drop_update()
         self.V = V
 
     def log_normaliser(self):
@@ -576,16 +587,16 @@ class SparseMultiClassState:
 
 
 # -- rows in this process --------------------------------------------------------------------------
-class LocalClassRows:
+class LocalClassRows(Rows):
     """Training rows of a multi-class fit in this process: all of them (``rows`` None, a batch
     step) or one minibatch (``rows`` a slice or a sorted index array, ``y`` their labels: the
-    points' sites and directions are gathered and scattered by row).  The interface of gpc.sparse._train.LocalRows/LocalBatch
-    for :func:`iteration`: ``size``, ``update_sites`` (all rows), ``swap_sites`` (a minibatch),
-    ``commit``, ``revert``, ``evidence_parts``; :func:`tied_iteration` uses ``match_sites`` and
-    ``tied_parts``."""
+    points' sites and directions are gathered and scattered by row).  The core's rows
+    (:class:`gpc.sparse.core.rows.Rows`) for its step loop: ``update_sites`` (all rows),
+    ``swap_sites`` (a minibatch), ``match_sites`` (tied sites, after which ``evidence_parts`` is
+    the tied evidence, :meth:`tied_parts`), ``commit``, ``revert``, ``evidence_parts``."""
 
     #: a committed batch update can be undone by bringing back the state's old sites and q (the
-    #: rows keep nothing of them): :func:`iteration` drops a pass whose log Z is not ≤ 0
+    #: rows keep nothing of them): the core's loop drops a pass whose log Z is not ≤ 0
     undoable = True
 
     def __init__(self, state, model, X, y, rows=None, tasks=SERIAL, block_rows=BLOCK_ROWS):
@@ -596,6 +607,7 @@ class LocalClassRows:
         self.rows = rows
         self._pending = None
         self._block = None
+        self._tied = False
 
     def _whitened(self):
         if self._block is None:
@@ -687,8 +699,11 @@ class LocalClassRows:
         self._block = None
 
     def evidence_parts(self, gradient, held):
-        """:class:`EvidenceParts` over these rows at the state's q."""
+        """:class:`EvidenceParts` over these rows at the state's q (after :meth:`match_sites`,
+        the tied evidence at the state's tied cavities)."""
         st = self.state
+        if self._tied:
+            return self.tied_parts(st.tied_cavity(), gradient)
         if self.rows is None:
             return evidence_pass(self.X, self.y, st.sites, st.factors, st.qs, self.model,
                                  st.beta_posterior(), st.rho, self.block_rows, gradient, held,
@@ -701,6 +716,7 @@ class LocalClassRows:
     def match_sites(self, cavities):
         """Each point's sites fitted by its local EP against the tied ``cavities``: per class the
         sums (Σ τ a aᵀ, Σ η a) of the points' row sites."""
+        self._tied = True
         return tied_block(self._whitened(), self.y, cavities, None, self.model, self.state,
                           False, self.tasks)[0]
 
@@ -711,45 +727,10 @@ class LocalClassRows:
                           self.state, gradient, self.tasks)[1]
 
 
-# -- the steps -------------------------------------------------------------------------------------
-def iteration(state, rows, damping):
-    """One step on the rows that ``rows`` covers (gpc.sparse._train.iteration's order, SEP §2.3):
-    their sites refined, q updated, then one inner Adadelta step on log θ, Z and log ε.
-
-    All n rows: a parallel pass from the same q (the ψ̃ᵢ then in turn), q rebuilt from the new
-    sites, the gradient in its "sites" form.  A minibatch of fewer rows: each row's sites swapped
-    in q along their kept directions (SEP eq. (6)), the gradient in its "cavity" form with the
-    data terms scaled by (points q holds)/|M|.  A site update after which some q_k has no factor
-    is dropped, and the damping of the next ones halved (``state.damping_scale``); so is, in
-    process, a pass over all rows whose log Z is not finite and ≤ 0 (the log probability of the
-    labels: a larger value is a state no EP fixed point has, reached by a parallel pass that
-    overshot), with no inner step after it, and a DivergenceError when the damping would fall
-    below ``MIN_DAMPING_SCALE``.  Returns log Z (a minibatch: its estimate over all n rows).
-    """
-    damping = damping * state.damping_scale
-    if rows.size == state.n:
-        before = (state.sites, state.qs, state.V, state.n_sited)
-        if state.rebuild(rows.update_sites(damping)):
-            rows.commit()
-            state.n_sited = state.n
-        else:
-            rows.revert()
-            before = None
-        return _inner_step(state, rows, state.n, "sites",
-                           before if getattr(rows, "undoable", False) else None)
-    naturals, n_fresh = rows.swap_sites(damping)
-    if state.set_qs(naturals):
-        rows.commit()
-        state.n_sited = min(state.n, state.n_sited + n_fresh)
-    else:
-        rows.revert()
-    return _inner_step(state, rows, max(state.n_sited, rows.size), "cavity")
-
-
 def evidence_and_gradient(state, parts, scale, held):
     """log Z (its estimate over all n rows from ``parts`` of b rows, SEP eq. (3)/(6)) and its
     gradient in :meth:`SparseMultiClassState._params`' order, the data terms scaled by
-    ``scale``: each class's parts finished by gpc.sparse._passes.finish_evidence, and
+    ``scale``: each class's parts finished by gpc.sparse.core.passes.finish_evidence, and
     ∂ log Z/∂ log ε = Σᵢ (pᵢ − ρ)/(1 − ρ) (derivation §6: ρ ∝ ε)."""
     grads = None
     if parts.classes is not None:
@@ -763,45 +744,11 @@ def evidence_and_gradient(state, parts, scale, held):
     return grads
 
 
-def _inner_step(state, rows, n_held, held, before=None):
-    """The inner step after a site update: the evidence's parts over the rows at the new q, its
-    estimate over all n rows, and one Adadelta step on its gradient (data terms scaled by
-    ``n_held``/|M|, SEP eq. (4), (6)).  ``before``: the (sites, q, V, n_sited) the update
-    replaced, brought back if log Z is not finite and ≤ 0 (:func:`iteration`)."""
-    b = rows.size
-    parts = rows.evidence_parts(state.learns, held)
-    log_z = state.log_normaliser() + state.n / b * parts.log_terms
-    if before is not None and not log_z <= _LOG_EVIDENCE_SLACK:
-        state.sites, state.qs, state.V, state.n_sited = before
-        state.skipped_passes += 1
-        state.damping_scale *= 0.5
-        if state.damping_scale < MIN_DAMPING_SCALE:
-            raise DivergenceError(f"sparse multi-class EP: every site pass at damping down to "
-                                  f"{MIN_DAMPING_SCALE:.3g} times the set one reached log Z = "
-                                  f"{log_z:.6g}, not a log probability (finite, ≤ 0)",
-                                  method="ep", value=log_z)
-        if not np.isfinite(state.log_z):        # the first pass: log Z of the state kept
-            kept = rows.evidence_parts(False, held)
-            state.log_z = state.log_normaliser() + state.n / b * kept.log_terms
-        return state.log_z
-    state.n_bad = parts.n_bad
-    state.log_z = log_z
-    if state.learns:
-        state.gradient_step(evidence_and_gradient(state, parts, n_held / b, held))
-    return state.log_z
-
-
 # -- tied sites (stochastic EP, derivation §7) ----------------------------------------------------
 def tied_cavities(state):
     """Each class's cavity of a point under tied sites: q less one of the n shares of its average
-    site, (P, h) → (1 − 1/n)(P − I) + I, (1 − 1/n) h."""
-    keep = 1.0 - 1.0 / state.n
-    out = []
-    for q in state.qs:
-        P = keep * q.P
-        P.flat[:: P.shape[0] + 1] += 1.0 - keep
-        out.append(NaturalPosterior(P, keep * q.h))
-    return out
+    site (gpc.sparse.core.steps.tied_cavity)."""
+    return [tied_cavity(q, state.n) for q in state.qs]
 
 
 def local_ep(block, y, cavities, model, prior_log_odds, tasks=SERIAL, moments=False):
@@ -893,77 +840,15 @@ def tied_block(block, y, cavities, qs, model, state, gradient, tasks=SERIAL):
     return sums, EvidenceParts(log_terms, tasks.map(grad, range(C)), excess, loc["n_bad"])
 
 
-def tied_iteration(state, rows, damping):
-    """A minibatch step with one tied site per class (stochastic EP, derivation §7): each point's
-    sites matched by its local EP against the tied cavity, the average site of every class moved
-    to (1 − δ|M|/n) T_k + δ Σ_M contributions (gpc.sparse._train.tied_iteration's rule), then one
-    Adadelta step on the tied evidence's gradient at the new q (data terms scaled by n/|M|).  An
-    update after which some q_k has no factor is dropped and δ of the next ones halved, as in
-    :func:`iteration`.  Returns the minibatch estimate of log Z."""
-    n = state.n
-    damping = damping * state.damping_scale
-    shrink = 1.0 - damping * rows.size / n
-    sums = rows.match_sites(tied_cavities(state))
-    naturals = []
-    for q, (dP, dh) in zip(state.qs, sums):
-        P = shrink * q.P + damping * dP
-        P.flat[:: P.shape[0] + 1] += 1.0 - shrink
-        naturals.append((P, shrink * q.h + damping * dh))
-    state.set_qs(naturals)
-    parts = rows.tied_parts(tied_cavities(state), state.learns)
-    state.n_bad = parts.n_bad
-    b = rows.size
-    state.log_z = sum(q.log_normaliser_ratio() for q in state.qs) + n / b * parts.log_terms
-    if state.learns:
-        state.gradient_step(evidence_and_gradient(state, parts, n / b, "cavity"))
-    return state.log_z
-
-
-# -- EP at fixed hyperparameters -----------------------------------------------------------------
-def run_ep(state, rows, damping=0.5, tol=1e-9, max_iter=1000):
-    """Parallel damped site passes at fixed θ, Z and ε (no inner steps) until the largest
-    undamped moment mismatch is below ``tol``; returns (passes, converged).  ``rows`` covers all
-    the rows (:meth:`MultiClassRows.all_rows`)."""
-    for it in range(1, max_iter + 1):
-        if state.rebuild(rows.update_sites(damping * state.damping_scale)):
-            rows.commit()
-            state.n_sited = state.n
-        else:
-            rows.revert()
-        if state.mismatch < tol:
-            return it, True
-    return max_iter, False
-
-
-# -- the trainers and the rows they train on ------------------------------------------------------
-class MultiClassBatch(SEPBatch):
-    """Batch training (gpc.sparse._trainer.SEPBatch) with :func:`iteration`."""
-
-    iterate = staticmethod(iteration)
-
-
-class MultiClassMinibatch(SEPMinibatch):
-    """Minibatch training (gpc.sparse._trainer.SEPMinibatch) with :func:`iteration`."""
-
-    iterate = staticmethod(iteration)
-
-
-class MultiClassTied(SEPTied):
-    """Tied sites (gpc.sparse._trainer.SEPTied) with :func:`tied_iteration`."""
-
-    iterate = staticmethod(tied_iteration)
-
-
-class MultiClassRows(TrainingRows):
+# -- the rows the trainers train on ----------------------------------------------------------------
+class MultiClassRows(LocalTrainingRows):
     """The training rows of a multi-class fit in this process (one problem, k = 0, with class
-    labels 0..C−1), for the trainers of gpc.sparse._trainer; ``tasks`` runs the class blocks."""
+    labels 0..C−1), for the trainers of gpc.sparse.core.trainers; ``tasks`` runs the class
+    blocks."""
 
     def __init__(self, X, y, tasks=SERIAL):
-        self.X, self.n, self.tasks = X, X.shape[0], tasks
-        self.y = np.ascontiguousarray(y, dtype=np.intp)
-
-    def batches(self, size, rng=None):
-        return random_batches(self.n, size, rng)
+        super().__init__(X, [np.ascontiguousarray(y, dtype=np.intp)])
+        self.y, self.tasks = self.targets[0], tasks
 
     def all_rows(self, k, state, likelihood):
         return LocalClassRows(state, likelihood, self.X, self.y, None, self.tasks)
@@ -971,16 +856,6 @@ class MultiClassRows(TrainingRows):
     def batch_rows(self, k, state, likelihood, batch, sites=True):
         rows = batch_index(batch)
         return LocalClassRows(state, likelihood, self.X, self.y[rows], rows, self.tasks)
-
-    def svi_rows(self, k, likelihood, batch):
-        rows = batch_index(batch)
-        return take_rows(self.X, rows), self.y[rows]
-
-    def objective_rows(self, k, likelihood):
-        return self.X, self.y
-
-    def start_minibatches(self, k, state):
-        state.start_minibatches(self.X, BLOCK_ROWS)
 
 
 def latent_moments(state, Xb, tasks=SERIAL):

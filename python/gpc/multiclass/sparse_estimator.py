@@ -10,13 +10,13 @@ from .._parallel import BLOCK_ROWS
 from .._validation import check_positive_float
 from ..kernels import as_kernel, user_kernel
 from ..sparse.base import SparseEstimator
+from ..sparse.core.trainers import SEPBatch, SEPMinibatch, SEPTied
 from ..sparse.estimator import default_kernel, initial_inducing
 from ._sparse_distributed import EngineClassRows, MultiClassShards
 from .estimator import LABEL_NOISE_BOUNDS, check_label_noise, check_label_noise_classes
 from .predict import N_NODES, argmax_probabilities
-from .sparse import (ArgmaxLikelihood, MultiClassBatch, MultiClassMinibatch, MultiClassRows,
-                     MultiClassTied, SparseMultiClassState, Tasks, latent_moments,
-                     row_outlier_probability)
+from .sparse import (ArgmaxLikelihood, MultiClassRows, SparseMultiClassState, Tasks,
+                     latent_moments, row_outlier_probability)
 from .sparse_vi import SparseMultiClassVIState, VIBatch, VIMinibatch
 
 MODELS = ("robust", "standard")
@@ -357,12 +357,11 @@ class SparseMultiClassGPC(SparseEstimator):
             label_noise=eps, noise_bounds=bounds)
         states = [self._state]
         if self.tied_sites:
-            return MultiClassTied(states, model, rng, self._batch or BLOCK_ROWS,
-                                  self._damping(False))
+            return SEPTied(states, model, rng, self._batch or BLOCK_ROWS, self._damping(False))
         if self._batch is None:
-            return MultiClassBatch(states, model, rng, self._damping(False))
+            return SEPBatch(states, model, rng, self._damping(False))
         # damped as in batch: undamped per-row minibatch updates oscillated on ten classes
-        return MultiClassMinibatch(states, model, rng, self._batch, self._damping(False))
+        return SEPMinibatch(states, model, rng, self._batch, self._damping(False))
 
     def _training_rows(self, X, y):
         """The rows with their labels as class indices, in process or on ``client``."""

@@ -21,12 +21,12 @@ variance, part of q's marginal).  Since p(yᵢ | fᵢ) takes two values,
 
 one Gauss–Hermite rule in f (:func:`argmax_probability`, with its derivatives in every μ_ik and
 σ²_ik; docs/derivations-sparse-multiclass.md §11).  Everything per class is the binary SVI's
-(:mod:`gpc.sparse.baselines`): q's marginals (``Posterior.marginals``), the chain rule to A, μ_k
-and L_q,k (``svi_block``, handed each class's row coefficients through :class:`_ClassCoefficients`),
-the KL and the K_uu part (``svi_finish``), and the kernel and Z gradient
-(``InducingFactor.block_gradient``).  Training is the binary SVI's too: L-BFGS-B in batch
-(:class:`gpc.sparse._trainer.LBFGSTrainer`) or Adadelta on minibatches with the data terms scaled by
-n/|M| (:class:`gpc.sparse._trainer.SVIMinibatch`), the rows those of
+(the sparse core's, :mod:`gpc.sparse.core.variational`): q's marginals (``Posterior.marginals``),
+the chain rule to A, μ_k and L_q,k (``svi_block``, handed each class's row coefficients through
+:class:`_ClassCoefficients`), the KL and the K_uu part (``svi_finish``), and the kernel and Z
+gradient (``InducingFactor.block_gradient``).  Training is the binary SVI's too: L-BFGS-B in batch
+(:class:`gpc.sparse.core.trainers.LBFGSTrainer`) or Adadelta on minibatches with the data terms
+scaled by n/|M| (:class:`gpc.sparse.core.trainers.SVIMinibatch`), the rows those of
 :class:`gpc.multiclass.sparse.MultiClassRows`.
 
 The noiseless argmax (ε = 0) has no bound: log p(yᵢ | fᵢ) = −∞ where yᵢ is not the argmax, a set
@@ -40,10 +40,10 @@ from scipy.special import log_ndtr
 
 from .._special import LOG_SQRT_2PI
 from ..exceptions import NotPositiveDefiniteError
-from ..sparse._passes import add_parts, as_block, block_ranges
-from ..sparse._trainer import LBFGSTrainer, SVIMinibatch
-from ..sparse.baselines import SVIState, _LBFGSState, svi_block, svi_finish
-from ..sparse.ep import Posterior
+from ..sparse.core.natural import Posterior
+from ..sparse.core.passes import add_parts, as_block, block_ranges
+from ..sparse.core.trainers import LBFGSTrainer, SVIMinibatch
+from ..sparse.core.variational import VariationalState, svi_block, svi_finish
 from .predict import N_NODES
 from .sparse import (RANGE_ROWS, SERIAL, ArgmaxLikelihood, RowBlock, SparseMultiClassState,
                      unpack_params)
@@ -102,9 +102,9 @@ def argmax_probability(means, varis, y):
     return P, d_mean, d_var
 
 
-class SparseMultiClassVIState(_LBFGSState):
+class SparseMultiClassVIState(VariationalState):
     """A variational fit: each class's kernel, inducing inputs, factor and q(w_k) = N(μ_k, L_kL_kᵀ),
-    and ε; what :class:`gpc.sparse._trainer.LBFGSTrainer` and ``SVIMinibatch`` train.
+    and ε; what :class:`gpc.sparse.core.trainers.LBFGSTrainer` and ``SVIMinibatch`` train.
 
     Parameters
     ----------
@@ -159,8 +159,6 @@ class SparseMultiClassVIState(_LBFGSState):
     rho = SparseMultiClassState.rho
     _hyperparameters = SparseMultiClassState._params
     assemble = SparseMultiClassState.assemble
-    #: one Adadelta step on a minibatch's estimate of the bound (the binary SVI's)
-    minibatch_step = SVIState.minibatch_step
 
     @property
     def qs(self):
@@ -262,7 +260,7 @@ class SparseMultiClassVIState(_LBFGSState):
 
     def _block(self, Xb, y):
         """A block's Σᵢ E_q[log p(yᵢ | fᵢ)], Σᵢ Pᵢ, and per class the summed data parts
-        (g_θ, g_Z, AᵀG_A, ∂/∂μ, ∂/∂L_q) before :func:`gpc.sparse.baselines.svi_finish`."""
+        (g_θ, g_Z, AᵀG_A, ∂/∂μ, ∂/∂L_q) before :func:`gpc.sparse.core.variational.svi_finish`."""
         tasks = self.tasks
         block = RowBlock(Xb, self.factors, tasks, keep_cross=True)
         means, varis = self._marginals(block, tasks)

@@ -5,7 +5,7 @@ holds the shards.  Every shard task is a pure function of the shard's rows and s
 per-block functions as the in-process fit (:mod:`gpc.sparse._passes`, :mod:`gpc.sparse._train`,
 :mod:`gpc.sparse.ep`, :func:`gpc.sparse.baselines.svi_parts`) and returns sums over its rows only (O(m²)):
 
-* SEP, one iteration (:func:`gpc.sparse._train.iteration`) is two rounds.  A batch iteration:
+* SEP, one iteration (:func:`gpc.sparse.core.steps.iteration`) is two rounds.  A batch iteration:
   :func:`site_task` refines every site of the shard against q and returns their sums with the current
   factor (q is rebuilt from them).  A minibatch: :func:`swap_task` refines the shard's share of the
   minibatch along SEP eq. (6) and returns the change its sites make to q, each old site removed along
@@ -39,18 +39,17 @@ worker's shard gets its sites, directions included, back exactly from the engine
 (:mod:`gpc.distributed._dask`); a checkpoint of that log brings them to the master.
 """
 
-import copy
-
 import numpy as np
 
 from .. import _pages
-from ..distributed import DistributedError
 from ..exceptions import NotPositiveDefiniteError
 from ._passes import block_parts, evidence_parts, site_pass
-from ._train import (random_batches, rows_named, site_directions, swap_block_sites, take_rows,
-                     tied_block_sites)
+from ._train import rows_named, swap_block_sites, tied_block_sites
 from .baselines import svi_parts
-from .ep import EP, NaturalPosterior
+from .core.natural import NaturalPosterior
+from .core.rows import Rows
+from .core.shards import light, sites_home
+from .core.steps import random_batches, site_directions, take_rows
 
 
 class ShardSites:
@@ -88,24 +87,6 @@ class ShardSites:
             _, at, of = np.intersect1d(everything, rows, assume_unique=True, return_indices=True)
             tau[at], nu[at] = p_tau[of], p_nu[of]
         return tau, nu
-
-
-#: seconds an interrupted fit waits for its sites (:meth:`DistributedFit.finish`)
-INTERRUPTED_WAIT = 10.0
-
-
-def sites_home(engine, home, interrupted):
-    """Every shard's ``home(sites)`` (``engine.sites``), or None when the fit was interrupted and
-    the cluster did not answer within INTERRUPTED_WAIT seconds: after a Ctrl-C nothing is
-    recovered, because a Ctrl-C in the terminal of a LocalCluster reaches its workers too and
-    rebuilding their shards would wait for workers that are gone."""
-    try:
-        return engine.sites(home, **({"timeout": INTERRUPTED_WAIT, "recover": False}
-                                     if interrupted else {}))
-    except DistributedError:
-        if not interrupted:
-            raise
-        return None
 
 
 def _no_sites(n_rows):
@@ -186,7 +167,7 @@ def swap_task(X, Y, T0, N0, q, theta, sites):
 
 def directions_task(X, Y, T0, N0, q, theta, sites):
     """The shard's sites' directions with the current factor (kept in its sites) and (Σ τ a aᵀ, Σ ν a,
-    rows with a site) for q: :func:`gpc.sparse._train.site_directions` on the shard's rows."""
+    rows with a site) for q: :func:`gpc.sparse.core.steps.site_directions` on the shard's rows."""
     column, factor, block_rows = theta
     m = factor.m
     columns = _columns(T0, N0, sites)
@@ -251,22 +232,13 @@ def svi_task(X, Y, T0, N0, q, theta, sites):
                             len(rows))
 
 
-def _light(q, factor):
-    """q and the factor without what the shards do not read (P, K_uu): less to send per step."""
-    q, factor = copy.copy(q), copy.copy(factor)
-    if q is not None:
-        q.P = None
-    factor.Kuu = None
-    return q, factor
-
-
 def minibatch_plan(bounds, batch_size, rng=None):
     """One epoch's minibatches on the shards: ``plan[j][k]``, shard k's sorted local row indices
     (np.intp, maybe empty) of minibatch j.
 
     Shard k of n_k rows draws a permutation of its rows from ``rng`` (shards in order) and cuts it
     into slices of ⌈b n_k / n⌉ rows (b = ``batch_size``); minibatch j is slice j of every shard
-    (:func:`gpc.sparse._train.random_batches` per shard).  Each worker thus takes its share of
+    (:func:`gpc.sparse.core.steps.random_batches` per shard).  Each worker thus takes its share of
     every minibatch, and a minibatch is a random subset of the rows whatever their order.  One
     shard gives the in-process minibatches; ``rng`` None the rows in order."""
     sizes = np.diff(np.asarray(bounds)).astype(int)
@@ -278,14 +250,16 @@ def minibatch_plan(bounds, batch_size, rng=None):
     return [[b[j] if j < len(b) else empty for b in blocks] for j in range(n_batches)]
 
 
-class ShardedRows:
+class ShardedRows(Rows):
     """The rows of problem ``column`` covered by one step on an engine: all of them, or one minibatch
-    (``batch``, an item of :func:`minibatch_plan`: each shard's local row indices).  The interface of ``_train.LocalRows`` and
-    ``_train.LocalBatch``, the site rule (:class:`gpc.sparse.ep.Rule`) sent with each task.
+    (``batch``, an item of :func:`minibatch_plan`: each shard's local row indices).  The core's rows
+    (:class:`gpc.sparse.core.rows.Rows`), as ``_train.LocalRows`` and ``_train.LocalBatch``; the
+    state's factor, q and site rule (:class:`gpc.sparse.ep.Rule`) are sent with each task.
 
     Parameters
     ----------
     engine : gpc.distributed.InProcessEngine or DaskEngine, loaded by :class:`DistributedFit`
+    state : the problem's :class:`gpc.sparse._train.SEPState` (the master's θ, Z and q)
     column : int, the one-vs-rest problem
     likelihood : gpc.likelihoods.Likelihood
     block_rows : int, rows per block inside a shard task
@@ -294,53 +268,55 @@ class ShardedRows:
 
     u_space = False          # the shards' evidence parts are w-space (gpc.sparse.ep.block_evidence)
 
-    def __init__(self, engine, column, likelihood, block_rows, batch=None):
-        self.engine, self.column, self.likelihood, self.block_rows, self.batch = (
-            engine, column, likelihood, block_rows, batch)
+    def __init__(self, engine, state, column, likelihood, block_rows, batch=None):
+        self.engine, self.state, self.column, self.likelihood, self.block_rows, self.batch = (
+            engine, state, column, likelihood, block_rows, batch)
         self.size = engine.n_rows if batch is None else sum(len(rows) for rows in batch)
         self.n_fixed = 0
 
-    def update_sites(self, factor, q, damping, rule=EP):
+    def update_sites(self, damping):
         """All n rows: every site refined, their sums with the current factor (:func:`site_task`)."""
-        q, factor = _light(q, factor)
+        q, factor = light(self.state.q, self.state.factor)
         dP, dh, n_fixed = self.engine.step(site_task, q, (self.column, self.likelihood, factor,
-                                                          damping, self.block_rows, rule),
-                                           self.batch)
+                                                          damping, self.block_rows,
+                                                          self.state.rule), self.batch)
         self.n_fixed = int(n_fixed)
         return dP, dh
 
-    def swap_sites(self, factor, q, damping, rule=EP):
+    def swap_sites(self, damping):
         """A minibatch: the shards' shares refined and swapped (:func:`swap_task`); q's new natural
         parameters (P, h) and the rows that had no site."""
-        light, light_factor = _light(q, factor)
+        q = self.state.q
+        sent, factor = light(q, self.state.factor)
         dP, dh, n_fresh, n_fixed = self.engine.step(
-            swap_task, light, (self.column, self.likelihood, light_factor, damping, rule),
+            swap_task, sent, (self.column, self.likelihood, factor, damping, self.state.rule),
             self.batch)
         self.n_fixed = int(n_fixed)
-        return q.P + dP, q.h + dh, int(n_fresh)
+        return (q.P + dP, q.h + dh), int(n_fresh)
 
-    def match_sites(self, factor, cavity, rule=EP):
+    def match_sites(self, cavity):
         """Tied sites: each row of the minibatch matched against the cavity, their sums."""
-        cavity, factor = _light(cavity, factor)
-        return self.engine.step(tied_task, cavity, (self.column, self.likelihood, factor, rule),
-                                self.batch)
+        cavity, factor = light(cavity, self.state.factor)
+        return self.engine.step(tied_task, cavity,
+                                (self.column, self.likelihood, factor, self.state.rule), self.batch)
 
     def commit(self):
         """The new sites are already the shards' current ones."""
+        self.state.n_fixed += self.n_fixed
 
     def revert(self):
         self.engine.revert()
 
-    def evidence_parts(self, factor, q, gradient, held, rule=EP):
-        q, factor = _light(q, factor)
+    def evidence_parts(self, gradient, held):
+        q, factor = light(self.state.q, self.state.factor)
         parts = self.engine.step(evidence_task, q, (self.column, self.likelihood, factor,
-                                                    bool(gradient), self.block_rows, held, rule),
-                                 self.batch)
+                                                    bool(gradient), self.block_rows, held,
+                                                    self.state.rule), self.batch)
         return parts if gradient else (parts[0], None, None, None, parts[1])
 
     def svi_parts(self, factor, mean, Lq):
         """SVI's summed parts over these rows (the rows object ``SVIState.objective`` accepts)."""
-        _, factor = _light(None, factor)
+        _, factor = light(None, factor)
         return self.engine.step(svi_task, (mean, Lq), (self.column, self.likelihood, factor,
                                                        self.block_rows), self.batch)
 
@@ -369,10 +345,11 @@ class DistributedFit:
         N0 = np.column_stack([getattr(s, "nu", None) if getattr(s, "nu", None) is not None
                               else np.zeros(n) for s in states])
         self.engine.load((X, Y, T0, N0), _no_sites)
-        self.targets = targets
+        self.targets, self.states = targets, states
 
     def rows(self, column, likelihood, block_rows, batch=None):
-        return ShardedRows(self.engine, column, likelihood, block_rows, batch)
+        """Problem ``column``'s rows of a step (all of them, or minibatch ``batch``)."""
+        return ShardedRows(self.engine, self.states[column], column, likelihood, block_rows, batch)
 
     def plan(self, batch_size, rng=None):
         """One epoch's minibatches (:func:`minibatch_plan`)."""
@@ -395,14 +372,14 @@ class DistributedFit:
         state.n_sited = 0
         if not (np.any(state.tau) or np.any(state.nu)):
             return
-        _, factor = _light(None, state.factor)
+        _, factor = light(None, state.factor)
         dP, dh, n_sited = self.engine.step(directions_task, None, (column, factor, block_rows))
         state.n_sited = int(n_sited)
         dP.flat[:: factor.m + 1] += 1.0
         try:
             state.q = NaturalPosterior(dP, dh)
         except NotPositiveDefiniteError:
-            state.skipped_passes += 1
+            state.drop_update()
 
     def finish(self, states, interrupted=False):
         """Bring the sites home into ``states`` (O(n), once, so that the model can be continued

@@ -1,7 +1,6 @@
-"""Passes over row blocks of the data: the batch EP sweep and the evidence with its gradient.
+"""The binary model's passes over row blocks (gpc.sparse.core.passes): the batch EP sweep and
+the evidence with its gradient.
 
-The rows come from any array with row slicing (NumPy, ``np.memmap``, a Dask array): a block is read
-with ``X[start:stop]`` and converted to a float64 NumPy array, so only one block is in memory.
 Every pass returns sums over its rows only (O(m²)), taken in row order; that is what a shard of a
 distributed fit sends back (:mod:`gpc.sparse._distributed`).  Within a block the work runs on the
 caller's threads (gpc.sparse.ep, gpc._parallel.block_threads).
@@ -12,24 +11,10 @@ from functools import partial
 import numpy as np
 
 from .. import _parallel
-from ._inducing import add_gradients
-from .ep import (EP, NaturalPosterior, block_evidence, linearisation, linearised_sites, prior_term,
-                 prior_term_u, update_sites, whitened_sums)
-
-
-def as_block(X, start, stop):
-    """Rows start:stop of any row-sliceable array as a C-contiguous float64 array."""
-    block = X[start:stop]
-    if hasattr(block, "compute"):      # a Dask array
-        block = block.compute()
-    block = np.ascontiguousarray(block, dtype=np.float64)
-    if not np.isfinite(block).all():
-        raise ValueError(f"X contains NaN or inf (in rows {start}:{stop})")
-    return block
-
-
-def block_ranges(n, block_rows):
-    return [(i, min(i + block_rows, n)) for i in range(0, n, block_rows)]
+from .core.inducing import add_gradients
+from .core.natural import NaturalPosterior, whitened_sums
+from .core.passes import add_parts, as_block, block_ranges, finish_evidence
+from .ep import EP, block_evidence, linearisation, linearised_sites, update_sites
 
 
 def site_pass(likelihood, X, y, factor, q, tau, nu, damping, block_rows, rule=EP):
@@ -56,20 +41,6 @@ def site_pass(likelihood, X, y, factor, q, tau, nu, damping, block_rows, rule=EP
         skipped += up.n_skipped
         n_fixed += up.n_fixed
     return tau, nu, dP, dh, skipped, n_fixed
-
-
-def natural_sums(X, factor, tau, nu, block_rows):
-    """(P, h) = (I + Σ τ_i a_i a_iᵀ, Σ ν_i a_i) of given sites with the current factor."""
-    m = factor.m
-    P, h = np.eye(m), np.zeros(m)
-    if not (np.any(tau) or np.any(nu)):
-        return P, h
-    for start, stop in block_ranges(len(tau), block_rows):
-        A, _ = factor.whiten(as_block(X, start, stop))
-        dP, dh = whitened_sums(A, tau[start:stop], nu[start:stop])
-        P += dP
-        h += dh
-    return P, h
 
 
 def block_parts(likelihood, Xb, y, A, s, factor, q, tau, nu, gradient=True, Kbu=None,
@@ -100,13 +71,6 @@ def block_parts(likelihood, Xb, y, A, s, factor, q, tau, nu, gradient=True, Kbu=
     return ev.log_z, g_theta, g_Z, ev.AtG, ev.n_bad
 
 
-def add_parts(total, part):
-    """Running sum of two blocks' parts (None starts it), so a pass holds one set of sums."""
-    if total is None:
-        return part
-    return tuple(None if a is None else a + b for a, b in zip(total, part))
-
-
 def evidence_parts(likelihood, X, y, factor, q, tau, nu, block_rows, gradient=True,
                    held="sites", rule=EP):
     """The summed block parts of log Z_q over all rows of X (before :func:`finish_evidence`)."""
@@ -118,36 +82,6 @@ def evidence_parts(likelihood, X, y, factor, q, tau, nu, block_rows, gradient=Tr
                                              tau[start:stop], nu[start:stop], gradient, Kbu,
                                              held, rule))
     return parts
-
-
-def finish_evidence(factor, q, parts, scale=1.0, held="sites", u_space=False):
-    """From the summed block parts add the K_uu part: (log_z, g_theta, g_Z, n_bad).
-
-    ``scale`` multiplies the data terms (n/|M| for a minibatch, SEP eq. (6)).  With ``held`` =
-    "sites" (:func:`ep.block_evidence`) the prior's part rides on the per-row terms and is scaled
-    with them; with "cavity" it is eq. (4)'s prior term, from q alone and not scaled, and with
-    ``u_space`` the rows' K_uu part is in u-space (:func:`ep.block_evidence` given the rows'
-    directions).  Either way a minibatch of all the data gives the batch value.  The
-    K_bu part may still be a side task (:func:`block_parts` with ``later``): it runs beside the
-    K_uu part's congruence panels.
-    """
-    log_z, g_theta, g_Z, AtG, n_bad = parts
-    log_z = q.log_normaliser_ratio() + scale * log_z
-    if g_theta is None:
-        return log_z, None, None, n_bad
-    if held == "sites":
-        gt, gz = factor.uu_gradient(scale * AtG)
-    elif u_space:
-        G = prior_term_u(q, factor)
-        G += (0.5 * scale) * (AtG + AtG.T)
-        gt, gz = factor.uu_gradient_u(G)
-    else:
-        G = prior_term(q)
-        G += (0.5 * scale) * (AtG + AtG.T)
-        gt, gz = factor.uu_gradient_whitened(G, overwrite=True)
-    if isinstance(g_theta, _parallel.Deferred):
-        g_theta, g_Z = g_theta.result()
-    return log_z, scale * g_theta + gt, scale * g_Z + gz, n_bad
 
 
 def evidence(likelihood, X, y, factor, q, tau, nu, block_rows, gradient=True, held="sites",
@@ -190,28 +124,3 @@ def linearised_evidence(X, y, factor, slope, intercept, omega, block_rows):
         h += dh
         const += float(np.sum(c))
     return NaturalPosterior(0.5 * (P + P.T), h).log_normaliser_ratio() + const
-
-
-def run_ep(likelihood, X, y, factor, tau, nu, damping=0.5, max_iter=200, tol=1e-9,
-           block_rows=4096, rule=EP):
-    """Parallel damped passes of the site rule ``rule`` (EP by default) at fixed θ and Z until the
-    sites move less than ``tol`` (max abs).
-
-    Returns (tau, nu, q, passes, converged, n_fixed), n_fixed the updates the rule's on_negative
-    policy handled over all passes.  A pass whose sites give q no factor (negative sites kept by
-    on_negative="raise") raises NotPositiveDefiniteError.
-    """
-    P, h = natural_sums(X, factor, tau, nu, block_rows)
-    q = NaturalPosterior(P, h)
-    n_fixed = 0
-    for it in range(1, max_iter + 1):
-        new_tau, new_nu, dP, dh, _, fixed = site_pass(likelihood, X, y, factor, q, tau, nu,
-                                                      damping, block_rows, rule)
-        n_fixed += fixed
-        change = max(np.max(np.abs(new_tau - tau)), np.max(np.abs(new_nu - nu)))
-        tau, nu = new_tau, new_nu
-        dP.flat[:: factor.m + 1] += 1.0
-        q = NaturalPosterior(0.5 * (dP + dP.T), dh)
-        if change < tol:
-            return tau, nu, q, it, True, n_fixed
-    return tau, nu, q, max_iter, False, n_fixed

@@ -1,9 +1,11 @@
-"""SEP trainers: batch passes and minibatches, both with "inner" hyperparameter steps (SEP §2.3).
+"""The binary sparse model on the sparse core: its state and its rows (SEP §2.3).
 
-Each step updates sites first, then q, and then moves the free log hyperparameters and Z along
-the gradient of log Z_q (eq. (4); for a minibatch M its stochastic form eq. (6), data terms scaled
-by the rows q holds over |M|) with Adadelta.  A step that leaves q without a factor or a
-non-finite value is reverted, and the learning rate is halved; the trainer records it.  With
+:class:`SEPState` holds θ, Z, one binary problem's sites (τ_i, ν_i) and q;
+:class:`LocalRows` (all rows) and :class:`LocalBatch` (a minibatch, or a block of rows matched
+against the tied site) refine the sites by the binary site rule (gpc.sparse.ep) and give the
+evidence's parts.  The step loop that drives them is the core's (gpc.sparse.core.steps:
+``iteration``, ``tied_iteration``, ``run_ep``); :class:`InProcessRows` and :class:`EngineRows`
+hand the core's trainers these rows (or the shards' twins, gpc.sparse._distributed).  With
 batch_size = n a minibatch step is the batch step (same sites, same q, same gradient): tested.
 
 A minibatch step of b rows (m inducing points) costs the kernel blocks K_bm and K_uu and about
@@ -17,35 +19,28 @@ from functools import partial
 import numpy as np
 
 from .. import _pages, _parallel, _sparse
-from ..exceptions import NegativeVarianceError, NotPositiveDefiniteError, NumericalError
-from ._inducing import InducingFactor
-from ._passes import as_block, block_parts, block_ranges, evidence_parts, finish_evidence, site_pass
-from .ep import (DEFAULT_ON_NEGATIVE, EP, NaturalPosterior, Rule, _rows, _vector, add_blocks,
-                 add_vectors, check_filled, check_refined, partials, row_blocks, times_lower_rows,
-                 transform_natural, update_sites, whitened_sums)
+from .._parallel import BLOCK_ROWS
+from ..exceptions import NegativeVarianceError, NotPositiveDefiniteError
+from ..inference.rules import DEFAULT_ON_NEGATIVE, EP, Rule
+from ._passes import block_parts, evidence_parts, finish_evidence, site_pass
+from .core import steps
+from .core.inducing import InducingFactor
+from .core.natural import (NaturalPosterior, add_blocks, add_vectors, as_vector, partials,
+                           row_blocks, rows_of, transform_natural, whitened_sums)
+from .core.passes import as_block, block_ranges
+from .core.rows import Rows
+from .core.steps import (SparseState, batch_index, iteration, site_directions, take_rows,
+                         tied_cavity, tied_iteration)
+from .core.trainers import LocalTrainingRows, TrainingRows
+from .ep import check_filled, check_refined, update_sites
 
 
-class Adadelta:
-    """Adadelta (Zeiler 2012) for ascent: Δ = √(E[Δ²] + ε) / √(E[g²] + ε) · g, scaled by ``lr``."""
-
-    def __init__(self, size, lr=1.0, rho=0.9, eps=1e-5):
-        self.lr, self.rho, self.eps = lr, rho, eps
-        self.g2 = np.zeros(size)
-        self.d2 = np.zeros(size)
-
-    def step(self, grad):
-        self.g2 = self.rho * self.g2 + (1 - self.rho) * grad ** 2
-        delta = np.sqrt(self.d2 + self.eps) / np.sqrt(self.g2 + self.eps) * grad
-        self.d2 = self.rho * self.d2 + (1 - self.rho) * delta ** 2
-        return self.lr * delta
-
-
-class SEPState:
-    """Everything a fit carries between steps: θ, Z, the sites, q, the optimiser.
+class SEPState(SparseState):
+    """Everything a binary fit carries between steps: θ, Z, the sites, q, the optimiser.
 
     ``tau``/``nu`` hold two scalars per training row; q holds their sums as its natural
-    parameters (P, h) in the current whitened coordinates (:class:`ep.NaturalPosterior`).  A
-    site is fixed in u-space (SEP §2.3, q is "reconstructed" after a θ or Z step), along
+    parameters (P, h) in the current whitened coordinates (:class:`core.natural.NaturalPosterior`).
+    A site is fixed in u-space (SEP §2.3, q is "reconstructed" after a θ or Z step), along
     v_i = K_uu⁻¹k_i at its last refinement; minibatch training keeps these directions, ``V``
     (n x m, float32, SEP §2.3: "m + 1 parameters per approximate factor"), so that a refined
     site is swapped out of q along the direction it was added with (on an engine each shard
@@ -55,30 +50,26 @@ class SEPState:
     Hernández-Lobato & Turner 2015), so the state is O(m²) whatever n is.
 
     ``method`` ("ep" or "pl") and ``on_negative`` choose the site rule (:class:`ep.Rule`) that
-    refits the sites; ``n_fixed`` counts the updates its on_negative policy handled.
+    refits the sites; ``n_fixed`` counts the updates its on_negative policy handled.  ``factor``:
+    K_uu's factor when the caller has it (else made from ``kernel``, ``Z`` and ``jitter``).
+    The counters, the optimiser and the failure rule are the core's
+    (:class:`gpc.sparse.core.steps.SparseState`).
     """
 
     def __init__(self, kernel, Z, n, jitter, optimize_inducing, lr, tied=False, method="ep",
-                 on_negative=DEFAULT_ON_NEGATIVE):
+                 on_negative=DEFAULT_ON_NEGATIVE, factor=None):
         self.kernel, self.Z, self.jitter = kernel, np.array(Z, dtype=np.float64), jitter
         self.optimize_inducing = optimize_inducing
-        self.tied, self.n = tied, n
+        self.tied = tied
         self.rule = Rule(method, on_negative)
         self.n_fixed = 0
         self.tau, self.nu = (None, None) if tied else (np.zeros(n), np.zeros(n))
-        self.V = None               # the sites' u-space directions (minibatch training)
-        self.n_sited = 0            # rows whose site q holds
         m = self.Z.shape[0]
-        self.factor = InducingFactor(kernel, self.Z, jitter)
+        self.factor = InducingFactor(kernel, self.Z, jitter) if factor is None else factor
         self.q = NaturalPosterior(np.eye(m), np.zeros(m))
         self._theta, self._bounds = kernel.theta, kernel.bounds
-        self.n_params = len(self._theta) + (self.Z.size if optimize_inducing else 0)
-        self.optimizer = Adadelta(self.n_params, lr=lr)
-        self.log_z = np.nan
-        self.reverted = 0          # parameter steps undone (rate halved)
-        self.skipped_passes = 0    # site updates dropped because q lost its factor
+        super().__init__(n, len(self._theta) + (self.Z.size if optimize_inducing else 0), lr)
         self._work = {}
-        self._later = []           # side tasks of the step under way (gpc._parallel.defer)
 
     def workspace(self, name, shape, dtype=np.float64):
         """A scratch array kept between steps under ``name`` (a fresh b x m array every step would
@@ -87,17 +78,6 @@ class SEPState:
         if buf is None or buf.shape != shape or buf.dtype != dtype:
             buf = self._work[name] = np.empty(shape, dtype=dtype)
         return buf
-
-    def later(self, fn):
-        """Run ``fn()`` as a side task beside the step's next pass of blocks
-        (gpc._parallel.defer); :meth:`settle`, at the end of the step, waits for it."""
-        self._later.append(_parallel.defer(fn))
-
-    def settle(self):
-        """Finish the step's side tasks (:meth:`later`), raising the first one's error."""
-        later, self._later = self._later, []
-        for task in later:
-            task.result()
 
     def start_minibatches(self, X, block_rows):
         """Get ready for minibatch steps on the rows of X: the sites' directions V, and q rebuilt
@@ -116,11 +96,7 @@ class SEPState:
         try:
             self.q = NaturalPosterior(P, h)
         except NotPositiveDefiniteError:
-            self.skipped_passes += 1
-
-    @property
-    def learns(self):
-        return self.n_params > 0
+            self.drop_update()
 
     def _params(self):
         z = self.Z.ravel() if self.optimize_inducing else np.empty(0)
@@ -140,96 +116,61 @@ class SEPState:
         self.kernel, self.Z, self.factor, self.q = kernel, np.array(Z), factor, q
         self._theta = theta
 
-    def add_sites(self, dP, dh, shrink=1.0):
-        """q with the sites' change (dP, dh) added (after ``shrink`` scales the old sites, for the
-        tied site); False and q unchanged if that q has no factor (negative sites)."""
+    # -- what the core's step loop asks of a state (gpc.sparse.core.steps.SparseState) ----------
+    def rebuild(self, sums):
+        """q from a batch pass's sums (P - I, h) with the current factor (no kept directions)."""
+        if not self.add_tied(sums, 1.0, 0.0):
+            return False
+        self.V = None
+        return True
+
+    def swap(self, naturals, u_space):
+        """q from a minibatch's swapped (P, h); with a gradient to come, the prior term's parts as
+        side tasks beside the evidence's blocks: Σ_w, or with the rows' directions (``u_space``)
+        its u-space L⁻ᵀΣ_wL⁻¹ and K_uu⁻¹ (core.natural.prior_term_u)."""
+        try:
+            self.q = NaturalPosterior(*naturals)
+        except NotPositiveDefiniteError:     # negative sites made q improper
+            return False
+        if self.learns:
+            if u_space:
+                self.q.prefetch_cov(self.factor.Li)
+                self.factor.prefetch_inverse()
+            else:
+                self.q.prefetch_cov()
+        return True
+
+    def tied_cavity(self):
+        return tied_cavity(self.q, self.n)
+
+    def add_tied(self, sums, damping, shrink):
+        """q with its sites scaled by ``shrink`` and ``damping`` times the sums (dP, dh) added; False
+        and q unchanged if that q has no factor (negative sites)."""
+        dP, dh = sums
         m = self.factor.m
         P = self.q.P.copy()
         if shrink != 1.0:
             P.flat[:: m + 1] -= 1.0
             P *= shrink
             P.flat[:: m + 1] += 1.0
-        P += dP
+        P += damping * dP
         try:
-            self.q = NaturalPosterior(0.5 * (P + P.T), shrink * self.q.h + dh)
-            if shrink == 0.0:                # a rebuild with the current factor: no directions
-                self.V = None
-        except NotPositiveDefiniteError:     # negative sites made q improper: keep the old sites
-            self.skipped_passes += 1
+            self.q = NaturalPosterior(0.5 * (P + P.T), shrink * self.q.h + damping * dh)
+        except NotPositiveDefiniteError:     # negative sites made q improper
             return False
         return True
 
-    def gradient_step(self, g_theta, g_Z):
-        """One Adadelta ascent step on (log θ, Z); reverted with the rate halved if it fails."""
-        if not self.learns:
-            return True
-        grad = np.concatenate([g_theta, g_Z.ravel() if self.optimize_inducing else np.empty(0)])
-        if not np.isfinite(grad).all():
-            self.optimizer.lr *= 0.5
-            self.reverted += 1
-            return False
-        old = self._params()
-        try:
-            self._set_params(old + self.optimizer.step(grad))
-        except (NotPositiveDefiniteError, NumericalError, FloatingPointError, ValueError):
-            self.optimizer.lr *= 0.5
-            self.reverted += 1
-            return False
-        return True
+    def log_normaliser(self):
+        return self.q.log_normaliser_ratio()
 
+    def data_terms(self, parts):
+        return parts[0], parts[4]
 
-def site_directions(X, factor, tau, nu, block_rows, P, h):
-    """The directions v_i = L⁻ᵀa_i (n x m, float32) of the sites of X's rows with the current
-    factor; their sums Σ τ_i a_i a_iᵀ, Σ ν_i a_i are added to (P, h) in place.  One pass over X:
-    the start of minibatch training on sites that a batch or distributed fit left without
-    directions (:meth:`SEPState.start_minibatches`, and a shard's share of it)."""
-    V = _pages.zeros((len(tau), factor.m), dtype=np.float32)
-    for start, stop in block_ranges(len(tau), block_rows):
-        A, _ = factor.whiten(as_block(X, start, stop))
-        dP, dh = whitened_sums(A, tau[start:stop], nu[start:stop])
-        P += dP
-        h += dh
-        V[start:stop] = times_lower_rows(factor.Li, A, True)   # v_i = L⁻ᵀ a_i
-    return V
-
-
-def random_batches(n, size, rng=None):
-    """One epoch's minibatches of n rows: a permutation of the rows drawn from ``rng`` (a NumPy
-    Generator) cut into consecutive slices of ``size`` rows (the last one shorter), each minibatch
-    the rows of its slice in row order, as a sorted np.intp index array.  Every row is in exactly
-    one minibatch, and a minibatch is a uniformly random subset of the rows whatever their order
-    in X (class-sorted rows included).  Sorted, its rows are read from X with one fancy index in
-    row order (:func:`take_rows`), and its sites and directions gathered and scattered by row.
-    With ``rng`` None the rows in order (consecutive ranges)."""
-    order = np.arange(n, dtype=np.intp) if rng is None else rng.permutation(n).astype(np.intp)
-    return [np.sort(order[a:b]) for a, b in block_ranges(n, size)]
-
-
-def batch_index(batch):
-    """A minibatch's rows as an index into the rows: a (start, stop) pair or a slice as a slice,
-    anything else as an np.intp index array (sorted: :func:`random_batches`)."""
-    if isinstance(batch, slice):
-        return batch
-    if isinstance(batch, tuple):
-        return slice(*batch)
-    return np.asarray(batch, dtype=np.intp)
-
-
-def take_rows(X, rows):
-    """Rows ``rows`` (a slice, or a sorted index array) of any row-indexable X (NumPy,
-    ``np.memmap``, Dask) as a C-contiguous float64 array: a slice read as one block, an index
-    array with one fancy index; NaN or inf raise a ValueError naming the row."""
-    if isinstance(rows, slice):
-        return as_block(X, rows.start or 0, rows.stop)
-    block = X[rows]
-    if hasattr(block, "compute"):      # a Dask array
-        block = block.compute()
-    block = np.ascontiguousarray(block, dtype=np.float64)
-    finite = np.isfinite(block)
-    if not finite.all():
-        bad = int(rows[np.flatnonzero(~finite.all(axis=1))[0]])
-        raise ValueError(f"X contains NaN or inf (in row {bad})")
-    return block
+    def gradient(self, parts, scale, held, u_space):
+        """log Z_q's gradient in (log θ, Z) from the rows' parts (core.passes.finish_evidence)."""
+        _, g_theta, g_Z, _ = finish_evidence(self.factor, self.q, parts, scale=scale, held=held,
+                                             u_space=u_space)
+        return np.concatenate([g_theta, g_Z.ravel() if self.optimize_inducing else np.empty(0)])
 
 
 def _put_rows(dest, rows, values):
@@ -250,18 +191,13 @@ def rows_named(rows):
                                     method=exc.method) from None
 
 
-class LocalRows:
-    """The training rows of one binary problem in this process, their sites in ``state``.
-
-    The interface a batch iteration needs (:func:`iteration` with all n rows): ``size``,
-    ``update_sites``, ``commit``, ``revert``, ``evidence_parts`` (each refit or evidence by the
-    site rule it is given, :class:`ep.Rule`), and ``n_fixed``, the updates of the last refit that
-    the rule's on_negative policy handled, and ``u_space``, whether ``evidence_parts`` gives the
-    K_uu part in u-space (:func:`ep.block_evidence`); the distributed twin is
-    :class:`gpc.sparse._distributed.ShardedRows`.
+class LocalRows(Rows):
+    """The training rows of one binary problem in this process, their sites in ``state``: the
+    core's rows (:class:`gpc.sparse.core.rows.Rows`) for a batch iteration, every refit and
+    evidence by the state's site rule (:class:`ep.Rule`).  ``n_fixed``: the updates of the last
+    refit that the rule's on_negative policy handled, added to the state's on commit.  The
+    distributed twin is :class:`gpc.sparse._distributed.ShardedRows`.
     """
-
-    u_space = False
 
     def __init__(self, state, likelihood, X, y, block_rows):
         self.state, self.likelihood, self.X, self.y, self.block_rows = (
@@ -270,28 +206,33 @@ class LocalRows:
         self._pending = None
         self.n_fixed = 0
 
-    def update_sites(self, factor, q, damping, rule=EP):
+    def update_sites(self, damping):
         """Refine every site from q (SEP §2.2); returns their sums (P - I, h) with the current
-        factor (q is rebuilt from them), the new sites pending until commit."""
-        tau, nu, dP, dh, _, self.n_fixed = site_pass(self.likelihood, self.X, self.y, factor, q,
-                                                     self.state.tau, self.state.nu, damping,
-                                                     self.block_rows, rule)
+        factor (q is rebuilt from them), the new sites pending until commit.  The state's
+        ``mismatch`` becomes the largest change of a site's τ or ν."""
+        st = self.state
+        tau, nu, dP, dh, _, self.n_fixed = site_pass(self.likelihood, self.X, self.y, st.factor,
+                                                     st.q, st.tau, st.nu, damping,
+                                                     self.block_rows, st.rule)
+        st.mismatch = max(np.max(np.abs(tau - st.tau)), np.max(np.abs(nu - st.nu)))
         self._pending = tau, nu
         return dP, dh
 
     def commit(self):
         self.state.tau, self.state.nu = self._pending
+        self.state.n_fixed += self.n_fixed
         self._pending = None
 
     def revert(self):
         self._pending = None
 
-    def evidence_parts(self, factor, q, gradient, held, rule=EP):
-        return evidence_parts(self.likelihood, self.X, self.y, factor, q, self.state.tau,
-                              self.state.nu, self.block_rows, gradient, held, rule)
+    def evidence_parts(self, gradient, held):
+        st = self.state
+        return evidence_parts(self.likelihood, self.X, self.y, st.factor, st.q, st.tau, st.nu,
+                              self.block_rows, gradient, held, st.rule)
 
 
-class LocalBatch:
+class LocalBatch(Rows):
     """Rows ``rows`` of one binary problem in this process, as one block: a minibatch.
 
     ``rows`` is a slice or a sorted index array (:func:`random_batches`); ``Xb`` and ``yb`` are
@@ -323,32 +264,34 @@ class LocalBatch:
         """The first row of a slice of rows (index arrays name theirs by :func:`rows_named`)."""
         return self.rows.start or 0 if isinstance(self.rows, slice) else 0
 
-    def match_sites(self, factor, cavity, rule=EP):
+    def match_sites(self, cavity):
         """Each row's site matched against the tied cavity; their sums (Σ τ a aᵀ, Σ ν a).  Each
         block of rows is whitened right before its match, in one pass."""
-        whiten = self._whiten_blocks(factor)
+        whiten = self._whiten_blocks(self.state.factor)
         A, s, _ = self._whitened
-        tau, nu, dP, dh = tied_block_sites(self.likelihood, self.yb, A, s, cavity, rule,
-                                           before=whiten)
+        tau, nu, dP, dh = tied_block_sites(self.likelihood, self.yb, A, s, cavity,
+                                           self.state.rule, before=whiten)
         self._matched = tau, nu
         return dP, dh
 
-    def update_sites(self, factor, q, damping, rule=EP):
+    def update_sites(self, damping):
         """All n rows: :meth:`LocalRows.update_sites` on one block."""
-        A, s, _ = self._whiten(factor)
+        st = self.state
+        A, s, _ = self._whiten(st.factor)
         with rows_named(self.rows):
-            up = update_sites(self.likelihood, self.yb, A, s, q, self.state.tau[self.rows],
-                              self.state.nu[self.rows], damping, sums="new", rule=rule,
+            up = update_sites(self.likelihood, self.yb, A, s, st.q, st.tau[self.rows],
+                              st.nu[self.rows], damping, sums="new", rule=st.rule,
                               first_row=self._first_row())
         self._pending = up.tau, up.nu, None
         self.n_fixed = up.n_fixed
         return up.dP, up.dh
 
-    def swap_sites(self, factor, q, damping, rule=EP):
+    def swap_sites(self, damping):
         """Refine the rows' sites and swap them in q (:func:`swap_block_sites`): returns q's new
         natural parameters (P, h) and the rows that had no site; the sites and their new
         directions pending until commit."""
         state = self.state
+        factor, q = state.factor, state.q
         if state.V is None:
             if np.any(state.tau) or np.any(state.nu):
                 raise RuntimeError("minibatch steps on sites without their directions: call "
@@ -360,11 +303,11 @@ class LocalBatch:
         with rows_named(self.rows):
             t_new, n_new, V_new, n_fresh, self.n_fixed = swap_block_sites(
                 self.likelihood, self.yb, A, s, q, state.tau[self.rows], state.nu[self.rows],
-                state.V[self.rows], factor, damping, P, h, state.workspace, rule,
+                state.V[self.rows], factor, damping, P, h, state.workspace, state.rule,
                 self._first_row(), before=whiten)
         self._pending = t_new, n_new, V_new
         self._directions = V_new
-        return P, h, n_fresh
+        return (P, h), n_fresh
 
     def commit(self):
         """Keep the pending sites; their directions are stored in ``state.V`` (float32) beside the
@@ -373,6 +316,7 @@ class LocalBatch:
         writes before the step ends either)."""
         tau, nu, V = self._pending
         self.state.tau[self.rows], self.state.nu[self.rows] = tau, nu
+        self.state.n_fixed += self.n_fixed
         if V is not None:
             self.state.later(partial(_put_rows, self.state.V, self.rows, V))
         self._pending = None
@@ -386,93 +330,14 @@ class LocalBatch:
         directions v_i = L⁻ᵀa_i the cavity form's gradient takes (:func:`ep.block_evidence`)."""
         return self._directions is not None
 
-    def evidence_parts(self, factor, q, gradient, held, rule=EP):
+    def evidence_parts(self, gradient, held):
+        st = self.state
         A, s, Kbu = self._whitened
         tau, nu = (self._matched if self._matched is not None
-                   else (self.state.tau[self.rows], self.state.nu[self.rows]))
-        # the K_bu part's kernel contraction beside the K_uu part (_inner_step's finish_evidence)
-        return block_parts(self.likelihood, self.Xb, self.yb, A, s, factor, q, tau, nu, gradient,
-                           Kbu, held, rule, later=True, directions=self._directions)
-
-
-def iteration(state, rows, damping):
-    """One step on the rows that ``rows`` covers, SEP §2.3 in its order: their sites refined
-    against their cavities, q updated, then one "inner" step of θ and Z (eq. (4) or (6)) after
-    which q is reconstructed for the new factor.  ``rows`` is a :class:`LocalRows` or
-    :class:`LocalBatch` in process, a :class:`gpc.sparse._distributed.ShardedRows` on an engine.
-
-    All n rows (a batch iteration): a parallel pass, q rebuilt from the new sites, each site
-    following its row (the gradient's "sites" form, :func:`ep.block_evidence`).
-
-    A minibatch M of fewer rows (SEP eq. (6) literally): a site held by q lies along its
-    direction at its last refinement, a'_i = Lᵀv_i with the current factor L (v_i kept in
-    ``state.V``, or on the shards); the cavity removes it along a'_i, and q swaps it for the
-    refined site along the current a_i: P + Σ τ_new a aᵀ - Σ τ_old a'a'ᵀ
-    (:func:`swap_block_sites`).  q therefore stays the sum of its sites.  The gradient takes the
-    "cavity" form, its data terms scaled by (rows q holds) / |M|: during the first pass q holds
-    only the rows seen so far, and the prior term of eq. (4), computed from q, is that of those
-    rows (scaled by n / |M| from the first step, the data terms outweighed the prior term and the
-    amplitude grew without bound).
-
-    The sites are refitted by the state's site rule (``state.rule``: EP with its on_negative
-    policy, or PL); a cavity that is not a distribution under on_negative="raise" raises
-    NegativeVarianceError.
-
-    Returns log Z_q (eq. (3)), or for a minibatch its estimate over all n rows (data terms
-    scaled by n / |M|).
-    """
-    try:
-        if rows.size == state.n:
-            dP, dh = rows.update_sites(state.factor, state.q, damping, state.rule)
-            if state.add_sites(dP, dh, shrink=0.0):        # q rebuilt from the new sites
-                rows.commit()
-                state.n_sited = state.n
-                state.n_fixed += rows.n_fixed
-            else:
-                rows.revert()
-            return _inner_step(state, rows, state.n, "sites")
-        _refine_minibatch(state, rows, damping)
-        return _inner_step(state, rows, max(state.n_sited, rows.size), "cavity")
-    finally:
-        state.settle()
-
-
-def _refine_minibatch(state, rows, damping):
-    """The site update of :func:`iteration` for a minibatch: the rows' sites refined and swapped
-    in q (``rows.swap_sites``), kept if that q has a factor."""
-    P, h, n_fresh = rows.swap_sites(state.factor, state.q, damping, state.rule)
-    try:
-        state.q = NaturalPosterior(P, h)
-    except NotPositiveDefiniteError:         # negative sites made q improper: keep the old sites
-        state.skipped_passes += 1
-        rows.revert()
-    else:
-        if state.learns:
-            # the prior term's parts as side tasks beside the evidence's blocks: Σ_w, or with
-            # the rows' directions its u-space L⁻ᵀΣ_wL⁻¹ and K_uu⁻¹ (ep.prior_term_u)
-            if rows.u_space:
-                state.q.prefetch_cov(state.factor.Li)
-                state.factor.prefetch_inverse()
-            else:
-                state.q.prefetch_cov()
-        rows.commit()
-        state.n_sited = min(state.n, state.n_sited + n_fresh)
-        state.n_fixed += rows.n_fixed
-
-
-def _inner_step(state, rows, n_held, held):
-    """The "inner" step after a site update: log Z_q's parts over the rows at the new q, then one
-    Adadelta step on its gradient, data terms scaled by ``n_held`` / |M| (eq. (4), (6)); ``held``
-    as in :func:`ep.block_evidence`.  Returns the estimate of log Z_q over all n rows."""
-    b = rows.size
-    parts = rows.evidence_parts(state.factor, state.q, state.learns, held, state.rule)
-    _, g_theta, g_Z, _ = finish_evidence(state.factor, state.q, parts, scale=n_held / b,
-                                         held=held, u_space=rows.u_space)
-    log_z = state.q.log_normaliser_ratio() + state.n / b * parts[0]
-    state.log_z = log_z
-    if state.learns:
-        state.gradient_step(g_theta, g_Z)
-    return log_z
+                   else (st.tau[self.rows], st.nu[self.rows]))
+        # the K_bu part's kernel contraction beside the K_uu part (the state's finish_evidence)
+        return block_parts(self.likelihood, self.Xb, self.yb, A, s, st.factor, st.q, tau, nu,
+                           gradient, Kbu, held, st.rule, later=True, directions=self._directions)
 
 
 def batch_step(state, likelihood, X, y, damping, block_rows):
@@ -494,6 +359,39 @@ def minibatch_step(state, likelihood, Xb, yb, rows, n, damping):
     return iteration(state, LocalBatch(state, likelihood, Xb, yb, rows), damping)
 
 
+def natural_sums(X, factor, tau, nu, block_rows):
+    """(P, h) = (I + Σ τ_i a_i a_iᵀ, Σ ν_i a_i) of given sites with the current factor."""
+    m = factor.m
+    P, h = np.eye(m), np.zeros(m)
+    if not (np.any(tau) or np.any(nu)):
+        return P, h
+    for start, stop in block_ranges(len(tau), block_rows):
+        A, _ = factor.whiten(as_block(X, start, stop))
+        dP, dh = whitened_sums(A, tau[start:stop], nu[start:stop])
+        P += dP
+        h += dh
+    return P, h
+
+
+def run_ep(likelihood, X, y, factor, tau, nu, damping=0.5, max_iter=200, tol=1e-9,
+           block_rows=4096, rule=EP):
+    """Parallel damped passes of the site rule ``rule`` (EP by default) at fixed θ and Z, from the
+    sites (tau, nu), until the sites move less than ``tol`` (max abs): the core's run_ep
+    (gpc.sparse.core.steps) on a :class:`SEPState` at ``factor`` and its :class:`LocalRows`.
+
+    Returns (tau, nu, q, passes, converged, n_fixed), n_fixed the updates the rule's on_negative
+    policy handled over all passes.  A pass whose sites give q no factor (negative sites kept by
+    on_negative="keep") is dropped under the core's failure rule (the damping halved).
+    """
+    state = SEPState(factor.kernel, factor.Z, len(y), None, False, 0.0, method=rule.method,
+                     on_negative=rule.on_negative, factor=factor)
+    state.tau, state.nu = tau, nu
+    state.q = NaturalPosterior(*natural_sums(X, factor, tau, nu, block_rows))
+    passes, converged = steps.run_ep(state, LocalRows(state, likelihood, X, y, block_rows),
+                                     damping, tol, max_iter)
+    return state.tau, state.nu, state.q, passes, converged, state.n_fixed
+
+
 def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P, h, workspace,
                      rule=EP, first_row=0, before=None):
     """A minibatch block's sites refined along SEP eq. (6) and swapped into (P, h), in place.
@@ -511,7 +409,7 @@ def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P
 
     The rows run by fixed sub-blocks (gpc._sparse.refine_block: marginals, old directions, the
     site rule, the sub-block's sums and new directions) on the caller's threads, the sub-blocks'
-    sums added in block order (:func:`ep.add_blocks`).  ``before(j)``, when given, runs in
+    sums added in block order (:func:`core.natural.add_blocks`).  ``before(j)``, when given, runs in
     sub-block j first and fills its rows of ``A`` and ``s`` (the whitening's blocks,
     :meth:`InducingFactor.whiten_blocks`: one pass instead of two).
 
@@ -523,7 +421,7 @@ def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P
     b, m = A.shape
     if before is not None:
         check_filled(A, s)
-    yb, s, tau, nu = _vector(yb), _vector(s), _vector(tau), _vector(nu)
+    yb, s, tau, nu = as_vector(yb), as_vector(s), as_vector(tau), as_vector(nu)
     V_old = np.ascontiguousarray(V_old, dtype=np.float32)
     n_fresh = int(np.count_nonzero((tau == 0.0) & (nu == 0.0)))
     t_new, n_new = np.empty(b), np.empty(b)
@@ -536,10 +434,10 @@ def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P
         if before is not None:
             before(j)
         return _sparse.refine_block(*spec, *codes, float(damping), _sparse.SUMS_SWAP,
-                                    *_rows(blocks[j], yb, A, s), q.Ri, q.mean,
-                                    *_rows(blocks[j], tau, nu, t_new, n_new), dPs[j], dhs[j],
-                                    _rows(blocks[j], V_old)[0], factor.L, factor.Li,
-                                    _rows(blocks[j], V_new)[0])
+                                    *rows_of(blocks[j], yb, A, s), q.Ri, q.mean,
+                                    *rows_of(blocks[j], tau, nu, t_new, n_new), dPs[j], dhs[j],
+                                    rows_of(blocks[j], V_old)[0], factor.L, factor.Li,
+                                    rows_of(blocks[j], V_new)[0])
     results = _parallel.over_blocks(block, len(blocks))
     _, n_fixed = check_refined(results, blocks, first_row)
     # P + Σ τ_new a aᵀ - Σ τ_old a'a'ᵀ, h + Σ ν_new a - Σ ν_old a'
@@ -560,26 +458,49 @@ def tied_block_sites(likelihood, y, A, s, cavity, rule=EP, before=None):
     return up.tau, up.nu, up.dP, up.dh
 
 
-def tied_iteration(state, rows, damping):
-    """Minibatch step with one tied site (stochastic EP; beyond the SEP paper).
-
-    Each row's cavity removes one average site, q^{\\i} ∝ p(u) f̄^{n-1}: in the natural
-    parameters, (1 - 1/n)(P - I, h).  Every row of M matches its rank-one site t_i against that
-    cavity and replaces its 1/n share, damped: S ← (1 - δ|M|/n) S + δ Σ_M t_i.  The stochastic
-    gradient step (eq. (6)) then uses the rows' matched sites in place of stored ones, in the
-    "cavity" form as the untied minibatch step.  ``rows`` has the interface of
-    :class:`LocalBatch` (``match_sites``, ``evidence_parts``, ``size``).  Returns the minibatch
-    estimate of log Z_q.
-    """
-    n, m = state.n, state.factor.m
-    keep = 1.0 - 1.0 / n
-    P_cav = keep * state.q.P
-    P_cav.flat[:: m + 1] += 1.0 - keep
-    dP, dh = rows.match_sites(state.factor, NaturalPosterior(P_cav, keep * state.q.h), state.rule)
-    state.add_sites(damping * dP, damping * dh, shrink=1.0 - damping * rows.size / n)
-    return _inner_step(state, rows, n, "cavity")
-
-
 def tied_minibatch_step(state, likelihood, Xb, yb, damping):
     """:func:`tied_iteration` on the rows of Xb in this process."""
     return tied_iteration(state, LocalBatch(state, likelihood, Xb, yb, None), damping)
+
+
+class InProcessRows(LocalTrainingRows):
+    """The rows of a binary fit in this process (one ±1 label vector per problem)."""
+
+    def all_rows(self, k, state, likelihood):
+        return LocalRows(state, likelihood, self.X, self.targets[k], BLOCK_ROWS)
+
+    def batch_rows(self, k, state, likelihood, batch, sites=True):
+        rows = batch_index(batch)
+        return LocalBatch(state, likelihood, take_rows(self.X, rows), self.targets[k][rows],
+                          rows if sites else None)
+
+
+class EngineRows(TrainingRows):
+    """The rows on a distributed engine's shards (:class:`gpc.sparse._distributed.DistributedFit`):
+    each worker takes its share of every minibatch."""
+
+    def __init__(self, fit):
+        self.fit, self.n = fit, fit.engine.n_rows
+
+    def batches(self, size, rng=None):
+        return self.fit.plan(size, rng)
+
+    def all_rows(self, k, state, likelihood):
+        return self.fit.rows(k, likelihood, BLOCK_ROWS)
+
+    def batch_rows(self, k, state, likelihood, batch, sites=True):
+        return self.fit.rows(k, likelihood, BLOCK_ROWS, batch)
+
+    def svi_rows(self, k, likelihood, batch):
+        return self.fit.rows(k, likelihood, BLOCK_ROWS, batch), self.fit.batch_labels(k, batch)
+
+    def objective_rows(self, k, likelihood):
+        return self.fit.rows(k, likelihood, BLOCK_ROWS), self.fit.targets[k]
+
+    def start_minibatches(self, k, state):
+        self.fit.start_minibatches(state, k, BLOCK_ROWS)
+
+    def close(self, states, interrupted=False):
+        """The sites come home (``partial_fit`` can continue in process) and the shards are
+        released; after an interruption the cluster may be gone with them (False)."""
+        return self.fit.finish(states, interrupted)

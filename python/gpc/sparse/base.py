@@ -3,7 +3,7 @@
 :class:`gpc.SparseGaussianProcessClassifier` (one or several ±1 problems, SEP paper) and
 :class:`gpc.SparseMultiClassGPC` (C latent functions with RMGPC's argmax likelihood) are two models
 on the same sparse training: inducing points, a state per model, a trainer that runs epochs of
-steps on a rows interface (gpc.sparse._trainer).  This module holds the estimator around them once:
+steps on a rows interface (gpc.sparse.core.trainers).  This module holds the estimator around them once:
 ``fit`` and ``partial_fit``, the set-up of a fit, training with its interrupt and failure policy
 (docs/reliability.md, "Fitted states and interrupts"), the history with its validation scores,
 the progress bar, the ``"auto"`` training defaults, prediction over row blocks, clone and pickling.
@@ -101,10 +101,10 @@ class SparseEstimator(GPCEstimator):
         ``rng`` in a fixed order; each kernel is checked by :func:`check_kernel_start`.
     ``_new_trainer(X, y, setup, Z, kernels, rng)``
         Sets the model attribute (``_fitted_attribute``) and returns its trainer (a
-        gpc.sparse._trainer.Trainer whose ``states`` are the model's states); ``setup`` is what
+        gpc.sparse.core.trainers.Trainer whose ``states`` are the model's states); ``setup`` is what
         ``_check_params`` returned, ``self._batch`` the minibatch size (None: batch).
     ``_training_rows(X, y)``
-        The rows interface a training call runs on (gpc.sparse._trainer.TrainingRows): in
+        The rows interface a training call runs on (gpc.sparse.core.trainers.TrainingRows): in
         process, or on ``client``'s shards; it hands each state's sites back on ``close``.
     ``_auto_minibatches()``
         Whether ``batch_size="auto"`` may train on minibatches (from AUTO_MINIBATCH_FROM rows on).

@@ -15,16 +15,16 @@ from scipy.cluster.vq import kmeans2
 
 from .._estimator import _scale_of, as_rows, median_length_scale
 from .._parallel import BLOCK_ROWS
+from ..inference.rules import DEFAULT_ON_NEGATIVE, Rule
 from ..kernels import RBF, ConstantKernel, as_kernel, user_kernel
 from ..likelihoods import get_likelihood
-from ._train import SEPState
-from ._trainer import (EngineRows, InProcessRows, LBFGSTrainer, SEPBatch, SEPMinibatch, SEPTied,
-                       SVIMinibatch)
+from ._train import EngineRows, InProcessRows, SEPState
 from .base import SparseEstimator
 # the "auto" training defaults that batch_size and max_iter document below
 from .base import AUTO_BATCH_SIZE, AUTO_MIN_EPOCHS, AUTO_MINIBATCH_FROM  # noqa: F401
 from .baselines import GFITCState, SVIState
-from .ep import DEFAULT_ON_NEGATIVE, Rule, posterior_predict
+from .core.natural import posterior_predict
+from .core.trainers import LBFGSTrainer, SEPBatch, SEPMinibatch, SEPTied, SVIMinibatch
 
 METHODS = ("ep", "pl", "gfitc", "svi")
 
@@ -303,7 +303,7 @@ class SparseGaussianProcessClassifier(SparseEstimator):
 
     def _new_trainer(self, X, y, likelihood, Z, kernels, rng):
         """One state per problem (one for two classes, one per class one-vs-rest), and the
-        trainer of ``method`` (:mod:`gpc.sparse._trainer`)."""
+        trainer of ``method`` (:mod:`gpc.sparse.core.trainers`)."""
         n, (kernel,) = X.shape[0], kernels
         states = [self._new_state(kernel, Z, n)
                   for _ in range(1 if len(self.classes_) == 2 else len(self.classes_))]

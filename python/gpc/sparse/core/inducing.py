@@ -24,8 +24,8 @@ caller's gpc._parallel.block_threads context, chunk sums added in chunk order.
 
 import numpy as np
 
-from .. import _lapack, _parallel, _sparse
-from .._linalg import cholesky_lower
+from ... import _lapack, _parallel, _sparse
+from ..._linalg import cholesky_lower
 
 #: rows of one call to the kernel at least (a call holds the GIL for tens of microseconds of
 #: Python, worth it from about this many rows on)
@@ -50,7 +50,7 @@ class InducingFactor:
         Added to the diagonal of K_uu as ``jitter * mean(diag K_uu)``; 0 is allowed (the Z = X check).
     invert : bool, default True
         Form L⁻¹ now; with False, ``Li`` is None until :meth:`invert` (a caller that runs it
-        beside other work: :func:`gpc.sparse.ep.transform_natural`).
+        beside other work: :func:`gpc.sparse.core.natural.transform_natural`).
     """
 
     def __init__(self, kernel, Z, jitter=1e-8, invert=True):
@@ -82,7 +82,7 @@ class InducingFactor:
 
     def inverse(self):
         """K_uu⁻¹ = L⁻ᵀL⁻¹ (m x m, both triangles; dlauum of ``Li``, m³/6, once; the caller must
-        not write to it): the prior term's -K_uu⁻¹ in u-space (:func:`gpc.sparse.ep.prior_term_u`).
+        not write to it): the prior term's -K_uu⁻¹ in u-space (:func:`gpc.sparse.core.natural.prior_term_u`).
         :meth:`prefetch_inverse` may have started it."""
         if self._inverse is None:
             self._inverse = self._gram_of_inverse()
@@ -146,7 +146,7 @@ class InducingFactor:
 
     def whiten_blocks(self, Xb, keep_cross=False, out=None):
         """:meth:`whiten` as (block, n_blocks, result): ``block(j)`` fills the result's rows of
-        fixed block j (``gpc.sparse.ep.row_blocks(b, m)``, one nogil call, and with a compiled
+        fixed block j (``gpc.sparse.core.natural.row_blocks(b, m)``, one nogil call, and with a compiled
         kernel its K_bu rows first), for a caller whose own pass takes block j's rows right
         after (:func:`gpc.sparse._train.swap_block_sites`'s ``before``).  A kernel that holds
         the GIL is called here, on its chunks, before any block."""

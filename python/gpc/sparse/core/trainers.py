@@ -1,10 +1,13 @@
-"""The sparse trainers behind one interface, and the rows they train on.
+"""The sparse trainers behind one interface, and the interface of the rows they train on.
 
-A sparse fit holds one state per binary problem (one for two classes, one per class one-vs-rest):
-θ, Z and q(u) with whatever the method keeps besides (SEP's sites, SVI's (μ, L_q)).  A
-:class:`Trainer` advances all of them, epoch by epoch, on a :class:`TrainingRows` source, which is
-the rows in this process (:class:`InProcessRows`) or their shards on an engine (:class:`EngineRows`,
-``client=``).  The estimator asks nothing else of a method, so it never looks at a state's type:
+A sparse fit holds one state per problem (a binary fit one for two classes, one per class
+one-vs-rest; a multi-class fit one): θ, Z and q(u) with whatever the method keeps besides (SEP's
+sites, SVI's (μ, L_q)).  A :class:`Trainer` advances all of them, epoch by epoch, on a
+:class:`TrainingRows` source: the model's rows in this process or their shards on an engine
+(``client=``; gpc.sparse._train.InProcessRows and EngineRows, gpc.multiclass.sparse.MultiClassRows,
+gpc.multiclass._sparse_distributed.EngineClassRows).  The estimator asks nothing else of a method,
+so it never looks at a state's type, and the SEP trainers run the core's step loop
+(gpc.sparse.core.steps) on any model's state:
 
 * :class:`SEPBatch`: one parallel site pass over all rows, then one inner Adadelta step (SEP §2.3).
 * :class:`SEPMinibatch`: per-row sites refined and swapped in q one minibatch at a time, each
@@ -25,16 +28,16 @@ from abc import ABC, abstractmethod
 import numpy as np
 from scipy.optimize import minimize
 
-from .. import _parallel
-from .._parallel import BLOCK_ROWS
-from ..exceptions import ConvergenceWarning, NumericalError
-from ..optimize import stop_message
-from ._train import (LocalBatch, LocalRows, batch_index, iteration, random_batches, take_rows,
-                     tied_iteration)
+from ... import _parallel
+from ..._parallel import BLOCK_ROWS
+from ...exceptions import ConvergenceWarning, NumericalError
+from ...optimize import stop_message
+from .steps import batch_index, iteration, random_batches, take_rows, tied_iteration
+
 
 # -- where the rows are ------------------------------------------------------------------------
 class TrainingRows(ABC):
-    """The training rows of every problem of a fit, and their labels (±1, one column per problem).
+    """The training rows of every problem of a fit, and their labels in the model's form.
 
     ``batches(size, rng)`` draws an epoch's minibatches; the other methods give what a step of
     problem ``k`` runs on: every row (a batch step), one minibatch (``batch``, an item of
@@ -51,12 +54,12 @@ class TrainingRows(ABC):
 
     @abstractmethod
     def all_rows(self, k, state, likelihood):
-        """Every row of problem k, with the interface of :class:`gpc.sparse._train.LocalRows`."""
+        """Every row of problem k (:class:`gpc.sparse.core.rows.Rows`)."""
 
     @abstractmethod
     def batch_rows(self, k, state, likelihood, batch, sites=True):
-        """One minibatch of problem k (:class:`gpc.sparse._train.LocalBatch`'s interface); with
-        ``sites=False`` for tied sites (no per-row sites)."""
+        """One minibatch of problem k (:class:`gpc.sparse.core.rows.Rows`); with ``sites=False``
+        for tied sites (no per-row sites)."""
 
     @abstractmethod
     def svi_rows(self, k, likelihood, batch):
@@ -75,23 +78,16 @@ class TrainingRows(ABC):
         return True
 
 
-class InProcessRows(TrainingRows):
+class LocalTrainingRows(TrainingRows):
     """The rows in this process: any row-sliceable X (NumPy, ``np.memmap``, Dask), read block by
-    block."""
+    block, and each problem's labels (``targets[k]``).  A model's subclass gives the rows of a
+    step (``all_rows``, ``batch_rows``)."""
 
     def __init__(self, X, targets):
         self.X, self.targets, self.n = X, targets, X.shape[0]
 
     def batches(self, size, rng=None):
         return random_batches(self.n, size, rng)
-
-    def all_rows(self, k, state, likelihood):
-        return LocalRows(state, likelihood, self.X, self.targets[k], BLOCK_ROWS)
-
-    def batch_rows(self, k, state, likelihood, batch, sites=True):
-        rows = batch_index(batch)
-        return LocalBatch(state, likelihood, take_rows(self.X, rows), self.targets[k][rows],
-                          rows if sites else None)
 
     def svi_rows(self, k, likelihood, batch):
         rows = batch_index(batch)
@@ -102,37 +98,6 @@ class InProcessRows(TrainingRows):
 
     def start_minibatches(self, k, state):
         state.start_minibatches(self.X, BLOCK_ROWS)
-
-
-class EngineRows(TrainingRows):
-    """The rows on a distributed engine's shards (:class:`gpc.sparse._distributed.DistributedFit`):
-    each worker takes its share of every minibatch."""
-
-    def __init__(self, fit):
-        self.fit, self.n = fit, fit.engine.n_rows
-
-    def batches(self, size, rng=None):
-        return self.fit.plan(size, rng)
-
-    def all_rows(self, k, state, likelihood):
-        return self.fit.rows(k, likelihood, BLOCK_ROWS)
-
-    def batch_rows(self, k, state, likelihood, batch, sites=True):
-        return self.fit.rows(k, likelihood, BLOCK_ROWS, batch)
-
-    def svi_rows(self, k, likelihood, batch):
-        return self.fit.rows(k, likelihood, BLOCK_ROWS, batch), self.fit.batch_labels(k, batch)
-
-    def objective_rows(self, k, likelihood):
-        return self.fit.rows(k, likelihood, BLOCK_ROWS), self.fit.targets[k]
-
-    def start_minibatches(self, k, state):
-        self.fit.start_minibatches(state, k, BLOCK_ROWS)
-
-    def close(self, states, interrupted=False):
-        """The sites come home (``partial_fit`` can continue in process) and the shards are
-        released; after an interruption the cluster may be gone with them (False)."""
-        return self.fit.finish(states, interrupted)
 
 
 # -- the trainers --------------------------------------------------------------------------------
@@ -195,9 +160,9 @@ class SEPBatch(StepTrainer):
         super().__init__(states, likelihood, rng, n_jobs)
         self.damping = damping
 
-    def iterate(self, state, rows, damping):
-        """The step, gpc.sparse._train.iteration; a model with other sites (gpc.multiclass.sparse)
-        names its own."""
+    @staticmethod
+    def iterate(state, rows, damping):
+        """The step: the core's :func:`gpc.sparse.core.steps.iteration`, for every model."""
         return iteration(state, rows, damping)
 
     def steps_per_epoch(self, rows):
@@ -250,7 +215,7 @@ class SEPMinibatch(_Minibatches):
         super().__init__(states, likelihood, rng, batch_size, n_jobs)
         self.damping = damping
 
-    iterate = SEPBatch.iterate
+    iterate = staticmethod(SEPBatch.iterate)
 
     def start(self, rows, k, state):
         rows.start_minibatches(k, state)
@@ -268,8 +233,9 @@ class SEPTied(_Minibatches):
         super().__init__(states, likelihood, rng, batch_size, n_jobs)
         self.damping = damping
 
-    def iterate(self, state, rows, damping):
-        """The step, gpc.sparse._train.tied_iteration (or a model's own)."""
+    @staticmethod
+    def iterate(state, rows, damping):
+        """The step: the core's :func:`gpc.sparse.core.steps.tied_iteration`."""
         return tied_iteration(state, rows, damping)
 
     def step(self, rows, k, state, batch):

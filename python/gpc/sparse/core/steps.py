@@ -1,0 +1,306 @@
+"""The sparse core's step loop, written once for every sparse model (SEP §2.3).
+
+A model is a state (:class:`SparseState`: θ, Z, the sites' q, the optimiser) and rows
+(:class:`gpc.sparse.core.rows.Rows`); the binary model (gpc.sparse._train) and the multi-class one
+(gpc.multiclass.sparse) are two tenants.  Each step updates sites first, then q, and then moves
+the free log hyperparameters and Z (and whatever else the state learns) along the gradient of
+log Z_q (eq. (4); for a minibatch M its stochastic form eq. (6), data terms scaled by the rows q
+holds over |M|) with Adadelta:
+
+* :func:`iteration`: all n rows (a parallel pass, q rebuilt from the new sites) or a minibatch
+  (its sites swapped in q along their kept directions), then :func:`_inner_step`;
+* :func:`tied_iteration`: one tied average site (stochastic EP), then :func:`_inner_step`;
+* :func:`run_ep`: parallel passes at fixed hyperparameters until the sites settle.
+
+The failure rule, one for every model:
+
+* a site update after which q (any class's q_k) has no factor is dropped: the old sites and q stay,
+  the state counts it (``skipped_passes``) and halves the damping of the updates that follow
+  (``damping_scale``);
+* so is, on rows that can undo it (``Rows.undoable``: the multi-class rows in process), a pass
+  over all n rows whose log Z is not finite and ≤ 0 (the log probability of the labels: a larger
+  value is a state no EP fixed point has, reached by a parallel pass that overshot), with no
+  inner step after it; when the damping would fall below ``MIN_DAMPING_SCALE`` it raises a
+  DivergenceError.  The binary rows do not undo: under PL their log Z is a density's and may
+  exceed 0;
+* an Adadelta step that leaves q without a factor or a non-finite value is undone and the
+  learning rate halved (``reverted``).
+"""
+
+import numpy as np
+
+from ... import _pages, _parallel
+from ...exceptions import DivergenceError, NotPositiveDefiniteError, NumericalError
+from ...inference import _LOG_EVIDENCE_SLACK
+from .natural import NaturalPosterior, times_lower_rows, whitened_sums
+from .passes import as_block, block_ranges
+
+#: a dropped batch pass (log Z not ≤ 0) raises once the damping scale would fall below this
+MIN_DAMPING_SCALE = 2.0 ** -10
+
+
+class Adadelta:
+    """Adadelta (Zeiler 2012) for ascent: Δ = √(E[Δ²] + ε) / √(E[g²] + ε) · g, scaled by ``lr``."""
+
+    def __init__(self, size, lr=1.0, rho=0.9, eps=1e-5):
+        self.lr, self.rho, self.eps = lr, rho, eps
+        self.g2 = np.zeros(size)
+        self.d2 = np.zeros(size)
+
+    def step(self, grad):
+        self.g2 = self.rho * self.g2 + (1 - self.rho) * grad ** 2
+        delta = np.sqrt(self.d2 + self.eps) / np.sqrt(self.g2 + self.eps) * grad
+        self.d2 = self.rho * self.d2 + (1 - self.rho) * delta ** 2
+        return self.lr * delta
+
+
+class SparseState:
+    """What the step loop keeps of a fit between steps, whatever the model: the counters, the
+    optimiser over the packed parameters, and the step's side tasks.
+
+    A model's state sets its own q, sites and parameters, then calls this ``__init__`` with the
+    number of parameters Adadelta moves, and gives the loop:
+
+    * ``_params()`` / ``_set_params(p)``: the packed parameters, and the move to p (q carried over
+      in u-space, SEP §2.3), raising when a factor or q has none;
+    * ``rebuild(sums)``, ``swap(naturals, u_space)``, ``add_tied(sums, damping, shrink)``: q from a
+      batch pass's sums, from a minibatch's swapped natural parameters, or from the tied site
+      scaled by ``shrink`` plus ``damping`` times the rows' matched sums; each False, q unchanged,
+      where a q has no factor; ``tied_cavity()``, the cavity a tied step matches against;
+    * for rows that are ``undoable``, ``snapshot()`` / ``restore(before)`` of the sites, q and
+      directions a batch pass replaces;
+    * ``log_normaliser()``, the terms of log Z that come from q; ``data_terms(parts)``, the rows'
+      evidence parts' (Σ log terms, pairs or rows left out); ``gradient(parts, scale, held,
+      u_space)``, log Z's gradient in ``_params()``' order, data terms scaled by ``scale``.
+    """
+
+    def __init__(self, n, n_params, lr):
+        self.n = n
+        self.n_params = n_params
+        self.optimizer = Adadelta(n_params, lr=lr)
+        self.V = None               # the sites' u-space directions (minibatch training)
+        self.n_sited = 0            # rows whose sites q holds
+        self.log_z = np.nan
+        self.mismatch = np.inf      # the last site pass's largest change (run_ep's stopping rule)
+        self.reverted = 0           # parameter steps undone (rate halved)
+        self.skipped_passes = 0     # site updates dropped (the failure rule)
+        self.damping_scale = 1.0    # halved after every dropped site update
+        self.n_bad = 0              # pairs or rows left out of the last evidence
+        self._later = []            # side tasks of the step under way (gpc._parallel.defer)
+
+    @property
+    def learns(self):
+        return self.n_params > 0
+
+    def drop_update(self):
+        """The failure rule for a dropped site update: count it and halve the damping after it."""
+        self.skipped_passes += 1
+        self.damping_scale *= 0.5
+
+    def later(self, fn):
+        """Run ``fn()`` as a side task beside the step's next pass of blocks
+        (gpc._parallel.defer); :meth:`settle`, at the end of the step, waits for it."""
+        self._later.append(_parallel.defer(fn))
+
+    def settle(self):
+        """Finish the step's side tasks (:meth:`later`), raising the first one's error."""
+        later, self._later = self._later, []
+        for task in later:
+            task.result()
+
+    def gradient_step(self, grad):
+        """One Adadelta ascent step on the packed parameters; reverted with the rate halved if the
+        gradient is not finite or the new point has no factor."""
+        if not self.learns:
+            return True
+        if not np.isfinite(grad).all():
+            self.optimizer.lr *= 0.5
+            self.reverted += 1
+            return False
+        old = self._params()
+        try:
+            self._set_params(old + self.optimizer.step(grad))
+        except (NotPositiveDefiniteError, NumericalError, FloatingPointError, ValueError):
+            self.optimizer.lr *= 0.5
+            self.reverted += 1
+            return False
+        return True
+
+
+def tied_cavity(q, n):
+    """A row's cavity under one tied site: q less one of the n shares of its average site,
+    (P, h) → (1 − 1/n)(P − I) + I, (1 − 1/n) h."""
+    keep = 1.0 - 1.0 / n
+    P = keep * q.P
+    P.flat[:: P.shape[0] + 1] += 1.0 - keep
+    return NaturalPosterior(P, keep * q.h)
+
+
+def site_directions(X, factor, tau, nu, block_rows, P, h):
+    """The directions v_i = L⁻ᵀa_i (n x m, float32) of the sites of X's rows with the current
+    factor; their sums Σ τ_i a_i a_iᵀ, Σ ν_i a_i are added to (P, h) in place.  One pass over X:
+    the start of minibatch training on sites that a batch or distributed fit left without
+    directions (a state's ``start_minibatches``, and a shard's share of it)."""
+    V = _pages.zeros((len(tau), factor.m), dtype=np.float32)
+    for start, stop in block_ranges(len(tau), block_rows):
+        A, _ = factor.whiten(as_block(X, start, stop))
+        dP, dh = whitened_sums(A, tau[start:stop], nu[start:stop])
+        P += dP
+        h += dh
+        V[start:stop] = times_lower_rows(factor.Li, A, True)   # v_i = L⁻ᵀ a_i
+    return V
+
+
+def random_batches(n, size, rng=None):
+    """One epoch's minibatches of n rows: a permutation of the rows drawn from ``rng`` (a NumPy
+    Generator) cut into consecutive slices of ``size`` rows (the last one shorter), each minibatch
+    the rows of its slice in row order, as a sorted np.intp index array.  Every row is in exactly
+    one minibatch, and a minibatch is a uniformly random subset of the rows whatever their order
+    in X (class-sorted rows included).  Sorted, its rows are read from X with one fancy index in
+    row order (:func:`take_rows`), and its sites and directions gathered and scattered by row.
+    With ``rng`` None the rows in order (consecutive ranges)."""
+    order = np.arange(n, dtype=np.intp) if rng is None else rng.permutation(n).astype(np.intp)
+    return [np.sort(order[a:b]) for a, b in block_ranges(n, size)]
+
+
+def batch_index(batch):
+    """A minibatch's rows as an index into the rows: a (start, stop) pair or a slice as a slice,
+    anything else as an np.intp index array (sorted: :func:`random_batches`)."""
+    if isinstance(batch, slice):
+        return batch
+    if isinstance(batch, tuple):
+        return slice(*batch)
+    return np.asarray(batch, dtype=np.intp)
+
+
+def take_rows(X, rows):
+    """Rows ``rows`` (a slice, or a sorted index array) of any row-indexable X (NumPy,
+    ``np.memmap``, Dask) as a C-contiguous float64 array: a slice read as one block, an index
+    array with one fancy index; NaN or inf raise a ValueError naming the row."""
+    if isinstance(rows, slice):
+        return as_block(X, rows.start or 0, rows.stop)
+    block = X[rows]
+    if hasattr(block, "compute"):      # a Dask array
+        block = block.compute()
+    block = np.ascontiguousarray(block, dtype=np.float64)
+    finite = np.isfinite(block)
+    if not finite.all():
+        bad = int(rows[np.flatnonzero(~finite.all(axis=1))[0]])
+        raise ValueError(f"X contains NaN or inf (in row {bad})")
+    return block
+
+
+def iteration(state, rows, damping):
+    """One step on the rows that ``rows`` covers, SEP §2.3 in its order: their sites refined
+    against their cavities, q updated, then one "inner" step of the parameters (eq. (4) or (6))
+    after which q is reconstructed for the new factors.
+
+    All n rows (a batch iteration): a parallel pass, q rebuilt from the new sites, each site
+    following its row (the gradient's "sites" form).
+
+    A minibatch M of fewer rows (SEP eq. (6) literally): a site held by q lies along its direction
+    at its last refinement, a'_i = Lᵀv_i with the current factor L (v_i kept in ``state.V``, or on
+    the shards); the cavity removes it along a'_i, and q swaps it for the refined site along the
+    current a_i: P + Σ τ_new a aᵀ - Σ τ_old a'a'ᵀ.  q therefore stays the sum of its sites.  The
+    gradient takes the "cavity" form, its data terms scaled by (rows q holds) / |M|: during the
+    first pass q holds only the rows seen so far, and the prior term of eq. (4), computed from q,
+    is that of those rows (scaled by n / |M| from the first step, the data terms outweighed the
+    prior term and the amplitude grew without bound).
+
+    The damping is ``damping`` times the state's ``damping_scale``; a failed update follows the
+    module's failure rule.  Returns log Z_q (eq. (3)), or for a minibatch its estimate over all n
+    rows (data terms scaled by n / |M|).
+    """
+    damping = damping * state.damping_scale
+    try:
+        if rows.size == state.n:
+            before = state.snapshot() if rows.undoable else None
+            if not _pass(state, rows, damping):
+                before = None
+            return _inner_step(state, rows, state.n, "sites", before)
+        _refine_minibatch(state, rows, damping)
+        return _inner_step(state, rows, max(state.n_sited, rows.size), "cavity")
+    finally:
+        state.settle()
+
+
+def _pass(state, rows, damping):
+    """A parallel pass over all n rows: q rebuilt from the new sites, which are kept if it has a
+    factor (else dropped under the failure rule); whether they were kept."""
+    if state.rebuild(rows.update_sites(damping)):
+        rows.commit()
+        state.n_sited = state.n
+        return True
+    rows.revert()
+    state.drop_update()
+    return False
+
+
+def _refine_minibatch(state, rows, damping):
+    """The site update of :func:`iteration` for a minibatch: the rows' sites refined and swapped
+    in q (``rows.swap_sites``), kept if that q has a factor."""
+    naturals, n_fresh = rows.swap_sites(damping)
+    if state.swap(naturals, rows.u_space):
+        rows.commit()
+        state.n_sited = min(state.n, state.n_sited + n_fresh)
+    else:
+        rows.revert()
+        state.drop_update()
+
+
+def _inner_step(state, rows, n_held, held, before=None):
+    """The "inner" step after a site update: log Z_q's parts over the rows at the new q, then one
+    Adadelta step on its gradient, data terms scaled by ``n_held`` / |M| (eq. (4), (6)); ``held``
+    as in :meth:`Rows.evidence_parts`.  ``before``: the state's snapshot before a batch pass,
+    brought back if log Z is not finite and ≤ 0 (the failure rule).  Returns the estimate of
+    log Z_q over all n rows."""
+    b = rows.size
+    parts = rows.evidence_parts(state.learns, held)
+    log_terms, n_bad = state.data_terms(parts)
+    log_z = state.log_normaliser() + state.n / b * log_terms
+    if before is not None and not log_z <= _LOG_EVIDENCE_SLACK:
+        state.restore(before)
+        state.drop_update()
+        if state.damping_scale < MIN_DAMPING_SCALE:
+            raise DivergenceError(f"sparse EP: every site pass at damping down to "
+                                  f"{MIN_DAMPING_SCALE:.3g} times the set one reached log Z = "
+                                  f"{log_z:.6g}, not a log probability (finite, ≤ 0)",
+                                  method="ep", value=log_z)
+        if not np.isfinite(state.log_z):        # the first pass: log Z of the state kept
+            kept, _ = state.data_terms(rows.evidence_parts(False, held))
+            state.log_z = state.log_normaliser() + state.n / b * kept
+        return state.log_z
+    state.n_bad = n_bad
+    state.log_z = log_z
+    if state.learns:
+        state.gradient_step(state.gradient(parts, n_held / b, held, rows.u_space))
+    return log_z
+
+
+def tied_iteration(state, rows, damping):
+    """A minibatch step with one tied site (stochastic EP, Li, Hernández-Lobato & Turner 2015;
+    beyond the SEP paper).
+
+    Each row's cavity removes one average site, q^{\\i} ∝ p(u) f̄^{n-1} (:func:`tied_cavity`).
+    Every row of M matches its sites against that cavity (``rows.match_sites``) and replaces its
+    1/n share, damped: S ← (1 - δ|M|/n) S + δ Σ_M t_i, δ the damping times ``damping_scale``.
+    The stochastic gradient step (eq. (6)) then uses the rows' matched sites in place of stored
+    ones, in the "cavity" form.  Returns the minibatch estimate of log Z_q.
+    """
+    damping = damping * state.damping_scale
+    sums = rows.match_sites(state.tied_cavity())
+    if not state.add_tied(sums, damping, 1.0 - damping * rows.size / state.n):
+        state.drop_update()
+    return _inner_step(state, rows, state.n, "cavity")
+
+
+def run_ep(state, rows, damping=0.5, tol=1e-9, max_iter=1000):
+    """Parallel damped site passes at fixed parameters (no inner steps) on ``rows``, all n rows,
+    until the state's ``mismatch`` after a pass (the rows' measure of how far the sites moved) is
+    below ``tol``; returns (passes, converged).  A pass that leaves q without a factor is dropped
+    under the failure rule."""
+    for it in range(1, max_iter + 1):
+        _pass(state, rows, damping * state.damping_scale)
+        if state.mismatch < tol:
+            return it, True
+    return max_iter, False
