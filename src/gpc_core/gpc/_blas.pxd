@@ -167,8 +167,9 @@ cdef inline int signed_gram(double* P, const double* A, const double* w, double*
     ``work`` (at least k x m) holds the scaled rows: with ``one_pass`` both signs' rows are scaled
     in one pass over A, the positive ones into work's top and the negative ones into its bottom;
     without, each sign's rows into work's top in turn, the negative ones after the first dsyrk.
-    The products are the same; OpenBLAS's dsyrk need not round them the same for rows at another
-    address, so each caller keeps the placement its results were established with."""
+    The two give the same products in exact arithmetic but not always the same bits from
+    OpenBLAS's dsyrk, so each caller keeps the placement its results were established with: the
+    sparse passes one pass, gpc._sweeps one sign at a time."""
     cdef int n_pos = 0, n_neg = 0, i, j
     cdef double root, alpha
     cdef double* neg
