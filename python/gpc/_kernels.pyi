@@ -3,3 +3,9 @@
 from typing import Any
 
 def __getattr__(name: str) -> Any: ...
+
+# the kinds (cpdef enum)
+RBF: int
+MATERN12: int
+MATERN32: int
+MATERN52: int

@@ -3,3 +3,10 @@
 from typing import Any
 
 def __getattr__(name: str) -> Any: ...
+
+# the kinds of a LikelihoodSpec (the cpdef enum of gpc/_likelihoods.pxd)
+LIK_PROBIT: int
+LIK_LOGIT: int
+LIK_NOISY_THRESHOLD: int
+LIK_HEAVISIDE: int
+LIK_PYTHON: int

@@ -11,6 +11,7 @@ import numpy as np
 from scipy.linalg import lapack
 
 from . import _lapack
+from ._lapack import mirror_lower
 from .exceptions import NotPositiveDefiniteError
 
 #: relative jitters tried, in turn, when a matrix that should be positive definite fails to factor
@@ -86,19 +87,6 @@ def cho_inverse_lower(L):
     if info != 0:  # pragma: no cover
         raise RuntimeError(f"dpotri failed with info={info}")
     return mirror_lower(out)
-
-
-def mirror_lower(A, block=256):
-    """Copy the strict lower triangle of the square C-ordered A into its upper one, in place.
-
-    Block rows at a time, so the temporaries are ``block`` x n, not n x n."""
-    n = A.shape[0]
-    for i in range(0, n, block):
-        j = min(i + block, n)
-        A[i:j, j:] = A[j:, i:j].T
-        D = A[i:j, i:j]
-        D[...] = np.tril(D) + np.tril(D, -1).T
-    return A
 
 
 def log_det_from_cholesky(L):

@@ -3,11 +3,10 @@
 NumPy asks the kernel for transparent huge pages on every array of 4 MiB or more
 (``madvise(MADV_HUGEPAGE)``).  For an array written once, a slice per step, that is a gamble:
 where the kernel has free 2 MiB pages a first write is cheap, and where memory is fragmented it
-compacts memory in the writing thread first (Linux's default ``defrag=madvise``).  Measured
-on a 2-core VM (n = 100,000 rows of m = 200 float32, 2,000 rows written per step): 0.13 ms
-per step with free huge pages, 3.6 ms when the kernel compacted, and 0.56-0.61 ms per step in
-4 KiB pages, every time.  The sparse engine's site directions (n x m, SEP §2.3) are such an
-array, written once per epoch; :func:`zeros` gives them the predictable pages.
+compacts memory in the writing thread first (Linux's default ``defrag=madvise``), which can cost
+several times a step's own writes.  Base-size (4 KiB) pages cost the same on every write.  The
+sparse engine's site directions (n x m, SEP §2.3) are such an array, written once per epoch;
+:func:`zeros` gives them the predictable pages.
 """
 
 import mmap

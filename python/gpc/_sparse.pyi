@@ -3,3 +3,8 @@
 from typing import Any
 
 def __getattr__(name: str) -> Any: ...
+
+# refine_block's ``sums`` (cpdef enum)
+SUMS_NEW: int
+SUMS_CHANGE: int
+SUMS_SWAP: int

@@ -3,3 +3,6 @@
 from typing import Any
 
 def __getattr__(name: str) -> Any: ...
+
+# sequential_sweep's status for an update that would make the posterior indefinite
+SWEEP_INDEFINITE: int

@@ -12,13 +12,13 @@ from typing import Optional
 import numpy as np
 
 from . import _likelihoods as _core
+# the kinds of the LikelihoodSpec contract, as gpc._likelihoods exports its enum
+from ._likelihoods import LIK_HEAVISIDE, LIK_LOGIT, LIK_NOISY_THRESHOLD, LIK_PROBIT, LIK_PYTHON
 from .exceptions import DivergenceError
 from ._validation import check_finite_array
 
 __all__ = ["Likelihood", "Probit", "Logit", "NoisyThreshold", "Heaviside", "get_likelihood"]
 
-# Kind codes of the LikelihoodSpec contract (src/gpc_core/gpc/_likelihoods.pxd).
-LIK_PROBIT, LIK_LOGIT, LIK_NOISY_THRESHOLD, LIK_HEAVISIDE, LIK_PYTHON = 0, 1, 2, 3, 4
 
 #: Default Gauss-Hermite order.  Measured against scipy.integrate.quad on the grid means in
 #: [-5, 5], variances in [0.01, 1] (larger variances use a step + Gauss-Laguerre split for logit):

@@ -15,9 +15,10 @@ import numpy as np
 from scipy.linalg import blas
 
 from . import _dense, _lapack
+from ._lapack import mirror_lower
+from ._linalg import cho_inverse_lower, cholesky_lower, cho_solve_lower, log_det_from_cholesky
 from ._parallel import over_rows
-from ._linalg import (cho_inverse_lower, cholesky_lower, cho_solve_lower, log_det_from_cholesky,
-                      mirror_lower)
+from .exceptions import NotPositiveDefiniteError
 
 
 #: below this site precision diag Σ takes the exact column: the rounding error of 1 − [B⁻¹]_ii
@@ -228,13 +229,76 @@ class SitePosterior:
         return mean, k_diag - np.einsum("ij,ij->i", Vt, Vt)
 
 
+class NegativeSiteSplit:
+    """Sites of either sign as a non-negative part and a low-rank correction, for Woodbury's
+    identity: the binary engine's negative EP sites (:class:`SignedSitePosterior`) and RMGPC's
+    class blocks (:mod:`gpc.multiclass._block`).
+
+    T = T' − P D Pᵀ with T'_i = τ_i where τ_i ≥ 0 and T'_i = |τ_i| + 1/K_ii at a negative site (any
+    positive value works; this one keeps √T'_i away from 0), D_i = T'_i − τ_i > 0 on the m negative
+    sites N, P = I[:, N].  Σ' = (K⁻¹ + T')⁻¹ is a posterior of non-negative sites, held through the
+    Cholesky factor of I + S K S with S = T'^½ by the caller, and with U = Σ' P
+
+        Σ = Σ' + U C⁻¹ Uᵀ,   C = D⁻¹ − Pᵀ Σ' P = R Rᵀ  (m × m),   K⁻¹ U = P − T' U,
+        log |I + T K| = log |I + S K S| + log |D| + log |C|
+
+    (|I + T K| = |K| |K⁻¹ + T| and |K⁻¹ + T| = |Σ'⁻¹| |D| |C| by the determinant lemma).  Σ is
+    positive definite exactly when C is (Σ' is), so the Cholesky factor of C is the check that the
+    sites define a Gaussian.
+
+    Parameters
+    ----------
+    tau : ndarray (n,)
+        The site precisions τ, of either sign.
+    k_diag : ndarray (n,)
+        diag K.
+
+    Attributes
+    ----------
+    neg : ndarray of int (m,)
+        N, the negative sites.
+    tau_prime : ndarray (n,)
+        T'.
+    d : ndarray (m,)
+        D on N.
+    """
+
+    def __init__(self, tau, k_diag):
+        tau = np.asarray(tau, dtype=np.float64)
+        self.neg = np.flatnonzero(tau < 0)
+        self.tau_prime = tau.copy()
+        self.tau_prime[self.neg] = -tau[self.neg] + 1.0 / k_diag[self.neg]
+        self.d = self.tau_prime[self.neg] - tau[self.neg]
+
+    def factor(self, U, message):
+        """R, the lower Cholesky factor of C = D⁻¹ − Pᵀ U for U = Σ' P (n × m; Pᵀ U symmetrised),
+        C-ordered with a zero strict upper triangle.  Raises NotPositiveDefiniteError(message) when
+        C is not positive definite."""
+        m = self.neg.size
+        C = -0.5 * (U[self.neg] + U[self.neg].T)
+        C[np.diag_indices(m)] += 1.0 / self.d
+        if m and _lapack.cholesky_in_place(C) != 0:
+            raise NotPositiveDefiniteError(message)
+        return C
+
+    def prior_solve(self, U):
+        """K⁻¹ U = P − T' U (n × m)."""
+        Q = -self.tau_prime[:, None] * U
+        Q[self.neg, np.arange(self.neg.size)] += 1.0
+        return Q
+
+    def log_det_terms(self, R):
+        """(log |D|, log |C|) from C's factor R: log |I + T K| is log |I + S K S| plus both."""
+        return float(np.sum(np.log(self.d))), 2.0 * float(np.sum(np.log(np.diag(R))))
+
+
 class WoodburySitePosterior(SitePosterior):
     """The site posterior when some site precisions are negative, held as a non-negative part and a
     low-rank correction (what RMGPC's class blocks build, :mod:`gpc.multiclass._block`).
 
-    The sites are split as T = T' − P D Pᵀ with T' ≥ 0 diagonal, D > 0 on the m negative sites and
-    P = I[:, N]; Σ' = (K⁻¹ + T')⁻¹ is held through the Cholesky factor L of B = I + S K S with
-    S = T'^½ (``sqrt_tau`` here is T'^½, not √τ), and Woodbury's identity adds the rest:
+    The sites are split as T = T' − P D Pᵀ (:class:`NegativeSiteSplit`); Σ' = (K⁻¹ + T')⁻¹ is held
+    through the Cholesky factor L of B = I + S K S with S = T'^½ (``sqrt_tau`` here is T'^½, not
+    √τ), and Woodbury's identity adds the rest:
     K⁻¹ − K⁻¹ Σ K⁻¹ = S B⁻¹ S − Qc Qcᵀ with Qc an n × m matrix (R&W eq. (3.67) for the first part).
     So the gradient matrix and the predictive variance are SitePosterior's plus a rank-m term:
 
@@ -367,31 +431,23 @@ class SignedSitePosterior(WoodburySitePosterior):
     """The binary engine's WoodburySitePosterior: built from K and sites of which some are negative
     (EP's negative sites), and holding Σ itself as well.
 
-    The split of :class:`WoodburySitePosterior` with T'_i = |τ_i| + 1/K_ii at a negative site (any
-    positive value works; this one keeps √T'_i away from 0), D_i = T'_i − τ_i; Σ' = (K⁻¹ + T')⁻¹ is a
-    SitePosterior (the Cholesky factor L of B' = I + S' K S'), and Woodbury's identity gives
+    The split of :class:`NegativeSiteSplit`: Σ' = (K⁻¹ + T')⁻¹ is a SitePosterior (the Cholesky
+    factor L of B' = I + S' K S'), and with C = Rc Rcᵀ
 
-        Σ = Σ' + U C⁻¹ Uᵀ,   U = Σ' P,   C = D⁻¹ − Pᵀ Σ' P  (m × m),   C = Rc Rcᵀ,
-        μ = μ' + U C⁻¹ μ'_N,   α = K⁻¹ (μ − m0) = α' + Q C⁻¹ μ'_N,   Q = K⁻¹ U = P − T' U,
-        Qc = Q Rc⁻ᵀ,   log|I + T K| = log|B'| + log|D| + log|C|
+        μ = μ' + U C⁻¹ μ'_N,   α = K⁻¹ (μ − m0) = α' + Q C⁻¹ μ'_N,   Q = K⁻¹ U,   Qc = Q Rc⁻ᵀ.
 
-    (|I + T K| = |K| |K⁻¹ + T| and |K⁻¹ + T| = |Σ'⁻¹| |D| |C| by the determinant lemma).  Σ is positive
-    definite exactly when C is (Σ' is), so the Cholesky factor of C is the check that the sites define
-    a distribution; NotPositiveDefiniteError otherwise.  U's columns are Σ' e_j = K e_j − K S' B'⁻¹
-    S' K e_j = K e_j − K S' (e_j − B'⁻¹ e_j)/s_j (S' K S' = B' − I): m solves with L and m products
-    with K, O(n² m) beyond the Cholesky of B' (the factorisation of the non-negative case).
+    U's columns are Σ' e_j = K e_j − K S' B'⁻¹ S' K e_j = K e_j − K S' (e_j − B'⁻¹ e_j)/s_j
+    (S' K S' = B' − I): m solves with L and m products with K, O(n² m) beyond the Cholesky of B'
+    (the factorisation of the non-negative case).
     """
 
     def __init__(self, K, site_precision, site_location, prior_mean):
         from scipy.linalg import solve_triangular
-        from .exceptions import NotPositiveDefiniteError
         tau = np.asarray(site_precision, dtype=np.float64)
         nu = np.asarray(site_location, dtype=np.float64)
-        neg = np.flatnonzero(tau < 0)
-        tau_p = tau.copy()
-        tau_p[neg] = -tau[neg] + 1.0 / np.diag(K)[neg]
-        d = tau_p[neg] - tau[neg]
-        base = SitePosterior(K, tau_p, nu, prior_mean)
+        split = NegativeSiteSplit(tau, np.diag(K))
+        neg = split.neg
+        base = SitePosterior(K, split.tau_prime, nu, prior_mean)
         s = base.sqrt_tau
         n, m = len(tau), len(neg)
         U = np.empty((n, m))
@@ -404,15 +460,11 @@ class SignedSitePosterior(WoodburySitePosterior):
             g[j] += 1.0                                         # e_j − B'⁻¹ e_j
             _lapack.matvec(K, s * g / s[j], w)
             U[:, k] = K[:, j] - w
-        Rc = np.ascontiguousarray(np.diag(1.0 / d) - 0.5 * (U[neg] + U[neg].T))
-        if m and _lapack.cholesky_in_place(Rc) != 0:            # C-order lower triangle
-            raise NotPositiveDefiniteError(
-                "EP's negative site variances make the posterior covariance indefinite: these "
-                "sites define no distribution (EP's sequential updates never lead here; a parallel "
-                "update or given sites can); use the sequential schedule, or method='pl'")
-        Rc = np.tril(Rc)
-        Q = -tau_p[:, None] * U
-        Q[neg, np.arange(m)] += 1.0
+        Rc = split.factor(U, "EP's negative site variances make the posterior covariance "
+                          "indefinite: these sites define no distribution (EP's sequential updates "
+                          "never lead here; a parallel update or given sites can); use the "
+                          "sequential schedule, or method='pl'")
+        Q = split.prior_solve(U)
 
         def right_inverse(A):                                   # A Rc⁻ᵀ
             return solve_triangular(Rc, A.T, lower=True, check_finite=False).T if m else A
@@ -424,8 +476,8 @@ class SignedSitePosterior(WoodburySitePosterior):
         self.sqrt_tau, self.L, self.Qc = s, base.L, right_inverse(Q)
         self.mean = base.mean + self._V @ c
         self.alpha = base.alpha + self.Qc @ c
-        self._log_det = base.log_det_B + float(np.sum(np.log(d))) + 2.0 * float(
-            np.sum(np.log(np.diag(Rc))))
+        log_det_d, log_det_c = split.log_det_terms(Rc)
+        self._log_det = base.log_det_B + log_det_d + log_det_c
         self._diag_cov = self._cov = self._B_inv = None
 
     def diag_cov(self):

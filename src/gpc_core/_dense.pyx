@@ -6,7 +6,7 @@
 # Matrices are C-ordered and only their lower triangle is meaningful; Fortran LAPACK sees the
 # transpose, so uplo='U' there addresses this lower triangle.
 
-from gpc._tiles cimport range_stop, mirror_lower_rows
+from gpc._blas cimport range_stop, mirror_lower_rows
 
 ctypedef fused real:
     float

@@ -6,20 +6,21 @@
 #
 #   d k / d log l = W r^2 (isotropic),   d k / d log l_d = W (u_d - u'_d)^2 (ARD).
 #
-# Kinds: 0 squared exponential, 1 Matern 1/2, 2 Matern 3/2, 3 Matern 5/2.
+# Kinds (the enum below, by name in Python): RBF the squared exponential, MATERN12, MATERN32,
+# MATERN52 the Matern kernels of nu = 1/2, 3/2, 5/2.
 #
 # Every pass takes the rows [start, stop) it covers (stop < 0: to the end), so that
 # gpc._parallel.over_rows can share it out among threads; passes that sum return their range's sum.
 
 from libc.math cimport exp, sqrt
 from libc.stdlib cimport free, malloc
-from scipy.linalg.cython_blas cimport dgemm
+
+from gpc._blas cimport dgemm, mirror_lower_rows, range_stop
 
 import numpy as np
 
-from gpc._tiles cimport range_stop, mirror_lower_rows
-
-cdef enum:
+cpdef enum:
+    # the kinds, exported to gpc.kernels by these names
     RBF = 0
     MATERN12 = 1
     MATERN32 = 2

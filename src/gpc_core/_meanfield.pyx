@@ -10,10 +10,10 @@
 """
 
 from libc.math cimport sqrt, fabs, NAN
-from scipy.linalg.cython_blas cimport dsymv, dsyr
 
 import numpy as np
 
+from gpc._blas cimport dsymv, dsyr
 from gpc._likelihoods cimport LIK_HEAVISIDE, LikelihoodSpec, make_spec, tilted_moments
 from gpc._special cimport inv_mills
 

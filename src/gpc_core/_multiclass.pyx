@@ -2,11 +2,11 @@
 """RMGPC's EP site refinements (RMGPC §3.2, eqs. (14)-(15)) as typed loops, and a class block's mean.
 
 The ψ̃ᵢ factors of the outlier prior must be refined one after another (each changes the Beta
-posterior the next cavity is taken from), so that loop cannot be vectorised.  In Python each step
-costs a dozen scalar scipy calls; profiled on new-thyroid it was 60 % of an RMGPC fit.  The maths is
-the one in ``gpc.multiclass.ep._refine_outlier_prior`` (docs/derivations-rmgpc.md, "ψ̃ᵢ").  The
-ψ̃ᵢₖ refinement (:func:`refine_pairs`) runs once per location sweep; vectorised over the points in
-NumPy it cost some twenty array passes per class pair, most of a small data set's fit.
+posterior the next cavity is taken from), so that loop cannot be vectorised: here it is one typed
+loop, where each step in Python would be a dozen scalar scipy calls.  The maths is the one in
+``gpc.multiclass.ep._refine_outlier_prior`` (docs/derivations-rmgpc.md, "ψ̃ᵢ").  The ψ̃ᵢₖ
+refinement (:func:`refine_pairs`) runs once per location sweep, one pass over the points per class
+pair (in NumPy, some twenty array passes).
 
 Both refinements rest on the argmax likelihood's pair factor (``argmax_pair_moments`` and
 ``argmax_pair_site``, declared with their formulas in gpc/_multiclass.pxd for any engine to cimport;
@@ -14,11 +14,11 @@ Both refinements rest on the argmax likelihood's pair factor (``argmax_pair_mome
 """
 
 from libc.math cimport exp, log, fabs, sqrt, isfinite, isnan, INFINITY, NAN
-from scipy.linalg.cython_blas cimport dsymv, dtrsv, strsv
 from scipy.special.cython_special cimport psi
 
 import numpy as np
 
+from gpc._blas cimport dsymv, dtrsv, strsv
 from gpc._special cimport (inv_mills, z_plus_inv_mills, log_norm_cdf, log1pexp, logaddexp,
                           sigmoid)
 

@@ -38,6 +38,11 @@ from gpc._likelihoods cimport LikelihoodSpec, make_spec, tilted_moments, slr_mom
 
 import numpy as np
 
+#: the site rules and on_negative policies by name (gpc.inference.rules), codes of _site_rule.pxd
+RULES = {"ep": RULE_EP, "pl": RULE_PL}
+ON_NEGATIVE = {"raise": NEG_RAISE, "clip": NEG_CLIP, "skip": NEG_SKIP, "pl": NEG_PL,
+               "keep": NEG_KEEP, "keep-skip": NEG_KEEP_SKIP}
+
 #: site precision that "clip" puts in place of a negative one
 cdef double CLIP_PRECISION = 1e-8
 #: floor of PL's Omega, where the linear fit is exact to rounding
@@ -186,9 +191,10 @@ def parallel_update(int kind, double eps, const double[::1] gh_nodes, const doub
                     double[::1] tau, double[::1] nu):
     """Every site against one posterior (marginals ``mean``, ``var``); ``tau``, ``nu`` in place.
 
-    Returns (status, index, value, n_fixed) as gpc._sweeps.sequential_sweep does: status 0 done,
-    1 a negative cavity variance ``value`` at site ``index`` (on_negative="raise"), 2 the likelihood
-    could not be evaluated at site ``index``.  Sites before ``index`` are updated.  ``n_fixed``
+    Returns (status, index, value, n_fixed) as gpc._sweeps.sequential_sweep does: status
+    SITE_UPDATED (0) done, SITE_NEGATIVE_CAVITY a negative cavity variance ``value`` at site
+    ``index`` (on_negative="raise"), SITE_LIKELIHOOD_FAILED the likelihood could not be evaluated
+    at site ``index``.  Sites before ``index`` are updated.  ``n_fixed``
     counts the updates the on_negative policy handled (SITE_KEPT, SITE_FIXED).
     """
     cdef LikelihoodSpec spec

@@ -1,8 +1,8 @@
-# One step of scalable EP with inducing points (SEP paper §2.2-§2.3) in compiled form: its BLAS-3
-# products on C-ordered arrays through scipy's cython_blas with the GIL released, and the per-row
+# One step of scalable EP with inducing points (SEP paper §2.2-§2.3) in compiled form: the passes
+# over a block of rows, their BLAS products (gpc/_blas.pxd) with the GIL released, the per-row
 # site update (the one site rule of gpc._site_rule) and evidence terms in one pass each.
 #
-# Layout (as in gpc._lapack): a C-ordered (k, m) array is the Fortran (m, k) matrix of its
+# Layout (as in gpc/_blas.pxd): a C-ordered (k, m) array is the Fortran (m, k) matrix of its
 # transpose, so its rows are Fortran columns; a C-ordered lower-triangular (m, m) matrix L is the
 # Fortran upper-triangular matrix U = L^T ('U', lda = m).  Every product below is written for the
 # C-ordered meaning and translated in a comment.  Shapes are checked at the entry points; nothing
@@ -10,349 +10,25 @@
 
 from libc.math cimport isfinite, log1p, sqrt
 from libc.string cimport memcpy, memset
-from scipy.linalg.cython_blas cimport dgemm, dgemv, dsyrk, dtrmm
-from scipy.linalg.cython_lapack cimport dlauum, dtrti2
 
+from gpc._blas cimport check_columns, check_square, dgemm, gemv_rows, signed_gram, times_lower
 from gpc._likelihoods cimport LikelihoodSpec, make_spec
 from gpc._site_rule cimport (site_update, site_log_z, check_codes, RULE_PL, SITE_NEGATIVE_CAVITY,
                              SITE_LIKELIHOOD_FAILED)
 
-from functools import partial
-
 import numpy as np
 
-from gpc import _parallel
-
-
-cdef int _check_square(Py_ssize_t rows, Py_ssize_t cols, str name) except -1:
-    if rows != cols or rows < 1:
-        raise ValueError(f"{name} must be a non-empty square matrix, got {rows} x {cols}")
-    return 0
-
-
-cdef int _check_columns(Py_ssize_t cols, Py_ssize_t m, str name) except -1:
-    if cols != m:
-        raise ValueError(f"{name} has {cols} columns, the triangular factor is {m} x {m}")
-    return 0
+# The generic linear algebra of the SEP passes' Python side (gpc.sparse, gpc.multiclass), defined in
+# gpc._lapack and called there as gpc._sparse.<name> beside the passes below.
+from gpc._lapack import (add_transpose_dot, add_weighted_gram, congruence, congruence_panel,
+                         lower_gram, lower_inverse_in_place, lower_lower_times, mirror_lower,
+                         rows_dot, transpose_times)
 
 
 cdef int _check_factor(Py_ssize_t rows, Py_ssize_t cols, str name, Py_ssize_t m) except -1:
     """An m x m factor (or m x m sums) beside a block A of m columns: square, and A's columns."""
-    _check_square(rows, cols, name)
-    return _check_columns(m, rows, "A")
-
-
-cdef int _upper_inverse(double* U, int n, int lda) noexcept nogil:
-    """U (Fortran upper triangular, n x n, leading dimension lda) := U^-1 in place, recursively:
-    inv([[U11, U12], [0, U22]]) = [[U11^-1, -U11^-1 U12 U22^-1], [0, U22^-1]], the off-diagonal
-    block by two dtrmm.  At m = 200 this runs in about half the time of LAPACK's dtrtri, whose
-    blocks of 64 leave most of the work to its unblocked kernel.  Returns LAPACK's info."""
-    cdef int info = 0, h, r
-    cdef char uplo = b'U', diag = b'N', left = b'L', right = b'R', notrans = b'N'
-    cdef double one = 1.0, minus_one = -1.0
-    if n <= 16:
-        dtrti2(&uplo, &diag, &n, U, &lda, &info)
-        return info
-    h = n // 2
-    r = n - h
-    info = _upper_inverse(U, h, lda)
-    if info != 0:
-        return info
-    info = _upper_inverse(U + h + <Py_ssize_t> h * lda, r, lda)
-    if info != 0:
-        return info + h
-    # U12 (h x r, at column h) := U11^-1 U12, then := -U12 U22^-1
-    dtrmm(&left, &uplo, &notrans, &diag, &h, &r, &one, U, &lda, U + <Py_ssize_t> h * lda, &lda)
-    dtrmm(&right, &uplo, &notrans, &diag, &h, &r, &minus_one, U + h + <Py_ssize_t> h * lda, &lda,
-          U + <Py_ssize_t> h * lda, &lda)
-    return 0
-
-
-def lower_inverse_in_place(double[:, ::1] L):
-    """L (lower triangular, m x m, non-singular) := L^-1; the strict upper triangle is not read
-    and stays as it was.  Returns LAPACK's info (k > 0: the k-th diagonal entry is zero)."""
-    _check_square(L.shape[0], L.shape[1], "L")
-    cdef int m = <int> L.shape[0], info
-    # Fortran sees U = L^T; (L^-1)^T = U^-1
-    with nogil:
-        info = _upper_inverse(&L[0, 0], m, m)
-    return info
-
-
-def lower_gram(const double[:, ::1] L, double[:, ::1] out):
-    """out (m x m, both triangles) := L^T L for lower-triangular L (dlauum, m^3/6 multiply-adds):
-    Σ = R^-T R^-1 from R^-1.  Returns LAPACK's info."""
-    _check_square(L.shape[0], L.shape[1], "L")
-    _check_square(out.shape[0], out.shape[1], "out")
-    if out.shape[0] != L.shape[0]:
-        raise ValueError(f"out is {out.shape[0]} x {out.shape[0]}, L {L.shape[0]} x {L.shape[0]}")
-    cdef int m = <int> L.shape[0], info = 0
-    cdef Py_ssize_t i, j
-    cdef char uplo = b'U'
-    with nogil:
-        for i in range(m):
-            for j in range(i + 1):
-                out[i, j] = L[i, j]
-        # Fortran sees U = L^T in 'U' and returns U U^T = L^T L there, our lower triangle
-        dlauum(&uplo, &m, &out[0, 0], &m, &info)
-        for i in range(m):
-            for j in range(i):
-                out[j, i] = out[i, j]
-    return info
-
-
-cdef void _lower_lower(const double* A, double* B, int n, int ld, double* work) noexcept nogil:
-    """B := A B for lower-triangular A and B (n x n blocks, C-ordered, leading dimension ld; B's
-    strict upper triangle zero and left so), recursively: with h = n/2,
-    [[A11, 0], [A21, A22]] [[B11, 0], [B21, B22]] = [[A11 B11, 0], [A21 B11 + A22 B21, A22 B22]],
-    the off-diagonal block by two dtrmm of h x h x h/2 each: n³/6 multiply-adds in all, where
-    one dtrmm of A with B treated as a full matrix takes n³/2.  ``work`` holds (n/2 + 1)² doubles."""
-    cdef int h, r, i, j
-    cdef char left = b'L', right = b'R', uplo = b'U', notrans = b'N', diag = b'N'
-    cdef double one = 1.0
-    if n <= 32:
-        # Fortran: (A B)^T = B^T A^T: B^T := B^T U from the right
-        dtrmm(&right, &uplo, &notrans, &diag, &n, &n, &one, <double*> A, &ld, B, &ld)
-        return
-    h = n // 2
-    r = n - h
-    # B21 (r x h) := A22 B21: Fortran B21^T := B21^T A22^T, from the right (h x r by r x r)
-    dtrmm(&right, &uplo, &notrans, &diag, &h, &r, &one, <double*> (A + h * ld + h), &ld,
-          B + h * ld, &ld)
-    # work (r x h, leading dimension h) := A21 B11: Fortran work^T := B11^T A21^T, from the left
-    for i in range(r):
-        memcpy(work + i * h, A + (h + i) * ld, <size_t> h * sizeof(double))
-    dtrmm(&left, &uplo, &notrans, &diag, &h, &r, &one, B, &ld, work, &h)
-    for i in range(r):
-        for j in range(h):
-            B[(h + i) * ld + j] += work[i * h + j]
-    _lower_lower(A, B, h, ld, work)
-    _lower_lower(A + h * ld + h, B + h * ld + h, r, ld, work)
-
-
-def lower_lower_times(const double[:, ::1] L, double[:, ::1] B):
-    """B (m x m) := L B for lower-triangular L and B (B's strict upper triangle is not read: it is
-    zeroed): M = L_old^-1 L_new in place, m³/6 multiply-adds (one dtrmm that treats L_new as
-    full takes m³/2)."""
-    _check_square(L.shape[0], L.shape[1], "L")
-    _check_square(B.shape[0], B.shape[1], "B")
-    _check_columns(B.shape[1], L.shape[0], "B")
-    cdef int m = <int> L.shape[0], i
-    cdef double[::1] work = np.empty((m // 2 + 1) ** 2)
-    with nogil:
-        for i in range(m - 1):
-            memset(&B[i, i + 1], 0, <size_t> (m - 1 - i) * sizeof(double))
-        _lower_lower(&L[0, 0], &B[0, 0], m, m, &work[0])
-
-
-cdef void _congruence_panel(const double* M, const double* S, double* X, int m, int start,
-                            int stop) noexcept nogil:
-    """X[start:, start:stop] := (M^T S M)[start:, start:stop], and X[start:stop, start:] := its
-    transpose, for lower-triangular M and S (m x m,
-    C-ordered), reading M's lower triangle and S[start:, start:] only.  M's rows above ``start``
-    are zero in these columns, so with r = m - start the panel is M22^T (S22 M[start:, start:stop]),
-    M22 = M[start:, start:], S22 = S[start:, start:]: the product S22 M[start:, start:stop] as a
-    triangular multiply by its diagonal block and a general product by the rows below it, then a
-    triangular multiply by M22^T; 3/2 r^2 (stop - start) multiply-adds."""
-    cdef int r = m - start, w = stop - start, below = m - stop, i, j
-    cdef char left = b'L', right = b'R', uplo = b'U', trans = b'T', notrans = b'N', diag = b'N'
-    cdef double one = 1.0
-    cdef double* P = X + <Py_ssize_t> start * m + start               # the panel, r x w
-    cdef const double* Md = M + <Py_ssize_t> start * m + start        # M22 and its first block
-    if w <= 0:
-        return
-    for i in range(r):                                                 # P := S22[:, :w]
-        memcpy(P + <Py_ssize_t> i * m, S + <Py_ssize_t> (start + i) * m + start,
-               <size_t> w * sizeof(double))
-    # Fortran holds P^T (w x r, leading dimension m) and sees the lower triangles as upper ones:
-    # P := P Md (Md = M[start:stop, start:stop], lower): P^T := Md^T P^T ('L', 'N')
-    dtrmm(&left, &uplo, &notrans, &diag, &w, &r, &one, <double*> Md, &m, P, &m)
-    if below > 0:
-        # P += S[start:, stop:] M[stop:, start:stop]: P^T += M[stop:, start:stop]^T S[start:, stop:]^T
-        dgemm(&notrans, &notrans, &w, &r, &below, &one, <double*> (M + <Py_ssize_t> stop * m + start),
-              &m, <double*> (S + <Py_ssize_t> start * m + stop), &m, &one, P, &m)
-    # P := M22^T P: P^T := P^T M22 = P^T (M22^T)^T, M22^T upper in Fortran ('R', 'T')
-    dtrmm(&right, &uplo, &trans, &diag, &w, &r, &one, <double*> Md, &m, P, &m)
-    # the mirror image: X[start:stop, stop:] := the panel's rows below its diagonal block,
-    # transposed, and the diagonal block's strict upper triangle := its strict lower one
-    for i in range(r):
-        for j in range(w if i >= w else i):
-            X[<Py_ssize_t> (start + j) * m + start + i] = P[<Py_ssize_t> i * m + j]
-
-
-def congruence_panel(const double[:, ::1] M, const double[:, ::1] S, double[:, ::1] X,
-                     Py_ssize_t start, Py_ssize_t stop):
-    """One column panel of :func:`congruence`: X[start:, start:stop] := (M^T S M)[start:,
-    start:stop] and X[start:stop, start:] its transpose, for lower-triangular M (its lower
-    triangle is read) and symmetric S (S[start:, start:] is read, both triangles)."""
-    _check_square(M.shape[0], M.shape[1], "M")
-    _check_square(S.shape[0], S.shape[1], "S")
-    _check_columns(S.shape[1], M.shape[0], "S")
-    _check_square(X.shape[0], X.shape[1], "X")
-    _check_columns(X.shape[1], M.shape[0], "X")
-    cdef int m = <int> M.shape[0]
-    if not (0 <= start <= stop <= m):
-        raise ValueError(f"columns {start}:{stop} are not inside 0:{m}")
-    if &X[0, 0] == &S[0, 0]:
-        raise ValueError("X must not be S")
-    with nogil:
-        _congruence_panel(&M[0, 0], &S[0, 0], &X[0, 0], m, <int> start, <int> stop)
-
-
-def congruence(const double[:, ::1] M, double[:, ::1] S, double[:, ::1] out=None):
-    """out (m x m) := M^T S M for lower-triangular M (its strict upper triangle is not read) and
-    symmetric S (both triangles are read); without ``out``, S := M^T S M.  The result is exactly
-    symmetric: its lower triangle and that triangle's mirror image.  Returns the result.
-
-    By fixed column panels (gpc._parallel.column_panels, fixed by m: :func:`congruence_panel`,
-    about m^3/2 multiply-adds in all where two triangular multiplies take m^3), run by
-    gpc._parallel.over_blocks on the threads of the caller's gpc._parallel.block_threads
-    context; each panel writes its own columns and their mirror image, so the bits do not depend
-    on the threads.
-    """
-    _check_square(M.shape[0], M.shape[1], "M")
-    _check_square(S.shape[0], S.shape[1], "S")
-    _check_columns(S.shape[1], M.shape[0], "S")
-    cdef Py_ssize_t m = M.shape[0]
-    if out is not None:
-        _check_square(out.shape[0], out.shape[1], "out")
-        _check_columns(out.shape[1], m, "out")
-    X = np.empty((m, m)) if out is None else np.asarray(out)
-    panels = _parallel.column_panels(m, m * m * m / 2.0)
-    _parallel.over_blocks(partial(_panel_of, M, S, X, panels), len(panels))
-    if out is None:
-        np.copyto(np.asarray(S), X)
-        return np.asarray(S)
-    return X
-
-
-def _panel_of(M, S, X, panels, j):
-    return congruence_panel(M, S, X, *panels[j])
-
-
-
-def transpose_times(const double[:, ::1] A, const double[:, ::1] G, double[:, ::1] out):
-    """out (m x m) := A^T G for A, G (k x m) (dgemm)."""
-    if A.shape[0] != G.shape[0] or A.shape[1] != G.shape[1]:
-        raise ValueError(f"A is {A.shape[0]} x {A.shape[1]}, G is {G.shape[0]} x {G.shape[1]}")
-    _check_square(out.shape[0], out.shape[1], "out")
-    _check_columns(out.shape[1], A.shape[1], "out")
-    cdef int m = <int> A.shape[1], k = <int> A.shape[0]
-    cdef char notrans = b'N', trans = b'T'
-    cdef double one = 1.0, zero = 0.0
-    if k == 0:
-        out[:, :] = 0.0
-        return
-    # Fortran: out^T = G^T A, with G^T, A^T held as (m x k): out^T := G_F A_F^T
-    with nogil:
-        dgemm(&notrans, &trans, &m, &m, &k, &one, <double*> &G[0, 0], &m, <double*> &A[0, 0], &m,
-              &zero, &out[0, 0], &m)
-
-
-def add_weighted_gram(double[:, ::1] P, const double[:, ::1] A, const double[::1] w,
-                      double[:, ::1] work):
-    """P (m x m, lower triangle) += A^T diag(w) A for A (k x m) and weights w of either sign.
-
-    Two dsyrk, one over the rows with w > 0 scaled by sqrt(w) and one (subtracted) over those with
-    w < 0 scaled by sqrt(-w): k m^2 / 2 multiply-adds in all, half a general product.  ``work``
-    (at least k x m) holds the scaled rows.  Rows with w = 0 are skipped.  Returns the number of
-    rows used.
-    """
-    _check_square(P.shape[0], P.shape[1], "P")
-    _check_columns(A.shape[1], P.shape[0], "A")
-    if w.shape[0] != A.shape[0]:
-        raise ValueError(f"w has {w.shape[0]} entries, A has {A.shape[0]} rows")
-    if work.shape[0] < A.shape[0] or work.shape[1] != A.shape[1]:
-        raise ValueError(f"work must be at least {A.shape[0]} x {A.shape[1]}, got "
-                         f"{work.shape[0]} x {work.shape[1]}")
-    cdef int m = <int> A.shape[1], k = <int> A.shape[0], used
-    if k == 0:
-        return 0
-    with nogil:
-        used = _weighted_gram(&P[0, 0], &A[0, 0], &w[0], &work[0, 0], k, m)
-    return used
-
-
-cdef int _weighted_gram(double* P, const double* A, const double* w, double* work, int k, int m,
-                        double beta=1.0) noexcept nogil:
-    """P := beta P + A^T diag(w) A in its lower triangle: the loop and the two dsyrk of
-    :func:`add_weighted_gram` (P, work C-ordered, m x m and at least k x m); beta 0 writes P's
-    lower triangle without reading it.  Returns the rows used."""
-    cdef int n_pos = 0, n_neg = 0, i, j
-    cdef double root
-    cdef char uplo = b'U', trans = b'N'
-    cdef double one = 1.0, minus_one = -1.0
-    # positive rows from the top of work, negative rows from the bottom
-    for i in range(k):
-        if w[i] > 0:
-            root = sqrt(w[i])
-            for j in range(m):
-                work[n_pos * m + j] = root * A[i * m + j]
-            n_pos += 1
-        elif w[i] < 0:
-            root = sqrt(-w[i])
-            n_neg += 1
-            for j in range(m):
-                work[(k - n_neg) * m + j] = root * A[i * m + j]
-    # Fortran: the rows are columns of an (m x count) matrix W; P^T = P, 'U' is our lower
-    # triangle: P += W W^T ('N')
-    if n_pos > 0:
-        dsyrk(&uplo, &trans, &m, &n_pos, &one, work, &m, &beta, P, &m)
-        beta = 1.0
-    if n_neg > 0:
-        dsyrk(&uplo, &trans, &m, &n_neg, &minus_one, work + (k - n_neg) * m, &m, &beta, P, &m)
-        beta = 1.0
-    if beta == 0.0:
-        for i in range(m):
-            memset(P + i * m, 0, <size_t> (i + 1) * sizeof(double))
-    return n_pos + n_neg
-
-
-cdef inline void _gemv(const double* A, const double* x, double* out, int k, int m,
-                       bint transpose, double beta) noexcept nogil:
-    """out (k,) := A x + beta out, or with ``transpose`` out (m,) := A^T x + beta out, for A
-    (k x m, C-ordered; dgemv)."""
-    # Fortran sees A^T (m x k): A x = (A^T)^T x ('T'), A^T x ('N')
-    cdef char trans = b'N' if transpose else b'T'
-    cdef int inc = 1
-    cdef double one = 1.0
-    if k > 0:
-        dgemv(&trans, &m, &k, &one, <double*> A, &m, <double*> x, &inc, &beta, out, &inc)
-
-
-cdef int _check_gemv(const double[:, ::1] A, Py_ssize_t x_len, Py_ssize_t out_len,
-                     bint transpose) except -1:
-    if (A.shape[0] if transpose else A.shape[1]) != x_len or \
-            out_len != (A.shape[1] if transpose else A.shape[0]):
-        raise ValueError(f"A is {A.shape[0]} x {A.shape[1]}, {'v' if transpose else 'x'} has "
-                         f"{x_len} entries, out {out_len}")
-    return 0
-
-
-def rows_dot(const double[:, ::1] A, const double[::1] x, double[::1] out):
-    """out (k,) := A x for A (k x m) (dgemv)."""
-    _check_gemv(A, x.shape[0], out.shape[0], False)
-    if A.shape[0] > 0:
-        with nogil:
-            _gemv(&A[0, 0], &x[0], &out[0], <int> A.shape[0], <int> A.shape[1], False, 0.0)
-
-
-def add_transpose_dot(const double[:, ::1] A, const double[::1] v, double[::1] out):
-    """out (m,) += A^T v for A (k x m) (dgemv)."""
-    _check_gemv(A, v.shape[0], out.shape[0], True)
-    if A.shape[0] > 0:
-        with nogil:
-            _gemv(&A[0, 0], &v[0], &out[0], <int> A.shape[0], <int> A.shape[1], True, 1.0)
-
-
-def mirror_lower(double[:, ::1] S):
-    """S's strict upper triangle := its lower triangle's transpose (O(m^2))."""
-    _check_square(S.shape[0], S.shape[1], "S")
-    cdef Py_ssize_t m = S.shape[0], i, j
-    with nogil:
-        for i in range(m):
-            for j in range(i):
-                S[j, i] = S[i, j]
+    check_square(rows, cols, name)
+    return check_columns(m, rows, "A")
 
 
 # -- the per-row site update and evidence terms (SEP §2.2, eq. (1)-(3)), through the site rule ---
@@ -628,8 +304,8 @@ def symmetric_from_upper(const double[:, ::1] X, double[:, ::1] out, double scal
     """out (m x m) := scale · X's upper triangle (diagonal included) mirrored: out_ij =
     scale · X_min(i,j),max(i,j).  With scale = -½ and X = A^T G this is sym(Φ) of the Cholesky
     reverse rule, Φ = the lower triangle of -X^T with its diagonal halved (gpc.sparse._inducing)."""
-    _check_square(X.shape[0], X.shape[1], "X")
-    _check_square(out.shape[0], out.shape[1], "out")
+    check_square(X.shape[0], X.shape[1], "X")
+    check_square(out.shape[0], out.shape[1], "out")
     if out.shape[0] != X.shape[0]:
         raise ValueError(f"out is {out.shape[0]} x {out.shape[0]}, X {X.shape[0]} x {X.shape[0]}")
     cdef Py_ssize_t m = X.shape[0], i, j
@@ -651,24 +327,11 @@ def symmetric_from_upper(const double[:, ::1] X, double[:, ::1] out, double scal
 # sums, which sum_blocks adds in block order: the bits do not depend on how the blocks are shared
 # out among threads.
 
-cdef enum:
+cpdef enum:
     # refine_block's ``sums``: what its partial sums (dP, dh) of q's natural parameters hold
-    _SUMS_NEW = 0         # the new sites along a_i: Σ τ_new a aᵀ, Σ ν_new a
-    _SUMS_CHANGE = 1      # their change along a_i: Σ (τ_new - τ) a aᵀ, Σ (ν_new - ν) a
-    _SUMS_SWAP = 2        # the new along a_i less the old along a'_i (sites kept in u-space)
-
-SUMS_NEW, SUMS_CHANGE, SUMS_SWAP = _SUMS_NEW, _SUMS_CHANGE, _SUMS_SWAP
-
-
-cdef inline void _times_lower(const double* T, double* B, int k, int m,
-                              bint transpose) noexcept nogil:
-    """Each row b of B (k x m, C-ordered) := T b, or T^T b with ``transpose`` (T lower, m x m)."""
-    # Fortran sees U = T^T and B as the (m x k) matrix of the rows: T b = U^T b, T^T b = U b
-    cdef char side = b'L', uplo = b'U', diag = b'N'
-    cdef char trans = b'N' if transpose else b'T'
-    cdef double one = 1.0
-    if k > 0:
-        dtrmm(&side, &uplo, &trans, &diag, &m, &k, &one, <double*> T, &m, B, &m)
+    SUMS_NEW = 0          # the new sites along a_i: Σ τ_new a aᵀ, Σ ν_new a
+    SUMS_CHANGE = 1       # their change along a_i: Σ (τ_new - τ) a aᵀ, Σ (ν_new - ν) a
+    SUMS_SWAP = 2         # the new along a_i less the old along a'_i (sites kept in u-space)
 
 
 cdef void _marginals(const double* Ri, const double* mu, const double* A, double* B, double* mean,
@@ -678,8 +341,8 @@ cdef void _marginals(const double* Ri, const double* mu, const double* A, double
     cdef Py_ssize_t i, j
     cdef double acc
     memcpy(B, A, <size_t> k * m * sizeof(double))
-    _times_lower(Ri, B, k, m, False)
-    _gemv(A, mu, mean, k, m, False, 0.0)
+    times_lower(Ri, B, k, m, False)
+    gemv_rows(A, mu, mean, k, m, False, 0.0)
     for i in range(k):
         acc = 0.0
         for j in range(m):
@@ -698,7 +361,7 @@ def whiten_block(const double[:, ::1] Li, const double[:, ::1] K, double[:, ::1]
                  const double[::1] kdiag, double[::1] s):
     """A (k x m) := rows L^-1 k_i of K (A may be K itself) and s_i := max(kdiag_i - |a_i|², 0):
     the whitened rows and FITC variances of SEP eq. (1) (gpc.sparse._inducing)."""
-    _check_square(Li.shape[0], Li.shape[1], "Li")
+    check_square(Li.shape[0], Li.shape[1], "Li")
     cdef Py_ssize_t k = K.shape[0], m = Li.shape[0], i, j
     _check_block(k, m, "K", K.shape[0], K.shape[1])
     _check_block(k, m, "A", A.shape[0], A.shape[1])
@@ -709,7 +372,7 @@ def whiten_block(const double[:, ::1] Li, const double[:, ::1] K, double[:, ::1]
     with nogil:
         if &A[0, 0] != &K[0, 0]:
             memcpy(&A[0, 0], &K[0, 0], <size_t> k * m * sizeof(double))
-        _times_lower(&Li[0, 0], &A[0, 0], <int> k, <int> m, False)
+        times_lower(&Li[0, 0], &A[0, 0], <int> k, <int> m, False)
         for i in range(k):
             acc = 0.0
             for j in range(m):
@@ -722,7 +385,7 @@ def marginal_block(const double[:, ::1] Ri, const double[::1] mu, const double[:
                    double[:, ::1] B, double[::1] mean, double[::1] var, bint covariance=False):
     """Marginals of a_i^T w under q = N(μ, R^-T R^-1) for the rows of A (k x m): B := rows
     R^-1 a_i, mean = A μ, var_i = |R^-1 a_i|²; with ``covariance`` B then := rows Σ_w a_i."""
-    _check_square(Ri.shape[0], Ri.shape[1], "Ri")
+    check_square(Ri.shape[0], Ri.shape[1], "Ri")
     cdef Py_ssize_t k = A.shape[0], m = Ri.shape[0]
     _check_block(k, m, "A", A.shape[0], A.shape[1])
     _check_block(k, m, "B", B.shape[0], B.shape[1])
@@ -734,14 +397,14 @@ def marginal_block(const double[:, ::1] Ri, const double[::1] mu, const double[:
     with nogil:
         _marginals(&Ri[0, 0], &mu[0], &A[0, 0], &B[0, 0], &mean[0], &var[0], <int> k, <int> m)
         if covariance:
-            _times_lower(&Ri[0, 0], &B[0, 0], <int> k, <int> m, True)
+            times_lower(&Ri[0, 0], &B[0, 0], <int> k, <int> m, True)
 
 
 def weighted_sums_block(const double[:, ::1] A, const double[::1] tau, const double[::1] nu,
                         double[:, ::1] dP, double[::1] dh):
     """A block's sums: dP (m x m, its lower triangle; the strict upper one is not written) :=
-    A^T diag(τ) A and dh := A^T ν, for weights of either sign (two dsyrk:
-    :func:`add_weighted_gram`)."""
+    A^T diag(τ) A and dh := A^T ν, for weights of either sign (two dsyrk: gpc/_blas.pxd's
+    signed_gram)."""
     cdef Py_ssize_t k = A.shape[0], m = A.shape[1]
     _check_rows(k, (tau.shape[0], nu.shape[0]))
     _check_factor(dP.shape[0], dP.shape[1], "dP", m)
@@ -749,10 +412,10 @@ def weighted_sums_block(const double[:, ::1] A, const double[::1] tau, const dou
     cdef double[:, ::1] work = np.empty((max(k, 1), m))
     with nogil:
         memset(&dh[0], 0, <size_t> m * sizeof(double))
-        _weighted_gram(&dP[0, 0], &A[0, 0], &tau[0] if k > 0 else NULL, &work[0, 0], <int> k,
-                       <int> m, 0.0)
+        signed_gram(&dP[0, 0], &A[0, 0], &tau[0] if k > 0 else NULL, &work[0, 0], <int> k,
+                    <int> m, 1.0, 0.0)
         if k > 0:
-            _gemv(&A[0, 0], &nu[0], &dh[0], <int> k, <int> m, True, 1.0)
+            gemv_rows(&A[0, 0], &nu[0], &dh[0], <int> k, <int> m, True, 1.0)
 
 
 def refine_block(int kind, double eps, const double[::1] gh_nodes, const double[::1] gh_weights,
@@ -780,9 +443,9 @@ def refine_block(int kind, double eps, const double[::1] gh_nodes, const double[
     """
     cdef LikelihoodSpec spec
     cdef Py_ssize_t k = y.shape[0], m = A.shape[1], i, j, index = -1
-    cdef bint swap = sums == _SUMS_SWAP, change = sums == _SUMS_CHANGE, moved = False
+    cdef bint swap = sums == SUMS_SWAP, change = sums == SUMS_CHANGE, moved = False
     cdef bint directions = V_out is not None
-    if sums not in (_SUMS_NEW, _SUMS_CHANGE, _SUMS_SWAP):
+    if sums not in (SUMS_NEW, SUMS_CHANGE, SUMS_SWAP):
         raise ValueError(f"sums must be SUMS_NEW, SUMS_CHANGE or SUMS_SWAP, got {sums}")
     _check_factor(Ri.shape[0], Ri.shape[1], "Ri", m)
     _check_block(k, m, "A", A.shape[0], A.shape[1])
@@ -824,7 +487,7 @@ def refine_block(int kind, double eps, const double[::1] gh_nodes, const double[
             for i in range(k):
                 for j in range(m):
                     A_old[i, j] = V_old[i, j]
-            _times_lower(&L[0, 0], &A_old[0, 0], kk, mm, True)                 # a' = L^T v
+            times_lower(&L[0, 0], &A_old[0, 0], kk, mm, True)                 # a' = L^T v
             _marginals(&Ri[0, 0], &mu[0], &A_old[0, 0], &B_old[0, 0], &rows[2, 0], &rows[3, 0],
                        kk, mm)
             for i in range(k):
@@ -843,19 +506,19 @@ def refine_block(int kind, double eps, const double[::1] gh_nodes, const double[
             for i in range(k):                       # the new sites (or their change) along a
                 rows[5, i] = tau_out[i] - tau[i] if change else tau_out[i]
                 rows[2, i] = nu_out[i] - nu[i] if change else nu_out[i]
-            _weighted_gram(&dP[0, 0], &A[0, 0] if k > 0 else NULL, &rows[5, 0], &work[0, 0], kk,
-                           mm, 0.0)
+            signed_gram(&dP[0, 0], &A[0, 0] if k > 0 else NULL, &rows[5, 0], &work[0, 0], kk,
+                        mm, 1.0, 0.0)
             if k > 0:
-                _gemv(&A[0, 0], &rows[2, 0], &dh[0], kk, mm, True, 1.0)
+                gemv_rows(&A[0, 0], &rows[2, 0], &dh[0], kk, mm, True, 1.0)
             if moved:                                # less the old ones along a'
                 for i in range(k):
                     rows[5, i] = -tau[i]
                     rows[2, i] = -nu[i]
-                _weighted_gram(&dP[0, 0], &A_old[0, 0], &rows[5, 0], &work[0, 0], kk, mm)
-                _gemv(&A_old[0, 0], &rows[2, 0], &dh[0], kk, mm, True, 1.0)
+                signed_gram(&dP[0, 0], &A_old[0, 0], &rows[5, 0], &work[0, 0], kk, mm)
+                gemv_rows(&A_old[0, 0], &rows[2, 0], &dh[0], kk, mm, True, 1.0)
             if directions and k > 0:
                 memcpy(&V_out[0, 0], &A[0, 0], <size_t> k * m * sizeof(double))
-                _times_lower(&Li[0, 0], &V_out[0, 0], kk, mm, True)            # v = L^-T a
+                times_lower(&Li[0, 0], &V_out[0, 0], kk, mm, True)            # v = L^-T a
     return status, index, value, n_fixed, failed
 
 
@@ -919,15 +582,15 @@ def evidence_block(int kind, double eps, const double[::1] gh_nodes, const doubl
         if gradient and k == 0:
             memset(&AtG[0, 0], 0, <size_t> m * m * sizeof(double))
         elif u_space:
-            _gemv(&Li[0, 0], &mu[0], &mu_u[0], mm, mm, True, 0.0)           # L^-T μ
-            _times_lower(&RiLi[0, 0], &B[0, 0], kk, mm, True)               # rows L^-T Σ_w a_i
+            gemv_rows(&Li[0, 0], &mu[0], &mu_u[0], mm, mm, True, 0.0)           # L^-T μ
+            times_lower(&RiLi[0, 0], &B[0, 0], kk, mm, True)               # rows L^-T Σ_w a_i
             _cavity_rows_gradient(&G[0, 0], &Y[0, 0], &V[0, 0], &rows[2, 0], &mu_u[0],
                                   &rows[3, 0], &g_s[0], k, m)
             # Fortran holds X^T (m x k) for each (k x m) X: (X^T Z)^T = Z^T X is Z_F X_F^T
             dgemm(&notrans, &trans, &mm, &mm, &kk, &minus_one, <double*> &V[0, 0], &mm,
                   &Y[0, 0], &mm, &zero, &AtG[0, 0], &mm)                      # -Y^T V
         elif gradient:
-            _times_lower(&Ri[0, 0], &B[0, 0], kk, mm, True)                 # rows Σ_w a_i
+            times_lower(&Ri[0, 0], &B[0, 0], kk, mm, True)                 # rows Σ_w a_i
             if cavity:
                 _cavity_rows_gradient(&G[0, 0], &Y[0, 0], &A[0, 0], &rows[2, 0], &mu[0],
                                       &rows[3, 0], &g_s[0], k, m)
@@ -941,7 +604,7 @@ def evidence_block(int kind, double eps, const double[::1] gh_nodes, const doubl
                 dgemm(&notrans, &trans, &mm, &mm, &kk, &one, &G[0, 0], &mm,
                       <double*> &A[0, 0], &mm, &zero, &AtG[0, 0], &mm)     # A^T G
             if to_kernel:
-                _times_lower(&Li[0, 0], &G[0, 0], kk, mm, True)             # G L^-1
+                times_lower(&Li[0, 0], &G[0, 0], kk, mm, True)             # G L^-1
     return total, bad
 
 
@@ -949,7 +612,7 @@ def sum_blocks(const double[:, :, ::1] parts, double[:, ::1] out, Py_ssize_t sta
                Py_ssize_t stop, bint lower=False):
     """Rows start:stop of out (m x m) += Σ_j parts[j] in block order j = 0, 1, ... (with ``lower``
     only their lower triangle, the diagonal included): one stripe of the blocks' m x m sums."""
-    _check_square(out.shape[0], out.shape[1], "out")
+    check_square(out.shape[0], out.shape[1], "out")
     cdef Py_ssize_t nb = parts.shape[0], m = out.shape[0], i, j, c, width
     if parts.shape[1] != m or parts.shape[2] != m:
         raise ValueError(f"parts are {parts.shape[1]} x {parts.shape[2]}, out is {m} x {m}")

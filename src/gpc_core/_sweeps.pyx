@@ -14,12 +14,15 @@
 # Sigma is held in its lower triangle (C order); Fortran BLAS sees the transpose, so 'U' below
 # addresses that lower triangle.
 
-from libc.math cimport sqrt
-from scipy.linalg.cython_blas cimport dsyrk
-
+from gpc._blas cimport signed_gram
 from gpc._likelihoods cimport LikelihoodSpec, make_spec
 from gpc._site_rule cimport (site_update, SITE_UPDATED, SITE_NEGATIVE_CAVITY, SITE_LIKELIHOOD_FAILED,
                              SITE_KEPT, NEG_KEEP, NEG_KEEP_SKIP, check_codes)
+
+cpdef enum:
+    # sequential_sweep's status beside the site rule's SITE_UPDATED (0), SITE_NEGATIVE_CAVITY (1)
+    # and SITE_LIKELIHOOD_FAILED (2): an update would make the posterior indefinite
+    SWEEP_INDEFINITE = 3
 
 
 cdef void column(const double* S, Py_ssize_t n, Py_ssize_t i, const double* P, const double* c,
@@ -43,33 +46,12 @@ cdef void column(const double* S, Py_ssize_t n, Py_ssize_t i, const double* P, c
             s[j] -= wk * p[j]
 
 
-cdef void flush(double* S, Py_ssize_t n, double* P, double* c, Py_ssize_t nb,
-                double* Q) noexcept nogil:
-    """Sigma_0 -= sum_k c_k p_k p_k^T as rank-b updates of the lower triangle (dsyrk)."""
-    cdef Py_ssize_t k, j, npos = 0, nneg = 0
-    cdef int fn = <int> n, kk, one = 1
-    cdef double alpha, beta = 1.0, r
-    # positive weights first, then negative ones, each scaled by sqrt(|c_k|) into Q
-    for k in range(nb):
-        if c[k] > 0:
-            r = sqrt(c[k])
-            for j in range(n):
-                Q[npos * n + j] = r * P[k * n + j]
-            npos += 1
-    if npos > 0:
-        kk = <int> npos
-        alpha = -1.0
-        dsyrk(b"U", b"N", &fn, &kk, &alpha, Q, &fn, &beta, S, &fn)
-    for k in range(nb):
-        if c[k] < 0:
-            r = sqrt(-c[k])
-            for j in range(n):
-                Q[nneg * n + j] = r * P[k * n + j]
-            nneg += 1
-    if nneg > 0:
-        kk = <int> nneg
-        alpha = 1.0
-        dsyrk(b"U", b"N", &fn, &kk, &alpha, Q, &fn, &beta, S, &fn)
+cdef inline void flush(double* S, Py_ssize_t n, const double* P, const double* c, Py_ssize_t nb,
+                       double* Q) noexcept nogil:
+    """Sigma_0 -= sum_k c_k p_k p_k^T in the lower triangle: two rank-b updates (dsyrk), the
+    positive weights first (gpc/_blas.pxd's signed_gram, Q its scratch of nb x n, one sign at a
+    time)."""
+    signed_gram(S, P, c, Q, <int> nb, <int> n, -1.0, 1.0, False)
 
 
 def sequential_sweep(double[:, ::1] Sigma, double[::1] mu, double[::1] tau, double[::1] nu,
@@ -80,8 +62,9 @@ def sequential_sweep(double[:, ::1] Sigma, double[::1] mu, double[::1] tau, doub
     """One sequential sweep of the site rule ``rule`` (gpc._site_rule) over the sites in ``order``.
 
     Updates Sigma (lower triangle), mu, tau and nu in place.  ``work`` is scratch of shape (2 * block + 3, n).  Returns (status, index, value, n_fixed):
-    status 0 = done; 1 = a negative cavity variance at site ``index`` under on_negative="raise" (value
-    = the cavity variance); 2 = the likelihood could not be evaluated at site ``index``; 3 = an update
+    status SITE_UPDATED (0) = done; SITE_NEGATIVE_CAVITY = a negative cavity variance at site ``index``
+    under on_negative="raise" (value = the cavity variance); SITE_LIKELIHOOD_FAILED = the likelihood
+    could not be evaluated at site ``index``; SWEEP_INDEFINITE = an update
     would make the posterior indefinite (1 + dtau Sigma_ii <= 0; under on_negative "keep" and
     "keep-skip" such an update is not an error but leaves the site as it was).  Updates handled by
     the on_negative policy are counted in n_fixed.
@@ -136,7 +119,7 @@ def sequential_sweep(double[:, ::1] Sigma, double[::1] mu, double[::1] tau, doub
                     continue                       # the fallback: the site keeps its old value
                 tau[i] = tau_new
                 nu[i] = nu_new
-                status = 3
+                status = SWEEP_INDEFINITE
                 bad_index = i
                 bad_value = denom
                 break

@@ -59,6 +59,8 @@ import warnings
 import numpy as np
 
 from .. import _dense, _lapack, _site_rule, _sweeps
+from .._site_rule import SITE_LIKELIHOOD_FAILED, SITE_NEGATIVE_CAVITY, SITE_UPDATED
+from .._sweeps import SWEEP_INDEFINITE
 from ..exceptions import (ConvergenceWarning, DivergenceError, NegativeVarianceError,
                           NotPositiveDefiniteError)
 from .._parallel import over_rows
@@ -303,7 +305,7 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
         _, m, w = _moments(K, t, v, m0)
         t, v = t.copy(), v.copy()
         status = _site_rule.parallel_update(*spec, code_rule, code_neg, 1.0, y, m, w, t, v)[0]
-        return (t, v) if status == 0 else (np.full(n, np.inf), np.full(n, np.inf))
+        return (t, v) if status == SITE_UPDATED else (np.full(n, np.inf), np.full(n, np.inf))
 
     def probe(t, v):
         """The rounding level of the parallel update at (t, v) (gpc.inference._damping); 0 where the
@@ -348,12 +350,13 @@ def run_schedule(K, y, likelihood, m0, *, rule, schedule, max_iter, tol, damping
             status, index, value, fixed = _site_rule.parallel_update(
                 *spec, code_rule, code_neg, float(adapt.damping), y, mu, var, new_tau, new_nu)
             last_fixed = fixed
-            if status == 1:
+            if status == SITE_NEGATIVE_CAVITY:
                 _raise_for(status, index, value, likelihood, rule)
             site_change = _site_change(new_tau, new_nu, tau, nu)
-            if status == 2 or not np.isfinite(site_change):
+            if status == SITE_LIKELIHOOD_FAILED or not np.isfinite(site_change):
+                failed = status == SITE_LIKELIHOOD_FAILED
                 adapt.failed(n_iter, f"the {likelihood.name} likelihood could not be evaluated at site "
-                             f"{index}" if status == 2 else "a site parameter overflowed")
+                             f"{index}" if failed else "a site parameter overflowed")
                 continue                # the old sites and their posterior stand; retry, damped
             if converged_by == "sites" and site_change < tol * adapt.damping and post is not None:
                 # one more update would move no site by more than tol: keep the sites whose
@@ -444,12 +447,12 @@ def _site_change(tau, nu, tau_old, nu_old):
 
 
 def _raise_for(status, index, value, likelihood, rule):
-    if status == 1:
+    if status == SITE_NEGATIVE_CAVITY:
         raise NegativeVarianceError(index, value)
-    if status == 2:       # valid input, a numerical failure of the method (gpc.exceptions)
+    if status == SITE_LIKELIHOOD_FAILED:  # valid input, a numerical failure of the method (gpc.exceptions)
         raise DivergenceError(f"{rule.upper()}: the {likelihood.name} likelihood could not be evaluated "
                               f"at site {index} (its tilted distribution underflows: the label "
                               "contradicts a confident cavity)", method=rule, index=index)
-    if status == 3:
+    if status == SWEEP_INDEFINITE:
         raise NotPositiveDefiniteError(f"a site update at {index} would make the posterior covariance "
                                        f"indefinite (1 + Δτ Σ_ii = {value:.3g})")

@@ -3,16 +3,16 @@ sparse one (``gpc.sparse``).
 
 ``RULES`` names the site rules of ``gpc._site_rule`` (moment matching, "ep", or PL's statistical
 linear regression, "pl") and ``ON_NEGATIVE`` the policies for a negative cavity or site variance
-(``gpc.inference._sites`` says what each does), both by their codes in ``_site_rule.pxd``.
+(``gpc.inference._sites`` says what each does), both name to code, as ``gpc._site_rule`` exports
+them from its enums.
 ``DEFAULT_ON_NEGATIVE`` is EP's default policy, dense and sparse: negative site precisions kept,
 PL's site where a site has no cavity.  ``Rule`` bundles a rule and a policy for the sparse passes.
 """
 
 from dataclasses import dataclass
 
-RULES = {"ep": 0, "pl": 1}
-#: codes of gpc._site_rule (src/gpc_core/gpc/_site_rule.pxd)
-ON_NEGATIVE = {"raise": 0, "clip": 1, "skip": 2, "pl": 3, "keep": 4, "keep-skip": 5}
+from .._site_rule import ON_NEGATIVE, RULES
+
 DEFAULT_ON_NEGATIVE = "keep"
 
 

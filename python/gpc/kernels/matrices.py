@@ -5,23 +5,8 @@ import numpy as np
 from scipy.linalg.blas import dgemm as _dgemm, dsyrk as _dsyrk
 
 from .. import _kernels, _lapack
+from .._lapack import mirror_lower
 from .._parallel import over_rows
-
-
-_BLOCK = 256
-
-
-def _mirror_lower(A):
-    """Copy the lower triangle of square A onto its upper triangle, in place, block by block."""
-    n = A.shape[0]
-    for i0 in range(0, n, _BLOCK):
-        i1 = min(i0 + _BLOCK, n)
-        D = A[i0:i1, i0:i1]
-        iu = np.triu_indices(i1 - i0, 1)
-        D[iu] = D.T[iu]
-        if i1 < n:
-            A[i0:i1, i1:] = A[i1:, i0:i1].T
-    return A
 
 
 def _sqdist(U, V=None):
@@ -39,7 +24,7 @@ def _sqdist(U, V=None):
         with np.errstate(invalid="ignore"):     # inputs beyond 1e154: inf − inf on the diagonal,
             R2 += su[:, None]                   # which is set to its exact 0 below
             R2 += su[None, :]
-        _mirror_lower(R2)  # after the additions, which are not symmetric in rounding
+        mirror_lower(R2)  # after the additions, which are not symmetric in rounding
         np.fill_diagonal(R2, 0.0)
     else:
         sv = np.einsum("ij,ij->i", V, V)
@@ -67,8 +52,6 @@ DIRECT_MAX_D = 8
 
 #: rows per block of the vectorised exponential in _gram
 _EXP_ROWS = 64
-#: gpc._kernels' code of the squared exponential (RBF._kind)
-_KIND_RBF = 0
 
 
 def _gram(U, V, kind, scale=1.0):
@@ -86,13 +69,13 @@ def _gram(U, V, kind, scale=1.0):
         # U V^T through scipy's BLAS (the BLAS of the solves that follow a cross-covariance)
         G = _dgemm(1.0, V, U, trans_b=True).T
         su, sv = np.einsum("ij,ij->i", U, U), np.einsum("ij,ij->i", V, V)
-        if kind != _KIND_RBF:
+        if kind != _kernels.RBF:
             over_rows(_kernels.cross_to_kernel, G.shape[0], G, su, sv, kind, scale, cost="rows")
             return G
         over_rows(_cross_exp, G.shape[0], G, su, sv, scale, cost="rows")
         return G
     n = U.shape[0]
-    rbf = kind == _KIND_RBF
+    rbf = kind == _kernels.RBF
     factor = -0.5 if rbf else 1.0
     if U.shape[1] <= DIRECT_MAX_D:
         K = np.empty((n, n))

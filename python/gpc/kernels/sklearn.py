@@ -53,8 +53,8 @@ class _ForeignKernel(Kernel):
         Where the translation has the scikit-learn kernel's θ and bounds (every standard kernel
         but DotProduct's free σ0, whose translation holds σ0²), only the translation moves, and
         the scikit-learn kernel is cloned when first asked for (:attr:`kernel`): a step of a
-        minibatch fit does not pay scikit-learn's clone, about 0.1 ms.  Both hold exp(θ), so the
-        result is the same bits either way."""
+        minibatch fit does not pay scikit-learn's clone (a deep copy of its parameters).  Both
+        hold exp(θ), so the result is the same bits either way."""
         if self._fast is None or not self._same_theta():
             return self.clone_with_theta(theta)
         new = copy.copy(self)

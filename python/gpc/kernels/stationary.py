@@ -9,7 +9,7 @@ from .. import _kernels
 from .._parallel import over_rows
 from . import matrices
 from .base import BoundKernel, Kernel, _check_positive_values
-from .matrices import _KIND_RBF, _gram, _gram_lower, _sqdist, _sum_parts
+from .matrices import _gram, _gram_lower, _sqdist, _sum_parts
 
 
 class _Stationary(Kernel):
@@ -180,7 +180,7 @@ class RBF(_Stationary):
         return self._f(R2) if K is None else K.copy()
 
     def _kind(self):
-        return _KIND_RBF
+        return _kernels.RBF
 
     def _bound_scaled(self, Z, scale, constant):
         return _SquaredExponentialBound(Z, self._length_scales(Z.shape[1]), scale, constant,
@@ -287,6 +287,10 @@ class _SquaredExponentialBound(BoundKernel):
         return g_theta, g_Z
 
 
+#: gpc._kernels' kind of the Matérn kernel of each ν
+_MATERN_KINDS = {0.5: _kernels.MATERN12, 1.5: _kernels.MATERN32, 2.5: _kernels.MATERN52}
+
+
 class Matern(_Stationary):
     r"""Matérn kernel with half-integer smoothness.
 
@@ -333,7 +337,7 @@ class Matern(_Stationary):
         return _poly_times_exp(1.0 + r + r * r / 3.0, r)
 
     def _kind(self):
-        return {0.5: 1, 1.5: 2, 2.5: 3}[float(self.nu)]
+        return _MATERN_KINDS[float(self.nu)]
 
     def _gram_is_cross(self):
         # the cross block's zero distances come out of |u|² + |v|² - 2uᵀv as rounding, ~1e-16; for

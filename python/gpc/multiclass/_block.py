@@ -3,14 +3,13 @@
 EP needs from it, at every iteration, only the marginal means and variances; the evidence needs
 log|I + Λ K| and prediction and gradients need K⁻¹μ and K⁻¹ − K⁻¹ΣK⁻¹.  Λ is diagonal and may have
 negative entries (the outlier mixture widens a marginal), so the binary engine's B = I + S K S
-(S = Λ^½) does not apply directly.  The block splits the sites
+(S = Λ^½) does not apply directly.  The block splits the sites as the binary engine's negative EP
+sites are split (gpc.posterior.NegativeSiteSplit),
 
     Λ = Λ' − P D Pᵀ,   Λ' ≥ 0,   D > 0 diagonal on the m negative sites N (P = I[:, N]),
 
-with Λ'ᵢ = Λᵢ where Λᵢ ≥ 0 and Λ'ᵢ = |Λᵢ| + 1/Kᵢᵢ at a negative site (any positive value works; this
-one keeps Λ'^½ away from 0 there), Dᵢ = Λ'ᵢ − Λᵢ.  Then Σ' = (K⁻¹ + Λ')⁻¹ is held through the
-Cholesky factor of B = I + S K S (S = Λ'^½), as in the binary engine (gpc._dense.fill_b and
-gpc._lapack), and Woodbury's identity gives the rest:
+Σ' = (K⁻¹ + Λ')⁻¹ is held through the Cholesky factor of B = I + S K S (S = Λ'^½), as in the binary
+engine (gpc._dense.fill_b and gpc._lapack), and Woodbury's identity gives the rest:
 
     Σ = Σ' + U C⁻¹ Uᵀ,   U = Σ' P,   C = D⁻¹ − Pᵀ Σ' P   (m × m),
 
@@ -34,7 +33,7 @@ import numpy as np
 from .. import _dense, _lapack
 from .._multiclass import prime_mean
 from ..exceptions import NotPositiveDefiniteError
-from ..posterior import WoodburySitePosterior, marginal_variances
+from ..posterior import NegativeSiteSplit, WoodburySitePosterior, marginal_variances
 
 #: below these Λ' the marginal variance takes the exact column ‖L⁻¹ S K eᵢ‖²: the rounding error of
 #: 1 − [B⁻¹]ᵢᵢ (unit roundoff ~1e-16 / 6e-8) is divided by Λ'ᵢ (the binary engine's thresholds)
@@ -103,10 +102,8 @@ class ClassBlock:
         K, n = self.K, self.n
         tau = np.asarray(tau, dtype=np.float64)
         eta = np.asarray(eta, dtype=np.float64)
-        neg = np.flatnonzero(tau < 0)
-        lam = tau.copy()
-        lam[neg] = -tau[neg] + 1.0 / self.k_diag[neg]          # Λ' ≥ 0
-        d = lam[neg] - tau[neg]                                  # D > 0
+        split = NegativeSiteSplit(tau, self.k_diag)
+        neg, lam = split.neg, split.tau_prime                    # N, Λ' ≥ 0
         s = np.sqrt(lam)
 
         L = self._buffer(dtype, "L")
@@ -139,20 +136,15 @@ class ClassBlock:
             U[big] = Ut[:, big].T / s[big][:, None]
             if tiny.size:
                 U[tiny] = K[tiny][:, neg] - (K[tiny] * s[None, :]) @ Ut.T
-            C = -0.5 * (U[neg] + U[neg].T)
-            C[np.diag_indices(m)] += 1.0 / d
-            if _lapack.cholesky_in_place(C) != 0:
-                raise NotPositiveDefiniteError("the site precisions make a class covariance "
-                                               "indefinite")
+            C = split.factor(U, "the site precisions make a class covariance indefinite")
             H = U.copy()                                         # rows: (R⁻¹ Uᵢᵀ)ᵀ, C = R Rᵀ
             _lapack.solve_triangular_rows(C, H, False)
             var += np.einsum("ij,ij->i", H, H)
             mean = self._correct_mean(mean, neg, U, C)
-            logdet += float(np.sum(np.log(d))) + 2.0 * float(np.sum(np.log(np.diag(C))))
+            log_det_d, log_det_c = split.log_det_terms(C)
+            logdet += log_det_d + log_det_c
             if dtype is np.float64:
-                Q = -lam[:, None] * U                            # K⁻¹ U = P − Λ' U
-                Q[neg, np.arange(m)] += 1.0
-                Qc = np.ascontiguousarray(Q)
+                Qc = np.ascontiguousarray(split.prior_solve(U))  # K⁻¹ U = P − Λ' U
                 _lapack.solve_triangular_rows(C, Qc, False)      # Q R⁻ᵀ
         if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(var))):
             raise NotPositiveDefiniteError("the site precisions give a non-finite class marginal")

@@ -9,7 +9,8 @@
 # Status codes of the per-element functions: 0 success; 1 invalid input (variance <= 0, non-finite
 # argument, kind not supported); 2 result not representable (Z underflows to 0, a non-finite moment).
 
-cdef enum:
+cpdef enum:
+    # the kinds, exported to Python by gpc._likelihoods under these names (gpc.likelihoods)
     LIK_PROBIT = 0
     LIK_LOGIT = 1
     LIK_NOISY_THRESHOLD = 2

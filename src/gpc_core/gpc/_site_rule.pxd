@@ -2,12 +2,15 @@
 
 from gpc._likelihoods cimport LikelihoodSpec
 
-cdef enum:
+# The codes are exported to Python by gpc._site_rule (cpdef), the rules and policies also by name
+# in its RULES and ON_NEGATIVE (gpc.inference.rules).
+
+cpdef enum:
     # rule: how a site is refitted
     RULE_EP = 0             # moment matching against the cavity (R&W eq. (3.56)-(3.59))
     RULE_PL = 1             # statistical linear regression against the marginal (PL eq. (15)-(16))
 
-cdef enum:
+cpdef enum:
     # on_negative: what an EP update with a negative cavity or site variance does.  RAISE, KEEP and
     # KEEP_SKIP keep negative site precisions (EP's own fixed point) and differ where EP cannot update
     # (no positive cavity); CLIP, SKIP and PL replace every negative site update (all tau >= 0)
@@ -18,7 +21,7 @@ cdef enum:
     NEG_KEEP = 4
     NEG_KEEP_SKIP = 5
 
-cdef enum:
+cpdef enum:
     # what site_update returns
     SITE_UPDATED = 0            # tau, nu hold the new site
     SITE_NEGATIVE_CAVITY = 1    # on_negative = "raise" and the cavity is not a distribution
