@@ -17,6 +17,7 @@ from scipy.stats import wilcoxon
 from .. import datasets
 from ..kernels import RBF, ConstantKernel
 from ..multiclass import MultiClassGPC
+from ..multiclass.models import MODELS as MULTICLASS_MODELS
 from ._common import standardise
 from .publish import add_doc_arguments, markdown_table, publish_doc_tables, read_records
 
@@ -47,7 +48,7 @@ def balanced_class_rate(y_true, y_pred):
 
 
 def _classifier(model, seed, max_iter=500, tol=1e-4):
-    if model in ("robust", "standard", "heavy-tailed"):
+    if model in MULTICLASS_MODELS:
         # eq. (22): one RBF shared by the classes, length scale √γ fitted
         return MultiClassGPC(model=model, kernel=RBF(1.0), random_state=seed, max_iter=max_iter,
                              tol=tol)
