@@ -16,7 +16,8 @@ from gpc.likelihoods import get_likelihood
 from gpc.sparse._passes import evidence, linearisation_of, linearised_evidence
 from gpc.sparse._train import SEPState, batch_step, minibatch_step, run_ep
 from gpc.sparse.core.inducing import InducingFactor
-from gpc.sparse.ep import Rule, linearised_sites
+from gpc.inference.rules import Rule
+from gpc.sparse.ep import linearised_sites
 from test_sparse_ep import assert_central_differences, off_data_problem
 
 PL = Rule("pl")

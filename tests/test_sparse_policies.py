@@ -18,7 +18,8 @@ from gpc.sparse._passes import evidence
 from gpc.sparse._train import run_ep
 from gpc.sparse.core.inducing import InducingFactor
 from gpc.sparse.core.natural import NaturalPosterior
-from gpc.sparse.ep import DEFAULT_ON_NEGATIVE, Rule, refine_rows
+from gpc.inference.rules import DEFAULT_ON_NEGATIVE, Rule
+from gpc.sparse.ep import refine_rows
 
 POLICIES = ["raise", "clip", "skip", "pl"]
 
