@@ -78,7 +78,8 @@ err_test <- mean(pred_test$labels != Y_test)
 neg_log_l_test <- -mean(log(pred_test$prob[ cbind(1:nrow(X_test), as.integer(Y_test))]))
 
 dt <- t_after - t0
-blas <- if (getRversion() >= "4.1.0") extSoftVersion()[[ "BLAS" ]] else ""
+# the BLAS library's folder name (e.g. openblas-pthread), not its path
+blas <- if (getRversion() >= "4.1.0") basename(dirname(extSoftVersion()[[ "BLAS" ]])) else ""
 line <- sprintf(paste0('{"dataset": "%s", "method": "%s", "split": %d, "m": %d, "n_train": %d, ',
                        '"n_test": %d, "length_scale_heuristic": %.17g, "error": %.17g, "nll": %.17g, ',
                        '"train_error": %.17g, "train_nll": %.17g, "cpu_s": %.3f, "elapsed_s": %.3f, ',
