@@ -39,7 +39,7 @@ SMGPC_SHA256 = {
     "smgpc/wine.npz": "d103097e533834bb82932110af52fd7271072215ed24036f879eefed731a2a08",
 }
 
-_SOURCE = "GitHub cvillacampa/dgps_pep @ HEAD, datasets/multiclass.tgz ({}/data.npz, {}/folds.npz)"
+_SOURCE = "GitHub cvillacampa/dgps_pep @ 30ce21f, datasets/multiclass.tgz ({}/data.npz, {}/folds.npz)"
 _LIC_DGPS = "dgps_pep: Apache-2.0 (repository); the UCI set's own terms apply to the data"
 
 # name: (loader of the rows gpc already ships, or None; description; citation)
