@@ -28,6 +28,8 @@ from ._loaders import (
     load_thyroid,
     load_wine,
 )
+from ._smgpc import N_SPLITS as SMGPC_N_SPLITS
+from ._smgpc import SMGPC_SETS, SMGPC_SHA256, load_smgpc, sha256_smgpc, smgpc_split
 
 _LOADERS = {
     "breast_cancer": load_breast_cancer_wisconsin_original,
@@ -62,6 +64,9 @@ PAPERS = {
             "image_segment"),
     "RMGPC": ("thyroid", "wine", "glass"),
 }
+# The scalable multi-class EP paper (SMGPC) uses eight sets with fixed splits; they load with
+# load_smgpc(name), not load(name), because their names and labels follow that paper's files.
+
 
 
 def available(binary: bool | None = None) -> list[str]:
@@ -112,5 +117,6 @@ def load(name: str, **kwargs: Any) -> DatasetOrXy:
 
 __all__ = [
     "Dataset", "available", "is_binary", "load", "load_csv", "N_CLASSES", "GROUPED", "PAPERS", "SHA256",
+    "SMGPC_SETS", "SMGPC_N_SPLITS", "SMGPC_SHA256", "load_smgpc", "smgpc_split", "sha256_smgpc",
     *[loader.__name__ for loader in _LOADERS.values()],
 ]

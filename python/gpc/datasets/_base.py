@@ -42,7 +42,7 @@ class Dataset:
     positive_class : the label of ``y`` treated as the positive class (+1) for binary sets, else None.
     description, source, licence, citation, grouping : str
     name : registry name of the set.
-    extra : dict. Room for further per-set data; no bundled set fills it.
+    extra : dict. Further per-set data: ``load_smgpc`` puts its 20 splits here (``train``, ``test``).
     """
 
     X: np.ndarray

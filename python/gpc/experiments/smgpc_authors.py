@@ -1,0 +1,261 @@
+"""``gpc reproduce smgpc-authors``: gpc's scalable multi-class methods against the authors' R code.
+
+Villacampa-Calvo & Hernández-Lobato (ICML 2017) published the R code of their four batch methods
+(GitHub ``emakryo/scalable_multiclass_ep``): EP, SEP, GFITC and VI.  ``bench/authors_r/`` runs it
+on the eight UCI sets and the 20 splits that gpc ships (:func:`gpc.datasets.load_smgpc`) and keeps
+one JSON line per (data set, method, split); this command fits :class:`gpc.SparseMultiClassGPC`
+in the same set-up on the same splits and prints both side by side, so that the comparison needs
+no R.
+
+The set-up is the authors' satellite scripts' (``experiments/satellite/*_batch``):
+
+* inputs standardised with the training part's mean and s.d. (``ddof=1``, R's ``sd``);
+* m = 100 inducing points per class at random training rows (the R scripts draw each class's rows
+  apart; gpc's estimator starts every class at the same draw, seeded by the split);
+* per class σ² k_ℓ(x, x') + σ₀² δ with σ² = σ₀² = 1 (their log σ = log σ₀ = 0): the latent noise
+  σ₀² is part of K_uu and of the FITC variances in both codes.  Their kernel is
+  σ² exp(−½ Σ_j (x_j − x'_j)²/l_j) (it divides the inputs by √l) with every l_j started at the
+  median distance between the standardised training rows, so gpc's ARD length-scales start at
+  ℓ_j = √(that median);
+* 250 iterations, in batch: EP and SEP as 250 damped site passes (damping 0.5) each followed by a
+  step of the hyperparameters and Z; VI as L-BFGS-B on the bound;
+* EP, SEP and GFITC fit the noiseless argmax on the noisy latent functions (gpc's
+  ``model="standard"``: no label noise); VI adds the authors' fixed ε = 10⁻³, which puts
+  (1 − ε) + ε/C on the argmax class and ε/C on each other class: gpc's ``label_noise`` is the
+  total mass on the wrong classes, ε (C − 1)/C, held fixed.
+
+GFITC is the authors' EP on the same FITC model with the hyperparameters fitted by L-BFGS-B
+around an EP run to convergence (Hernández-Lobato & Hernández-Lobato 2016, §4): the same model and
+fixed point as gpc's batch EP, which has no separate GFITC schedule; the GFITC row therefore sets
+the authors' GFITC against gpc's EP fit of the same split.
+
+CPU seconds are ``time.process_time`` of the fit on one BLAS thread for gpc and R's
+``proc.time`` (user + system) of the fit for the authors'.
+"""
+
+import json
+import os
+
+import numpy as np
+from scipy.spatial.distance import pdist
+
+from .. import datasets
+from ..kernels import RBF, ConstantKernel, WhiteKernel
+from ..multiclass.sparse_estimator import SparseMultiClassGPC
+from ._common import count_convergence_warnings, map_tasks, multiclass_scores
+from .publish import add_doc_arguments, markdown_table, publish_doc_tables, read_records
+from .sep_common import random_rows, timed_fit
+
+SETS = datasets.SMGPC_SETS
+#: the paper's four methods, in its order; gpc fits GFITC's rows with its EP (module docstring)
+METHODS = ("ep", "sep", "gfitc", "vi")
+M = 100
+ITERATIONS = 250
+#: the authors' fixed label noise in their VI (``eps = 0.001`` of fit_MSGPC_lBFGS)
+EPS_AUTHORS = 1e-3
+#: the committed records of the authors' code, beside the repository's bench/ harness
+RECORDS_DIR = os.path.normpath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir,
+                                            os.pardir, "bench", "authors_r", "records"))
+
+
+def standardise(X_train, X_test):
+    """Zero mean and unit s.d. (``ddof=1``, as R's ``sd``) per feature, from the training part;
+    a constant feature keeps s.d. 1."""
+    mu, sd = X_train.mean(axis=0), X_train.std(axis=0, ddof=1)
+    sd = np.where(sd > 0, sd, 1.0)
+    return (X_train - mu) / sd, (X_test - mu) / sd
+
+
+def length_scale(X):
+    """√(median distance between the rows of X): the authors' heuristic for l, as gpc's ℓ."""
+    return float(np.sqrt(np.median(pdist(X))))
+
+
+def kernel(d, ell):
+    """σ² = 1 times an ARD RBF started at ℓ_j = ``ell``, plus latent noise σ₀² = 1; bounds wide
+    enough to hold the authors' (|log σ²|, |log σ₀²|, |log l| ≤ 10, so |log ℓ| ≤ 5)."""
+    wide = (np.exp(-10.0), np.exp(10.0))
+    return (ConstantKernel(1.0, wide) * RBF(np.full(d, ell), (np.exp(-5.0), np.exp(5.0)))
+            + WhiteKernel(1.0, wide))
+
+
+def make_classifier(method, Z, ell, n_classes, iterations, seed):
+    """gpc's estimator for the authors' ``method`` (module docstring)."""
+    common = dict(kernel=kernel(Z.shape[1], ell), n_inducing=len(Z), inducing_points=Z,
+                  batch_size=None, max_iter=iterations, progress=False, random_state=seed, n_jobs=1)
+    if method == "vi":
+        eps = EPS_AUTHORS * (n_classes - 1) / n_classes
+        return SparseMultiClassGPC(method="vi", model="robust", label_noise=eps,
+                                   label_noise_bounds="fixed", **common)
+    return SparseMultiClassGPC(model="standard", tied_sites=method == "sep", damping=0.5, **common)
+
+
+def _fit(task):
+    name, split, method, m, iterations = task
+    X_tr, y_tr, X_te, y_te = datasets.smgpc_split(name, split)
+    X_tr, X_te = standardise(X_tr, X_te)
+    ell = length_scale(X_tr)
+    Z = X_tr[random_rows(len(X_tr), min(m, len(X_tr)), split)]
+    clf = make_classifier(method, Z, ell, len(np.unique(y_tr)), iterations, split)
+    rec = {"dataset": name, "method": method, "split": split + 1, "m": len(Z),
+           "length_scale": ell, "iterations": iterations}
+    with count_convergence_warnings() as caught:
+        try:
+            cpu, wall = timed_fit(clf, X_tr, y_tr)
+            error, nll = multiclass_scores(clf.predict_proba(X_te), clf.classes_, y_te)
+        except (ValueError, ArithmeticError, np.linalg.LinAlgError) as exc:
+            rec["failure"] = f"{type(exc).__name__}: {exc}"[:200]
+            return rec
+    rec.update(error=error, nll=nll, cpu_s=cpu, wall_s=wall, n_iter=int(clf.n_iter_),
+               n_warnings=len(caught))
+    return rec
+
+
+def run(names=SETS, methods=METHODS, splits=range(1, 21), m=M, iterations=ITERATIONS, jobs=1,
+        progress=True):
+    """gpc's records: one per (data set, method, split), splits numbered 1..20 as in R (``splits``:
+    the same for every set, or a dict from set to its splits).  GFITC's records are EP's (fitted
+    once) under the method name "gfitc"."""
+    for meth in methods:
+        if meth not in METHODS:
+            raise ValueError(f"unknown method {meth!r} for smgpc-authors; choose from {', '.join(METHODS)}")
+    for name in names:
+        if name not in SETS:
+            raise ValueError(f"unknown data set {name!r} for smgpc-authors; choose from {', '.join(SETS)}")
+    fitted = [meth for meth in methods if meth != "gfitc"]
+    if "gfitc" in methods and "ep" not in fitted:
+        fitted.insert(0, "ep")
+    per_set = splits if isinstance(splits, dict) else {name: splits for name in names}
+    tasks = [(name, s - 1, meth, m, iterations) for name in names for s in per_set.get(name, ())
+             for meth in fitted]
+    records = map_tasks(_fit, tasks, jobs=jobs, desc="smgpc-authors fits", show=progress)
+    if "gfitc" in methods:
+        records += [dict(r, method="gfitc", fitted_as="ep") for r in records if r["method"] == "ep"]
+    return [r for r in records if r["method"] in methods]
+
+
+def read_authors(directory=RECORDS_DIR):
+    """The authors' records: every JSON line of ``directory/*.jsonl`` (bench/authors_r)."""
+    out = []
+    if not os.path.isdir(directory):
+        return out
+    for fname in sorted(os.listdir(directory)):
+        if fname.endswith(".jsonl"):
+            with open(os.path.join(directory, fname), encoding="utf-8") as fh:
+                out += [json.loads(line) for line in fh if line.strip()]
+    return out
+
+
+def _stats(values):
+    v = np.asarray(values, dtype=float)
+    return (float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0) if len(v) else (None, None)
+
+
+def summarise(ours, theirs):
+    """One row per (data set, method) present in either: mean and s.d. over the splits of the test
+    error and NLL, mean CPU seconds, and the splits behind each, for gpc and for the authors.  Only
+    the splits that both codes ran enter the means, so that the two sides see the same splits."""
+    def index(records):
+        return {(r["dataset"], r["method"], int(r["split"])): r for r in records if "error" in r}
+
+    a, b = index(ours), index(theirs)
+    rows = []
+    for name in SETS:
+        for meth in METHODS:
+            keys_a = {k[2] for k in a if k[:2] == (name, meth)}
+            keys_b = {k[2] for k in b if k[:2] == (name, meth)}
+            if not keys_a and not keys_b:
+                continue
+            both = sorted(keys_a & keys_b) or sorted(keys_a | keys_b)
+            row = {"dataset": name, "method": meth, "splits": both, "n_both": len(keys_a & keys_b)}
+            for side, idx in (("gpc", a), ("authors", b)):
+                rs = [idx[(name, meth, s)] for s in both if (name, meth, s) in idx]
+                for key in ("error", "nll", "cpu_s"):
+                    row[f"{side}_{key}_mean"], row[f"{side}_{key}_sd"] = _stats([r[key] for r in rs])
+                row[f"{side}_n"] = len(rs)
+            rows.append(row)
+    return rows
+
+
+def _ms(mean, sd, fmt=".3f"):
+    return "-" if mean is None else f"{mean:{fmt}} ± {sd:{fmt}}"
+
+
+def _ratio(row):
+    g, r = row["gpc_cpu_s_mean"], row["authors_cpu_s_mean"]
+    return "-" if g is None or r is None or r <= 0 else f"{g / r:.2f}"
+
+
+def _splits(row):
+    """The splits behind a row: those both codes ran, else each side's count."""
+    if row["n_both"]:
+        return f"{row['n_both']}"
+    return f"gpc {row['gpc_n']}, R {row['authors_n']}"
+
+
+def doc_tables(rows):
+    """The markdown table ``smgpc-authors:table``: per data set and method, test error and NLL
+    (mean ± s.d. over the splits both codes ran, or over each side's where they share none) and
+    mean CPU seconds of gpc and of the authors' R."""
+    header = ["data set", "method", "splits", "error gpc", "error authors", "NLL gpc", "NLL authors",
+              "CPU s gpc", "CPU s authors", "CPU ratio"]
+    body = [[r["dataset"], r["method"].upper(), _splits(r),
+             _ms(r["gpc_error_mean"], r["gpc_error_sd"]), _ms(r["authors_error_mean"], r["authors_error_sd"]),
+             _ms(r["gpc_nll_mean"], r["gpc_nll_sd"]), _ms(r["authors_nll_mean"], r["authors_nll_sd"]),
+             "-" if r["gpc_cpu_s_mean"] is None else f"{r['gpc_cpu_s_mean']:.1f}",
+             "-" if r["authors_cpu_s_mean"] is None else f"{r['authors_cpu_s_mean']:.1f}", _ratio(r)]
+            for r in rows]
+    return {"smgpc-authors:table": markdown_table(header, body)}
+
+
+def format_table(rows):
+    lines = ["smgpc-authors: test error and NLL, mean ± s.d. over the splits both codes ran; CPU s",
+             f"{'set':<12}{'method':<7}{'n':>3}{'err gpc':>16}{'err R':>16}{'NLL gpc':>16}"
+             f"{'NLL R':>16}{'CPU gpc':>9}{'CPU R':>9}"]
+    for r in rows:
+        cpu = ["-" if r[f"{s}_cpu_s_mean"] is None else f"{r[f'{s}_cpu_s_mean']:.1f}"
+               for s in ("gpc", "authors")]
+        lines.append(f"{r['dataset']:<12}{r['method']:<7}{r['n_both']:>3}"
+                     f"{_ms(r['gpc_error_mean'], r['gpc_error_sd']):>16}"
+                     f"{_ms(r['authors_error_mean'], r['authors_error_sd']):>16}"
+                     f"{_ms(r['gpc_nll_mean'], r['gpc_nll_sd']):>16}"
+                     f"{_ms(r['authors_nll_mean'], r['authors_nll_sd']):>16}{cpu[0]:>9}{cpu[1]:>9}")
+    return "\n".join(lines)
+
+
+def add_arguments(parser):
+    parser.add_argument("--splits", type=int, nargs="+", metavar="S",
+                        help="splits to fit, numbered 1..20 as in the R scripts (default: those the "
+                             "authors' records hold for each data set and method, else 1..20)")
+    parser.add_argument("--n-inducing", type=int, default=M, help="m per class (default 100)")
+    parser.add_argument("--iterations", type=int, default=ITERATIONS, help="default 250")
+    parser.add_argument("--authors", metavar="DIR", default=RECORDS_DIR,
+                        help="the authors' records (*.jsonl; default bench/authors_r/records)")
+    add_doc_arguments(parser)
+
+
+def main(args):
+    if args.folds is not None:
+        raise ValueError("smgpc-authors uses the paper's 20 fixed splits, not folds: pass --splits")
+    theirs = read_authors(args.authors)
+    if args.from_json:
+        ours = read_records(args.from_json)
+    else:
+        names = args.datasets or list(SETS)
+        methods = args.methods or list(METHODS)
+        if args.splits:
+            splits = sorted(set(args.splits))
+            for s in splits:
+                if not 1 <= s <= datasets.SMGPC_N_SPLITS:
+                    raise ValueError(f"--splits must lie in 1..{datasets.SMGPC_N_SPLITS}, got {s}")
+        else:
+            splits = {name: sorted({int(r["split"]) for r in theirs
+                                    if r["dataset"] == name and r["method"] in methods}
+                                   or range(1, datasets.SMGPC_N_SPLITS + 1)) for name in names}
+        ours = run(names, methods, splits, m=args.n_inducing, iterations=args.iterations,
+                   jobs=args.jobs or 1, progress=not args.quiet)
+    rows = summarise(ours, theirs)
+    print(format_table(rows))
+    if args.from_json or args.update_doc:
+        publish_doc_tables(args, doc_tables(rows))
+    return ours

@@ -1,0 +1,66 @@
+"""gpc reproduce smgpc-authors: gpc's side of the comparison with the authors' R code, on one small
+split, and the set-up details that must match the R scripts."""
+
+import argparse
+import json
+
+import numpy as np
+import pytest
+from scipy.spatial.distance import pdist
+
+from gpc.experiments import reproduce, smgpc_authors
+from gpc.experiments.smgpc_authors import (EPS_AUTHORS, kernel, length_scale, make_classifier,
+                                           read_authors, standardise, summarise)
+
+
+def _args(*argv):
+    parser = argparse.ArgumentParser()
+    reproduce.add_parsers(parser.add_subparsers(dest="cmd"))
+    return parser.parse_args(["reproduce", "smgpc-authors", *argv])
+
+
+def test_their_kernel_is_gpc_kernel_at_sqrt_l():
+    # R: sigma * exp(-0.5 * ||x/sqrt(l) - x'/sqrt(l)||^2) + sigma0 on the diagonal, l = median distance
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(30, 4))
+    l_r = np.median(pdist(X))
+    ell = length_scale(X)
+    assert ell == pytest.approx(np.sqrt(l_r))
+    K = kernel(4, ell)(X)
+    D2 = ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1)
+    assert np.allclose(K, np.exp(-0.5 * D2 / l_r) + np.eye(30))
+
+
+def test_standardise_uses_r_sd():
+    X = np.array([[1.0, 5.0], [2.0, 5.0], [4.0, 5.0]])
+    Xs, Xt = standardise(X, X[:1])
+    assert np.allclose(Xs[:, 0].std(ddof=1), 1.0) and np.allclose(Xs[:, 1], 0.0)
+    assert np.allclose(Xt, Xs[:1])
+
+
+def test_vi_label_noise_is_theirs():
+    # their likelihood: (1 - eps) + eps/C on the argmax class; gpc's: 1 - label_noise
+    Z = np.zeros((3, 2))
+    for C in (3, 6):
+        clf = make_classifier("vi", Z, 1.0, C, 5, 0)
+        assert 1 - clf.label_noise == pytest.approx(1 - EPS_AUTHORS + EPS_AUTHORS / C)
+        assert clf.label_noise_bounds == "fixed"
+    assert make_classifier("ep", Z, 1.0, 3, 5, 0).model == "standard"
+    assert make_classifier("sep", Z, 1.0, 3, 5, 0).tied_sites
+
+
+def test_command_on_one_split(tmp_path, capsys):
+    rec = {"dataset": "wine", "method": "ep", "split": 1, "m": 100, "error": 0.25, "nll": 0.5,
+           "cpu_s": 12.0}
+    (tmp_path / "wine.jsonl").write_text(json.dumps(rec) + "\n")
+    assert read_authors(str(tmp_path)) == [rec]
+    args = _args("--datasets", "wine", "--methods", "ep", "--n-inducing", "10", "--iterations", "3",
+                 "--authors", str(tmp_path), "--quiet")
+    ours = smgpc_authors.main(args)
+    assert [(r["dataset"], r["method"], r["split"], r["m"]) for r in ours] == [("wine", "ep", 1, 10)]
+    assert 0.0 <= ours[0]["error"] <= 1.0 and ours[0]["nll"] > 0 and ours[0]["n_iter"] == 3
+    out = capsys.readouterr().out
+    assert "wine" in out and "0.250" in out
+    rows = summarise(ours, [rec])
+    assert rows[0]["n_both"] == 1 and rows[0]["authors_cpu_s_mean"] == 12.0
+    assert rows[0]["gpc_error_mean"] == ours[0]["error"]
