@@ -254,6 +254,32 @@ def sep_fit(Xtr, ytr, Z0, ell, batch, epochs=1, n_jobs=1, **options):
     return clf, time.perf_counter() - t, time.process_time() - c
 
 
+def svgp_model(Z, ell, natural=False):
+    """GPyTorch's SVGP on inducing inputs Z (a torch tensor): the whitened ``VariationalStrategy``
+    (Z learnt) over a ``CholeskyVariationalDistribution``, or a ``NaturalVariationalDistribution``
+    for natural-gradient training, zero mean, ``ScaleKernel(RBFKernel(ARD))`` at length scale
+    ``ell``."""
+    import gpytorch
+
+    class SVGP(gpytorch.models.ApproximateGP):
+        def __init__(self):
+            m, d = Z.shape
+            dist = (gpytorch.variational.NaturalVariationalDistribution(m) if natural else
+                    gpytorch.variational.CholeskyVariationalDistribution(m))
+            super().__init__(gpytorch.variational.VariationalStrategy(
+                self, Z, dist, learn_inducing_locations=True))
+            self.mean_module = gpytorch.means.ZeroMean()
+            self.covar_module = gpytorch.kernels.ScaleKernel(
+                gpytorch.kernels.RBFKernel(ard_num_dims=d))
+            self.covar_module.base_kernel.lengthscale = ell
+
+        def forward(self, x):
+            return gpytorch.distributions.MultivariateNormal(self.mean_module(x),
+                                                             self.covar_module(x))
+
+    return SVGP()
+
+
 def gpytorch_fit(Xtr, ytr, Xte, Z0, ell, batch, epochs=1, threads=1, device="cpu",
                  dtype="float64"):
     """GPyTorch's SVGP classifier (a bench-only peer, never a dependency of gpc):
@@ -269,26 +295,11 @@ def gpytorch_fit(Xtr, ytr, Xte, Z0, ell, batch, epochs=1, threads=1, device="cpu
 
     torch.set_num_threads(threads)
     tdtype = getattr(torch, dtype)
-    n, d = Xtr.shape
-
-    class SVGP(gpytorch.models.ApproximateGP):
-        def __init__(self, Z):
-            dist = gpytorch.variational.CholeskyVariationalDistribution(Z.shape[0])
-            strat = gpytorch.variational.VariationalStrategy(self, Z, dist,
-                                                             learn_inducing_locations=True)
-            super().__init__(strat)
-            self.mean_module = gpytorch.means.ZeroMean()
-            self.covar_module = gpytorch.kernels.ScaleKernel(
-                gpytorch.kernels.RBFKernel(ard_num_dims=d))
-            self.covar_module.base_kernel.lengthscale = ell
-
-        def forward(self, x):
-            return gpytorch.distributions.MultivariateNormal(self.mean_module(x),
-                                                             self.covar_module(x))
+    n = Xtr.shape[0]
 
     Xt = torch.tensor(Xtr, dtype=tdtype, device=device)
     yt = torch.tensor((ytr > 0).astype(np.float64), dtype=tdtype, device=device)
-    model = SVGP(torch.tensor(Z0, dtype=tdtype)).to(device=device, dtype=tdtype)
+    model = svgp_model(torch.tensor(Z0, dtype=tdtype), ell).to(device=device, dtype=tdtype)
     lik = gpytorch.likelihoods.BernoulliLikelihood().to(device=device, dtype=tdtype)
     opt = torch.optim.Adam(list(model.parameters()) + list(lik.parameters()), lr=0.01)
     mll = gpytorch.mlls.VariationalELBO(lik, model, num_data=n)

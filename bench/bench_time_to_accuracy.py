@@ -53,7 +53,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_sparse import make_data, machine_table  # noqa: E402
+from bench_sparse import machine_table, make_data, svgp_model  # noqa: E402
 
 from gpc import SparseGaussianProcessClassifier  # noqa: E402
 from gpc.kernels import RBF, ConstantKernel  # noqa: E402
@@ -133,30 +133,14 @@ def run_gpytorch(prob, Z0, ell, args, optimiser):
 
     torch.set_num_threads(args.threads)
     Xtr, ytr, Xte, yte = prob
-    n, d = Xtr.shape
+    n = Xtr.shape[0]
     dtype = torch.float64
-
-    class SVGP(gpytorch.models.ApproximateGP):
-        def __init__(self, Z):
-            if optimiser == "ngd":
-                dist = gpytorch.variational.NaturalVariationalDistribution(Z.shape[0])
-            else:
-                dist = gpytorch.variational.CholeskyVariationalDistribution(Z.shape[0])
-            super().__init__(gpytorch.variational.VariationalStrategy(
-                self, Z, dist, learn_inducing_locations=True))
-            self.mean_module = gpytorch.means.ZeroMean()
-            self.covar_module = gpytorch.kernels.ScaleKernel(
-                gpytorch.kernels.RBFKernel(ard_num_dims=d))
-            self.covar_module.base_kernel.lengthscale = ell
-
-        def forward(self, x):
-            return gpytorch.distributions.MultivariateNormal(self.mean_module(x),
-                                                             self.covar_module(x))
 
     Xt = torch.tensor(Xtr, dtype=dtype)
     yt = torch.tensor((ytr > 0).astype(np.float64), dtype=dtype)
     Xv = torch.tensor(Xte, dtype=dtype)
-    model = SVGP(torch.tensor(Z0, dtype=dtype)).to(dtype=dtype)
+    model = svgp_model(torch.tensor(Z0, dtype=dtype), ell, natural=optimiser == "ngd")
+    model = model.to(dtype=dtype)
     lik = gpytorch.likelihoods.BernoulliLikelihood().to(dtype=dtype)
     mll = gpytorch.mlls.VariationalELBO(lik, model, num_data=n)
     if optimiser == "ngd":
