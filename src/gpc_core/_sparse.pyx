@@ -303,7 +303,7 @@ def cavity_rows_gradient(double[:, ::1] G, double[:, ::1] Y, const double[:, ::1
 def symmetric_from_upper(const double[:, ::1] X, double[:, ::1] out, double scale):
     """out (m x m) := scale · X's upper triangle (diagonal included) mirrored: out_ij =
     scale · X_min(i,j),max(i,j).  With scale = -½ and X = A^T G this is sym(Φ) of the Cholesky
-    reverse rule, Φ = the lower triangle of -X^T with its diagonal halved (gpc.sparse._inducing)."""
+    reverse rule, Φ = the lower triangle of -X^T with its diagonal halved (gpc.sparse.core.inducing)."""
     check_square(X.shape[0], X.shape[1], "X")
     check_square(out.shape[0], out.shape[1], "out")
     if out.shape[0] != X.shape[0]:
@@ -360,7 +360,7 @@ cdef int _check_block(Py_ssize_t k, Py_ssize_t m, str name, Py_ssize_t rows,
 def whiten_block(const double[:, ::1] Li, const double[:, ::1] K, double[:, ::1] A,
                  const double[::1] kdiag, double[::1] s):
     """A (k x m) := rows L^-1 k_i of K (A may be K itself) and s_i := max(kdiag_i - |a_i|², 0):
-    the whitened rows and FITC variances of SEP eq. (1) (gpc.sparse._inducing)."""
+    the whitened rows and FITC variances of SEP eq. (1) (gpc.sparse.core.inducing)."""
     check_square(Li.shape[0], Li.shape[1], "Li")
     cdef Py_ssize_t k = K.shape[0], m = Li.shape[0], i, j
     _check_block(k, m, "K", K.shape[0], K.shape[1])

@@ -78,7 +78,18 @@ def _read(name: str) -> dict:
 
 
 def sha256_smgpc(name: str) -> str:
-    """SHA-256 hex digest of the shipped file of one of :data:`SMGPC_SETS`."""
+    """SHA-256 hex digest of the shipped file of one of the paper's sets.
+
+    Parameters
+    ----------
+    name : str
+        One of :data:`SMGPC_SETS`.
+
+    Returns
+    -------
+    str
+        The digest, to compare with ``SMGPC_SHA256[name]``.
+    """
     return hashlib.sha256(data_path(_file(name)).read_bytes()).hexdigest()
 
 
