@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+from typing import cast
 
 import numpy as np
 
@@ -115,7 +116,7 @@ def load_smgpc(name: str, *, return_X_y: bool = False) -> DatasetOrXy:
     arrays = _read(name)
     shipped, description, citation = _META[name]
     if shipped is not None:
-        base = shipped()
+        base = cast(Dataset, shipped())
         X, y = base.X, base.y
         description, citation, names = base.description, base.citation, base.feature_names
         licence, source = base.licence, base.source + "; splits: " + _SOURCE.format(name, name)
@@ -144,6 +145,6 @@ def smgpc_split(name: str, split: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
     """
     if not 0 <= split < N_SPLITS:
         raise ValueError(f"split must be in 0..{N_SPLITS - 1}, got {split}")
-    ds = load_smgpc(name)
+    ds = cast(Dataset, load_smgpc(name))
     tr, te = ds.extra["train"][split], ds.extra["test"][split]
     return ds.X[tr], ds.y[tr], ds.X[te], ds.y[te]
