@@ -71,7 +71,7 @@ class Floor:
         for k in range(first, first + steps):
             start = (k * B) % (len(X) - B + 1)
             Kbm = factor.cross(as_block(X, start, start + B))
-            _sparse.transpose_times(Kbm, self.W, self.out)
+            _lapack.transpose_times(Kbm, self.W, self.out)
 
 
 class StepBLAS:
@@ -101,9 +101,9 @@ class StepBLAS:
 
     def _posterior(self, R):
         _lapack.cholesky_in_place(R)
-        _sparse.lower_inverse_in_place(R)
-        _sparse.rows_dot(R, self.h, self.v)
-        _sparse.add_transpose_dot(R, self.v, self.h)
+        _lapack.lower_inverse_in_place(R)
+        _lapack.rows_dot(R, self.h, self.v)
+        _lapack.add_transpose_dot(R, self.v, self.h)
 
     def one(self):
         W, Bm, Bo, Y, P, R, S, T, Li, L = (self.W, self.Bm, self.Bo, self.Y, self.P, self.R,
@@ -118,34 +118,34 @@ class StepBLAS:
         _lapack.multiply_triangular_rows(Li, Bm, False)   # cavity marginals: R⁻¹a
         np.copyto(Bo, A_old)
         _lapack.multiply_triangular_rows(Li, Bo, False)   # and R⁻¹a'
-        _sparse.rows_dot(A, self.h, self.mb)
-        _sparse.rows_dot(A_old, self.h, self.mb)
+        _lapack.rows_dot(A, self.h, self.mb)
+        _lapack.rows_dot(A_old, self.h, self.mb)
         np.copyto(P, self.P0)
-        _sparse.add_weighted_gram(P, W, self.w, self.scaled)  # swap the sites: two dsyrk
-        _sparse.add_transpose_dot(W, self.w, self.h)
+        _lapack.add_weighted_gram(P, W, self.w, self.scaled)  # swap the sites: two dsyrk
+        _lapack.add_transpose_dot(W, self.w, self.h)
         np.copyto(R, self.P0)
         self._posterior(R)                                   # the new q
         np.copyto(Y, A)
         _lapack.multiply_triangular_rows(Li, Y, True)   # the new directions v = L⁻ᵀa
         np.copyto(Bm, A)
         _lapack.multiply_triangular_rows(Li, Bm, False)   # marginals at the new q
-        _sparse.rows_dot(A, self.h, self.mb)
+        _lapack.rows_dot(A, self.h, self.mb)
         _lapack.multiply_triangular_rows(Li, Bm, True)   # A Σ
-        _sparse.transpose_times(Y, A, S)                     # Yᵀ A
+        _lapack.transpose_times(Y, A, S)                     # Yᵀ A
         _lapack.multiply_triangular_rows(Li, Bm, True)   # G L⁻¹
         Bm @ self.Zs, Bm.T @ self.Xs                         # its contraction's products
-        _sparse.lower_gram(Li, self.C)                       # Σ for the prior term
-        _sparse.congruence(Li, S)                            # L⁻ᵀ G L⁻¹
+        _lapack.lower_gram(Li, self.C)                       # Σ for the prior term
+        _lapack.congruence(Li, S)                            # L⁻ᵀ G L⁻¹
         S @ self.Zs, S.T @ self.Zs                           # its contraction's products
         self.Zs @ self.Zs.T                                  # K_uu's Gram part
         np.copyto(T, self.P0)
         _lapack.cholesky_in_place(T)                         # K_uu's factor
-        _sparse.lower_inverse_in_place(T)                    # and its inverse
+        _lapack.lower_inverse_in_place(T)                    # and its inverse
         np.copyto(T, L)
         _sparse.lower_times(Li, T)                           # M = L⁻¹ L'
         np.copyto(S, P)
-        _sparse.congruence(T, S)                             # Mᵀ (P - I) M
-        _sparse.rows_dot(T, self.h, self.v)                  # Mᵀ h
+        _lapack.congruence(T, S)                             # Mᵀ (P - I) M
+        _lapack.rows_dot(T, self.h, self.v)                  # Mᵀ h
         np.copyto(R, self.P0)
         self._posterior(R)                                   # the moved q
 

@@ -185,9 +185,9 @@ def test_compiled_step_checks_its_inputs():
     with pytest.raises(ValueError, match="rows have length 5"):      # the step's triangular products
         _lapack.multiply_triangular_rows(L, B, False)
     with pytest.raises(ValueError, match="square"):
-        _sparse.congruence(np.ones((4, 3)), np.eye(4))
+        _lapack.congruence(np.ones((4, 3)), np.eye(4))
     with pytest.raises(ValueError, match="work"):
-        _sparse.add_weighted_gram(np.eye(5), B, np.ones(3), np.ones((2, 5)))
+        _lapack.add_weighted_gram(np.eye(5), B, np.ones(3), np.ones((2, 5)))
     spec = get_likelihood("probit").compiled_spec()
     with pytest.raises(ValueError, match="entries"):
         _sparse.refine_rows(*spec, 0, 1, 1.0, np.ones(3), np.ones(3), np.ones(2), np.ones(3),
@@ -211,14 +211,14 @@ def test_product_of_two_lower_triangles(m):
     # the recursive product M = L_old⁻¹ L_new (transform_natural) against NumPy; B's strict upper
     # triangle is not read and comes out exactly zero.  Sums of at most m terms of size ~3:
     # rounding below 1e-12.
-    from gpc import _sparse
+    from gpc import _lapack
 
     rng = np.random.default_rng(m)
     A = np.tril(rng.standard_normal((m, m))) + 3 * np.eye(m)
     B = np.tril(rng.standard_normal((m, m))) + 3 * np.eye(m)
     C = B + np.triu(rng.standard_normal((m, m)), 1)
-    _sparse.lower_lower_times(A, C)
+    _lapack.lower_lower_times(A, C)
     np.testing.assert_allclose(C, A @ B, rtol=0, atol=1e-12 * m)
     assert not np.any(np.triu(C, 1))
     with pytest.raises(ValueError, match="B has 3 columns"):
-        _sparse.lower_lower_times(np.eye(4), np.eye(3))
+        _lapack.lower_lower_times(np.eye(4), np.eye(3))

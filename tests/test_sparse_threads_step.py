@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from gpc import SparseGaussianProcessClassifier, _parallel, _sparse
+from gpc import SparseGaussianProcessClassifier, _lapack, _parallel
 from gpc.sparse.core.natural import NaturalPosterior, transform_natural
 
 RNG = np.random.default_rng(11)
@@ -48,7 +48,7 @@ def test_congruence_matches_numpy_and_is_exactly_symmetric(m):
     garbage = M + np.triu(RNG.standard_normal((m, m)), 1)   # its strict upper triangle is not read
     with _parallel.block_threads(1):
         X = S.copy()
-        out = _sparse.congruence(garbage, X)
+        out = _lapack.congruence(garbage, X)
     assert out is not None
     expect = M.T @ S @ M
     # sums of m products of entries ~3: relative rounding ~m eps
@@ -57,7 +57,7 @@ def test_congruence_matches_numpy_and_is_exactly_symmetric(m):
     # the out= form computes the same bits and leaves S alone
     S0 = S.copy()
     with _parallel.block_threads(1):
-        Y = _sparse.congruence(garbage, S, np.empty((m, m)))
+        Y = _lapack.congruence(garbage, S, np.empty((m, m)))
     np.testing.assert_array_equal(Y, X)
     np.testing.assert_array_equal(S, S0)
 
@@ -68,7 +68,7 @@ def test_congruence_is_the_same_bits_on_every_number_of_threads(m):
     results = []
     for threads in (1, 2, 3):
         with _parallel.block_threads(threads):
-            results.append(_sparse.congruence(M, S, np.empty((m, m))))
+            results.append(_lapack.congruence(M, S, np.empty((m, m))))
     assert len(_parallel.column_panels(m, m ** 3 / 2)) > 1
     for other in results[1:]:
         np.testing.assert_array_equal(other, results[0])
@@ -100,19 +100,19 @@ def test_congruence_panels_go_to_the_threads(monkeypatch):
     monkeypatch.setattr(_parallel, "over_blocks", spy)
     M, S = _lower(m), _symmetric(m)
     with _parallel.block_threads(2):
-        _sparse.congruence(M, S, np.empty((m, m)))
+        _lapack.congruence(M, S, np.empty((m, m)))
     assert [n for n, _ in seen] == [len(_parallel.column_panels(m, m ** 3 / 2))] == [4]
     assert seen[0][1] - {caller}
 
 
 def test_congruence_checks_its_panel():
     with pytest.raises(ValueError, match="columns 3:9 are not inside 0:5"):
-        _sparse.congruence_panel(np.eye(5), np.eye(5), np.empty((5, 5)), 3, 9)
+        _lapack.congruence_panel(np.eye(5), np.eye(5), np.empty((5, 5)), 3, 9)
     S = np.eye(5)
     with pytest.raises(ValueError, match="X must not be S"):
-        _sparse.congruence_panel(np.eye(5), S, S, 0, 5)
+        _lapack.congruence_panel(np.eye(5), S, S, 0, 5)
     with pytest.raises(ValueError, match="out has 4 columns"):
-        _sparse.congruence(np.eye(5), np.eye(5), np.empty((4, 4)))
+        _lapack.congruence(np.eye(5), np.eye(5), np.empty((4, 4)))
 
 
 def test_transform_natural_is_the_congruence_and_keeps_q_symmetric():

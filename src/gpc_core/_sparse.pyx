@@ -18,13 +18,6 @@ from gpc._site_rule cimport (site_update, site_log_z, check_codes, RULE_PL, SITE
 
 import numpy as np
 
-# The generic linear algebra of the SEP passes' Python side (gpc.sparse, gpc.multiclass), defined in
-# gpc._lapack and called there as gpc._sparse.<name> beside the passes below.
-from gpc._lapack import (add_transpose_dot, add_weighted_gram, congruence, congruence_panel,
-                         lower_gram, lower_inverse_in_place, lower_lower_times, mirror_lower,
-                         rows_dot, transpose_times)
-
-
 cdef int _check_factor(Py_ssize_t rows, Py_ssize_t cols, str name, Py_ssize_t m) except -1:
     """An m x m factor (or m x m sums) beside a block A of m columns: square, and A's columns."""
     check_square(rows, cols, name)

@@ -18,7 +18,7 @@ from functools import partial
 
 import numpy as np
 
-from .. import _pages, _parallel, _sparse
+from .. import _lapack, _pages, _parallel, _sparse
 from .._parallel import BLOCK_ROWS
 from ..exceptions import NegativeVarianceError, NotPositiveDefiniteError
 from ..inference.rules import DEFAULT_ON_NEGATIVE, EP, Rule
@@ -442,7 +442,7 @@ def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P
     _, n_fixed = check_refined(results, blocks, first_row)
     # P + Σ τ_new a aᵀ - Σ τ_old a'a'ᵀ, h + Σ ν_new a - Σ ν_old a'
     add_blocks(dPs, P, lower=True)
-    _sparse.mirror_lower(P)
+    _lapack.mirror_lower(P)
     add_vectors(dhs, h)
     return t_new, n_new, V_new, n_fresh, n_fixed
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import _parallel, _sparse
+from .. import _lapack, _parallel, _sparse
 from ..exceptions import NegativeVarianceError
 from ..inference.rules import EP
 from ..inference.pl import slr
@@ -140,7 +140,7 @@ def update_sites(likelihood, y, A, s, q, tau, nu, damping, sums="change", rule=E
     results = _parallel.over_blocks(block, len(blocks))
     skipped, n_fixed = check_refined(results, blocks, first_row)
     dP = add_blocks(dPs, np.zeros((m, m)), lower=True)
-    _sparse.mirror_lower(dP)
+    _lapack.mirror_lower(dP)
     return SiteUpdate(tau=t_new, nu=n_new, dP=dP, dh=add_vectors(dhs, np.zeros(m)),
                       n_skipped=skipped, n_fixed=n_fixed)
 

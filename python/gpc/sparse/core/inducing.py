@@ -58,7 +58,7 @@ class InducingFactor:
         self.Z = np.ascontiguousarray(Z, dtype=np.float64)
         self.bound = kernel._bound_to(self.Z)
         self.Kuu = self.bound.gram()
-        _sparse.mirror_lower(self.Kuu)                         # exactly symmetric
+        _lapack.mirror_lower(self.Kuu)                         # exactly symmetric
         m = self.Kuu.shape[0]
 
         def jittered():
@@ -77,7 +77,7 @@ class InducingFactor:
         triangular multiply (dtrmm), cheaper than a triangular solve (dtrsm), and serves the
         whitening, the gradient and the move of q to a new factor alike."""
         Li = self.L.copy()
-        _sparse.lower_inverse_in_place(Li)        # L has a positive diagonal: never singular
+        _lapack.lower_inverse_in_place(Li)        # L has a positive diagonal: never singular
         self.Li = Li
 
     def inverse(self):
@@ -98,7 +98,7 @@ class InducingFactor:
 
     def _gram_of_inverse(self):
         K = np.empty_like(self.Li)
-        _sparse.lower_gram(self.Li, K)
+        _lapack.lower_gram(self.Li, K)
         return K
 
     @property
@@ -222,11 +222,11 @@ class InducingFactor:
 
     def uu_gradient_whitened(self, G, overwrite=False):
         """Kernel and Z gradient of ∂F/∂K_uu = L⁻ᵀ G L⁻¹ for a symmetric w-space G (m x m): one
-        congruence with the explicit L⁻¹ (gpc._sparse.congruence: its lower triangle by fixed
+        congruence with the explicit L⁻¹ (gpc._lapack.congruence: its lower triangle by fixed
         column panels on the block threads), then :meth:`uu_gradient_u`.  With ``overwrite`` G
         (C-contiguous) is the scratch."""
         G_uu = G if overwrite else np.array(G, dtype=np.float64, order="C")
-        _sparse.congruence(self.Li, G_uu)
+        _lapack.congruence(self.Li, G_uu)
         return self.uu_gradient_u(G_uu)
 
     def uu_gradient_u(self, G_uu):

@@ -64,7 +64,7 @@ class Posterior:
 def _gram(T):
     """TᵀT (m x m, both triangles, a new array) for lower-triangular T (dlauum, m³/6)."""
     C = np.empty_like(T)
-    _sparse.lower_gram(T, C)
+    _lapack.lower_gram(T, C)
     return C
 
 
@@ -88,10 +88,10 @@ class NaturalPosterior:
             raise NotPositiveDefiniteError("q(u)'s precision I + Σ τ_i a_i a_iᵀ is not positive "
                                            "definite")
         self.logdet = 2.0 * float(np.sum(np.log(np.diag(Ri))))
-        _sparse.lower_inverse_in_place(Ri)                         # R := R⁻¹
+        _lapack.lower_inverse_in_place(Ri)                         # R := R⁻¹
         v, mean = np.empty(len(Ri)), np.zeros(len(Ri))
-        _sparse.rows_dot(Ri, as_vector(h), v)
-        _sparse.add_transpose_dot(Ri, v, mean)                     # P⁻¹ h = R⁻ᵀ R⁻¹ h
+        _lapack.rows_dot(Ri, as_vector(h), v)
+        _lapack.add_transpose_dot(Ri, v, mean)                     # P⁻¹ h = R⁻ᵀ R⁻¹ h
         # a non-finite P or h leaves its trace in the factor's diagonal or in the mean
         if not (np.isfinite(self.logdet) and np.isfinite(mean).all()):
             raise NotPositiveDefiniteError("the site sums are not finite")
@@ -163,7 +163,7 @@ class NaturalPosterior:
         (:func:`block_evidence`), and its Gram product is :meth:`cov_u`."""
         if self._to_u is None or self._to_u[0] is not Li:
             RiLi = np.array(Li, dtype=np.float64, order="C")
-            _sparse.lower_lower_times(self.Ri, RiLi)              # R⁻¹L⁻¹
+            _lapack.lower_lower_times(self.Ri, RiLi)              # R⁻¹L⁻¹
             self._to_u = Li, RiLi
         return self._to_u[1]
 
@@ -250,7 +250,7 @@ def whitened_sums_blocks(A, tau, nu, scratch="sums"):
 
     def finish():
         dP = add_blocks(dPs, np.zeros((m, m)), lower=True)
-        _sparse.mirror_lower(dP)
+        _lapack.mirror_lower(dP)
         return dP, add_vectors(dhs, np.zeros(m))
     return calls, finish
 
@@ -261,7 +261,7 @@ def transform_natural(P, h, Li_old, L_new, beside=()):
     The sites are fixed in u-space (S2 = L⁻ᵀ(P - I)L⁻¹, S1 = L⁻ᵀh), so with M = L⁻¹L'
     (lower triangular) P' = I + Mᵀ(P - I)M and h' = Mᵀh: a product of two triangles with the
     explicit L⁻¹ (``Li_old``; m³/6 multiply-adds, no solve) and the symmetric congruence by fixed
-    column panels on the caller's threads (gpc._sparse.congruence, about m³/2; P' exactly
+    column panels on the caller's threads (gpc._lapack.congruence, about m³/2; P' exactly
     symmetric).  ``L_new`` is lower triangular with a zero strict upper triangle (a factor of
     :class:`InducingFactor`).  ``beside``: calls independent of all this (the new factor's
     :meth:`InducingFactor.invert`, which the move does not need), run on the caller's threads
@@ -269,10 +269,10 @@ def transform_natural(P, h, Li_old, L_new, beside=()):
     """
     m = P.shape[0]
     M = np.array(L_new, dtype=np.float64, order="C")
-    _parallel.over_calls([partial(_sparse.lower_lower_times, Li_old, M), *beside])   # M = L⁻¹ L'
+    _parallel.over_calls([partial(_lapack.lower_lower_times, Li_old, M), *beside])   # M = L⁻¹ L'
     S = np.array(P, dtype=np.float64, order="C")
     S.flat[:: m + 1] -= 1.0
-    P_new = _sparse.congruence(M, S, np.empty((m, m)))         # exactly symmetric
+    P_new = _lapack.congruence(M, S, np.empty((m, m)))         # exactly symmetric
     P_new.flat[:: m + 1] += 1.0
     return P_new, M.T @ h
 
@@ -295,11 +295,11 @@ def rows_gradient(A, q, G_A, mean, tau, nu, g_s, d1, e, held):
     AtG = np.empty((A.shape[1], A.shape[1]))
     if held == "sites":
         _sparse.site_rows_gradient(G_A, A, nu - tau * mean, q.mean, tau, g_s)
-        _sparse.transpose_times(A, G_A, AtG)
+        _lapack.transpose_times(A, G_A, AtG)
     else:
         Y = np.empty_like(G_A)
         _sparse.cavity_rows_gradient(G_A, Y, A, d1, q.mean, e, g_s)
-        _sparse.transpose_times(Y, A, AtG)                   # Σ_b (γ_i - g_s a_i) a_iᵀ
+        _lapack.transpose_times(Y, A, AtG)                   # Σ_b (γ_i - g_s a_i) a_iᵀ
         AtG *= -1.0
     return AtG
 

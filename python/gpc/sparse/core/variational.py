@@ -106,24 +106,24 @@ def svi_block(likelihood, y, A, s, mean, Lq):
                                   f"{blocks[j][0] + i} is {var[i]!r} at this (θ, Z, L_q)",
                                   method="svi", value=var[i])
         mu = np.empty(len(Ab))
-        _sparse.rows_dot(Ab, mean, mu)
+        _lapack.rows_dot(Ab, mean, mu)
         e, em[:], ev[:] = likelihood.expected_log_prob(yb, mu, var)
         np.copyto(Gb, ALb)
         _lapack.multiply_triangular_rows(Lq, Gb, False)            # A L_q L_qᵀ
         Gb -= Ab
         Gb *= (2.0 * ev)[:, None]
         Gb += np.multiply.outer(em, mean)
-        _sparse.transpose_times(Ab, Gb, AtGs[j])                   # A_bᵀ G_A
+        _lapack.transpose_times(Ab, Gb, AtGs[j])                   # A_bᵀ G_A
         S = np.empty_like(Ab)
         _sparse.scale_rows(Ab, ev, S)
-        _sparse.transpose_times(S, ALb, GLs[j])                    # A_bᵀ diag(e_σ²) A_b L_q
+        _lapack.transpose_times(S, ALb, GLs[j])                    # A_bᵀ diag(e_σ²) A_b L_q
         return float(np.sum(e))
     parts = _parallel.over_blocks(block, len(blocks))
     e_sum = 0.0
     for part in parts:
         e_sum += part
     g_mean = np.zeros(m)
-    _sparse.add_transpose_dot(A, e_m, g_mean)
+    _lapack.add_transpose_dot(A, e_m, g_mean)
     G_L = add_blocks(GLs, np.zeros((m, m)))
     G_L *= 2.0
     return e_sum, G_A, e_v, add_blocks(AtGs, np.zeros((m, m))), g_mean, G_L
