@@ -127,7 +127,8 @@ def run_gpc(prob, Z0, ell, args, precision=None):
 
 
 def run_gpytorch(prob, Z0, ell, args, optimiser):
-    """[(training seconds so far, test NLL, test error)] after each epoch of GPyTorch's SVGP."""
+    """[(training seconds so far, test NLL, test error)] after each epoch of GPyTorch's SVGP, the
+    model and its likelihood."""
     import gpytorch
     import torch
 
@@ -174,13 +175,13 @@ def run_gpytorch(prob, Z0, ell, args, optimiser):
             p = np.concatenate([lik(model(Xv[a:a + 5000])).mean.numpy()
                                 for a in range(0, len(Xv), 5000)])
         out.append((spent, *scores(p.astype(np.float64), yte)))
-    return out
+    return out, model, lik
 
 
 SYSTEMS = {"gpc": lambda prob, Z0, ell, args: run_gpc(prob, Z0, ell, args)[0],
            "gpc-mixed": lambda prob, Z0, ell, args: run_gpc(prob, Z0, ell, args, "mixed")[0],
-           "ngd": lambda prob, Z0, ell, args: run_gpytorch(prob, Z0, ell, args, "ngd"),
-           "adam": lambda prob, Z0, ell, args: run_gpytorch(prob, Z0, ell, args, "adam")}
+           "ngd": lambda prob, Z0, ell, args: run_gpytorch(prob, Z0, ell, args, "ngd")[0],
+           "adam": lambda prob, Z0, ell, args: run_gpytorch(prob, Z0, ell, args, "adam")[0]}
 
 
 def check_batch_order(prob, Z0, ell, args):
