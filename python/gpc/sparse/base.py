@@ -209,7 +209,7 @@ class SparseEstimator(GPCEstimator):
         if not isinstance(self.max_iter, str):
             return int(self.max_iter)
         if minibatch is None:
-            trainer = self._trainer
+            trainer = getattr(self, "_trainer", None)      # None before a fit sets it up
             if getattr(trainer, "tol", False) is None:
                 trainer.tol = AUTO_SITE_TOL
                 if not any(state.learns for state in trainer.states):

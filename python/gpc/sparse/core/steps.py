@@ -47,6 +47,9 @@ MIN_DAMPING_SCALE = 2.0 ** -10
 #: Anderson acceleration of batch passes at fixed parameters: the past passes it combines, and the
 #: growth of a pass's mismatch over the smallest one since the last restart that restarts it
 ANDERSON_MEMORY, ANDERSON_GROWTH = 5, 4.0
+#: ... and the mismatch below which it starts (Anderson is a local method: near the fixed point,
+#: where the passes are close to linear; the early passes are plain)
+ANDERSON_FROM = 1e-2
 
 
 class Adadelta:
@@ -154,8 +157,8 @@ class SiteAnderson:
     over the rows is needed to rebuild q.  The history restarts when a pass's mismatch grows to
     ``ANDERSON_GROWTH`` times the smallest since the last restart (the extrapolation left its
     linear regime), and on every dropped pass.  The fixed points are G's: an extrapolation only
-    changes the path.  ``memory`` None: ``ANDERSON_MEMORY``; 0 keeps
-    the plain passes.  It keeps ``memory`` + 1 copies of the sites and of the sums (C m² each).
+    changes the path.  It starts once a pass's mismatch is below ``ANDERSON_FROM``.  ``memory``
+    None: ``ANDERSON_MEMORY``; 0 keeps the plain passes.  It keeps ``memory`` + 1 copies of the sites and of the sums (C m² each).
     """
 
     def __init__(self, memory=None):
@@ -168,8 +171,10 @@ class SiteAnderson:
     def step(self, x, g, sums, mismatch):
         """Record the pass x → g = G(x) with q's ``sums`` of g and its ``mismatch``; returns
         the extrapolated (sites, sums), or None to keep the pass as it is."""
-        if mismatch > ANDERSON_GROWTH * self.best:
+        if mismatch > ANDERSON_GROWTH * self.best or not mismatch < ANDERSON_FROM:
             self.reset()
+            if not mismatch < ANDERSON_FROM:
+                return None
         self.best = min(self.best, mismatch)
         self.xs.append(x)
         self.gs.append(g)
