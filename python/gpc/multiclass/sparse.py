@@ -537,6 +537,19 @@ class SparseMultiClassState(SparseState):
     def restore(self, before):
         self.sites, self.qs, self.V, self.n_sited = before
 
+    def site_vector(self):
+        """Every site parameter as one vector (:meth:`gpc.multiclass.ep._Sites.vector`; the core's
+        batch acceleration)."""
+        return self.sites.vector()
+
+    def set_site_vector(self, x):
+        """The sites from :meth:`site_vector`'s form, taken if Q's Beta stays proper."""
+        sites = self.sites.with_vector(x)
+        if self.model.beta and not min(self.beta_posterior(sites)) > 0:
+            return False
+        self.sites = sites
+        return True
+
     def data_terms(self, parts):
         return parts.log_terms, parts.n_bad
 
@@ -598,6 +611,8 @@ class LocalClassRows(Rows):
     #: a committed batch update can be undone by bringing back the state's old sites and q (the
     #: rows keep nothing of them): the core's loop drops a pass whose log Z is not ≤ 0
     undoable = True
+    #: the sites of every row are the state's (:meth:`SparseMultiClassState.site_vector`)
+    accelerable = True
 
     def __init__(self, state, model, X, y, rows=None, tasks=SERIAL, block_rows=BLOCK_ROWS):
         self.state, self.model, self.X, self.tasks, self.block_rows = (

@@ -112,7 +112,8 @@ class SparseMultiClassGPC(SparseEstimator):
         (``random_state``) and cuts it into minibatches, read in row order, so class-sorted rows
         train as shuffled ones and every row is seen once per epoch.
     max_iter : int or "auto", default "auto"
-        Epochs; "auto" as in :class:`gpc.SparseGaussianProcessClassifier` (100 in batch).
+        Epochs; "auto" as in :class:`gpc.SparseGaussianProcessClassifier` (batch EP: until no
+        pass moves a site by more than 1e-8, within 1000 passes at fixed parameters, else 100).
     learning_rate : float, default 1.0
         Adadelta's step multiplier; a step that fails is undone and this is halved.
     damping : float in (0, 1] or None, default None

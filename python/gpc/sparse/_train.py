@@ -160,6 +160,15 @@ class SEPState(SparseState):
             return False
         return True
 
+    def site_vector(self):
+        """The sites (τ, ν) as one vector (the core's batch acceleration)."""
+        return np.concatenate([self.tau, self.nu])
+
+    def set_site_vector(self, x):
+        """The sites from :meth:`site_vector`'s form; always taken."""
+        self.tau, self.nu = x[:self.n].copy(), x[self.n:].copy()
+        return True
+
     def log_normaliser(self):
         return self.q.log_normaliser_ratio()
 
@@ -198,6 +207,8 @@ class LocalRows(Rows):
     refit that the rule's on_negative policy handled, added to the state's on commit.  The
     distributed twin is :class:`gpc.sparse._distributed.ShardedRows`.
     """
+
+    accelerable = True
 
     def __init__(self, state, likelihood, X, y, block_rows):
         self.state, self.likelihood, self.X, self.y, self.block_rows = (

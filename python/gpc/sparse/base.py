@@ -31,6 +31,11 @@ AUTO_BATCH_SIZE, AUTO_MINIBATCH_FROM = 2000, 10_000
 #: max_iter="auto": AUTO_BATCH_EPOCHS in batch (or L-BFGS-B evaluations); on minibatches enough
 #: epochs to see about AUTO_ROWS rows, at least AUTO_MIN_EPOCHS and at most AUTO_BATCH_EPOCHS
 AUTO_BATCH_EPOCHS, AUTO_ROWS, AUTO_MIN_EPOCHS = 100, 400_000, 2
+#: max_iter="auto" in batch EP: stop after the first pass that moves no site by more than
+#: AUTO_SITE_TOL (the trainer's ``tol``); at fixed parameters at most AUTO_FIXED_EPOCHS passes
+#: (Anderson-accelerated passes settle in tens to a few hundred on the UCI sets), else at most
+#: AUTO_BATCH_EPOCHS steps
+AUTO_SITE_TOL, AUTO_FIXED_EPOCHS = 1e-8, 1000
 
 
 def check_kernel_start(kernel, optimize_inducing):
@@ -196,11 +201,19 @@ class SparseEstimator(GPCEstimator):
         return size if size is not None and size < n else None
 
     def _epochs(self, n, minibatch):
-        """``max_iter``, or for "auto" 100 in batch and enough minibatch epochs to see about
-        AUTO_ROWS rows (at least AUTO_MIN_EPOCHS)."""
+        """``max_iter``, or for "auto" enough minibatch epochs to see about AUTO_ROWS rows (at
+        least AUTO_MIN_EPOCHS) and in batch AUTO_BATCH_EPOCHS; a batch trainer that can stop on
+        convergence (a ``tol``, batch EP) is given AUTO_SITE_TOL and stops at the first pass that
+        moves no site by more than it, within AUTO_FIXED_EPOCHS passes where nothing is learnt
+        (θ, Z and the label noise fixed) and AUTO_BATCH_EPOCHS steps otherwise."""
         if not isinstance(self.max_iter, str):
             return int(self.max_iter)
         if minibatch is None:
+            trainer = getattr(self, "_trainer", None)      # None before a fit sets it up
+            if getattr(trainer, "tol", False) is None:
+                trainer.tol = AUTO_SITE_TOL
+                if not any(state.learns for state in trainer.states):
+                    return AUTO_FIXED_EPOCHS
             return AUTO_BATCH_EPOCHS
         return int(min(AUTO_BATCH_EPOCHS, max(AUTO_MIN_EPOCHS, -(-AUTO_ROWS // n))))
 

@@ -26,11 +26,16 @@ class Rows(ABC):
         Whether a committed batch update can be undone by the state's ``snapshot``/``restore``
         alone (the rows keep nothing of the old sites): the step loop then drops a pass whose log
         Z is not a log probability (:func:`gpc.sparse.core.steps.iteration`).
+    accelerable : bool
+        Whether every row's sites are the state's, read and set whole by its ``site_vector()`` and
+        ``set_site_vector(x)`` (rows in this process, not on an engine's shards): batch passes at
+        fixed parameters are then Anderson-accelerated (:class:`gpc.sparse.core.steps.SiteAnderson`).
     """
 
     size: int
     u_space = False
     undoable = False
+    accelerable = False
 
     @abstractmethod
     def update_sites(self, damping):

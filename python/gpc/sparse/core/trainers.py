@@ -9,7 +9,8 @@ gpc.multiclass._sparse_distributed.EngineClassRows).  The estimator asks nothing
 so it never looks at a state's type, and the SEP trainers run the core's step loop
 (gpc.sparse.core.steps) on any model's state:
 
-* :class:`SEPBatch`: one parallel site pass over all rows, then one inner Adadelta step (SEP §2.3).
+* :class:`SEPBatch`: one parallel site pass over all rows, then one inner Adadelta step (SEP §2.3);
+  at fixed parameters Anderson-accelerated, and with ``tol`` stopping once the sites settle.
 * :class:`SEPMinibatch`: per-row sites refined and swapped in q one minibatch at a time, each
   followed by a stochastic step (SEP eq. (6)).
 * :class:`SEPTied`: one shared average site (stochastic EP), a step per block of rows; it keeps no
@@ -154,11 +155,26 @@ class StepTrainer(Trainer):
 
 
 class SEPBatch(StepTrainer):
-    """Batch SEP: every site refined from the same q, then one inner step (SEP §2.3)."""
+    """Batch SEP: every site refined from the same q, then one inner step (SEP §2.3); at fixed
+    parameters the passes are Anderson-accelerated (gpc.sparse.core.steps.SiteAnderson).
+
+    ``tol``: None runs every epoch asked for; a number ends training after the first epoch whose
+    site pass moved no state's sites by more than it (each state's ``mismatch``: the largest
+    change of a binary site's τ or ν, the largest undamped moment mismatch of a multi-class
+    pair site or P(zᵢ = 1)); the estimators' ``max_iter="auto"`` sets it.
+    """
 
     def __init__(self, states, likelihood, rng, damping, n_jobs=1):
         super().__init__(states, likelihood, rng, n_jobs)
         self.damping = damping
+        self.tol = None
+
+    def train(self, rows, epochs, tick, record):
+        with self.threads():
+            for _ in range(epochs):
+                record(sum(self.epoch(rows, k, state, tick) for k, state in enumerate(self.states)))
+                if self.tol is not None and all(s.mismatch < self.tol for s in self.states):
+                    return
 
     @staticmethod
     def iterate(state, rows, damping):
