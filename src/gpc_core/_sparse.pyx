@@ -17,8 +17,8 @@
 from libc.math cimport isfinite, log1p, sqrt
 from libc.string cimport memcpy, memset
 
-from gpc._blas cimport (check_columns, check_square, cross_rows, gemv_rows, real, signed_gram,
-                        times_lower)
+from gpc._blas cimport (check_columns, check_square, cross_rows, gemv_rows, real, row_dot,
+                        signed_gram, times_lower)
 from gpc._likelihoods cimport LikelihoodSpec, make_spec
 from gpc._site_rule cimport (site_update, site_log_z, check_codes, RULE_PL, SITE_NEGATIVE_CAVITY,
                              SITE_LIKELIHOOD_FAILED)
@@ -338,16 +338,12 @@ cdef void _marginals(const real* Ri, const double* mu, const real* A, real* B, d
                      double* var, int k, int m) noexcept nogil:
     """B := rows R^-1 a_i of A, mean = A μ, var_i = |R^-1 a_i|² (the marginals of a_i^T w under
     q = N(μ, R^-T R^-1)); mean and var accumulated in double."""
-    cdef Py_ssize_t i, j
-    cdef double acc
+    cdef Py_ssize_t i
     memcpy(B, A, <size_t> k * m * sizeof(real))
     times_lower(Ri, B, k, m, False)
     gemv_rows(A, mu, mean, k, m, False, 0.0)
     for i in range(k):
-        acc = 0.0
-        for j in range(m):
-            acc = acc + <double> B[i * m + j] * B[i * m + j]
-        var[i] = acc
+        var[i] = row_dot(B + i * m, B + i * m, m)
 
 
 cdef int _check_block(Py_ssize_t k, Py_ssize_t m, str name, Py_ssize_t rows,
@@ -380,10 +376,7 @@ def whiten_block(const real[:, ::1] Li, const double[:, ::1] K, real[:, ::1] A,
                     A[i, j] = <float> K[i, j]
         times_lower(&Li[0, 0], &A[0, 0], <int> k, <int> m, False)
         for i in range(k):
-            acc = 0.0
-            for j in range(m):
-                acc = acc + <double> A[i, j] * A[i, j]
-            acc = kdiag[i] - acc
+            acc = kdiag[i] - row_dot(&A[i, 0], &A[i, 0], <int> m)
             s[i] = acc if acc > 0.0 else 0.0
 
 
@@ -507,10 +500,7 @@ def refine_block(int kind, double eps, const double[::1] gh_nodes, const double[
             _marginals(&Ri[0, 0], &mu[0], &A_old[0, 0], &B_old[0, 0], &rows[2, 0], &rows[3, 0],
                        kk, mm)
             for i in range(k):
-                w = 0.0
-                for j in range(m):
-                    w = w + <double> B[i, j] * B_old[i, j]
-                rows[4, i] = w                                                 # a^T Σ a'
+                rows[4, i] = row_dot(&B[i, 0], &B_old[i, 0], mm)                # a^T Σ a'
         if k > 0:
             status = _refine_loop(&spec, rule, on_negative, damping, k, &y[0], &rows[0, 0],
                                   &rows[1, 0], &s[0], &tau[0], &nu[0], &tau_out[0], &nu_out[0],

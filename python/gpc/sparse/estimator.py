@@ -18,7 +18,7 @@ from .._parallel import BLOCK_ROWS
 from ..inference.rules import DEFAULT_ON_NEGATIVE, Rule
 from ..kernels import RBF, ConstantKernel, as_kernel, user_kernel
 from ..likelihoods import get_likelihood
-from ._train import EngineRows, InProcessRows, SEPState
+from ._train import PRECISIONS, EngineRows, InProcessRows, SEPState
 from .base import SparseEstimator
 # the "auto" training defaults that batch_size and max_iter document below
 from .base import AUTO_BATCH_SIZE, AUTO_MIN_EPOCHS, AUTO_MINIBATCH_FROM  # noqa: F401
@@ -252,7 +252,7 @@ class SparseGaussianProcessClassifier(SparseEstimator):
                  likelihood="probit", batch_size="auto", max_iter="auto", learning_rate=1.0,
                  damping=None, optimize_inducing=True, tied_sites=False, jitter=1e-8,
                  validation_data=None, progress=True, random_state=None, verbose=False,
-                 client=None, n_jobs=None, on_negative=DEFAULT_ON_NEGATIVE):
+                 client=None, n_jobs=None, on_negative=DEFAULT_ON_NEGATIVE, precision="float64"):
         self.kernel = kernel
         self.n_inducing = n_inducing
         self.inducing_points = inducing_points
@@ -272,6 +272,7 @@ class SparseGaussianProcessClassifier(SparseEstimator):
         self.client = client
         self.n_jobs = n_jobs
         self.on_negative = on_negative
+        self.precision = precision
 
     # -- the hooks of SparseEstimator ----------------------------------------------------------------
     _fitted_attribute = "_problems"
@@ -282,6 +283,13 @@ class SparseGaussianProcessClassifier(SparseEstimator):
             raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
         Rule("ep", self.on_negative)                  # a ValueError naming on_negative
         self._check_training_params()
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.precision == "mixed" and (self.method not in ("ep", "pl") or self.tied_sites
+                                          or self.client is not None):
+            raise ValueError("precision='mixed' runs minibatch SEP with per-row sites only "
+                             "(method 'ep' or 'pl', tied_sites=False, client=None); use "
+                             "precision='float64'")
         if self.tied_sites and self.method != "ep":
             raise ValueError("tied_sites=True needs method='ep'")
         if self.method == "gfitc" and self.batch_size not in (None, "auto"):
@@ -313,6 +321,10 @@ class SparseGaussianProcessClassifier(SparseEstimator):
             return SEPTied(states, likelihood, rng, batch or BLOCK_ROWS, self._damping(False),
                            n_jobs=n_jobs)
         sep = self.method in ("ep", "pl")     # EP's or PL's rank-one sites, SEP's training
+        if self.precision == "mixed" and batch is None:
+            raise ValueError("precision='mixed' runs minibatch SEP only, and this fit trains in "
+                             "batch (batch_size None, 'auto' below 10,000 rows, or n rows or "
+                             "more): give batch_size below n, or use precision='float64'")
         if sep and batch is None:
             return SEPBatch(states, likelihood, rng, self._damping(False), n_jobs=n_jobs)
         if sep:
@@ -329,7 +341,7 @@ class SparseGaussianProcessClassifier(SparseEstimator):
             return SVIState(kernel, Z, n, self.jitter, self.optimize_inducing)
         return SEPState(kernel, Z, n, self.jitter, self.optimize_inducing, self.learning_rate,
                         tied=bool(self.tied_sites), method=self.method,
-                        on_negative=self.on_negative)
+                        on_negative=self.on_negative, precision=self.precision)
 
     def _training_rows(self, X, y):
         """Each problem's ±1 labels (classes_[1] against classes_[0] for two classes, each class

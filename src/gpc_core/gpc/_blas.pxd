@@ -243,14 +243,37 @@ cdef inline int signed_gram(double* P, const real* A, const double* w, real* wor
     return n_pos + n_neg
 
 
+cdef inline double row_dot(const real* a, const real* b, int m) noexcept nogil:
+    """a^T b in double: for double rows one running sum in index order; for float rows four
+    interleaved partial sums (independent additions, which the processor overlaps), added at
+    the end."""
+    cdef double acc = 0.0, acc1 = 0.0, acc2 = 0.0, acc3 = 0.0
+    cdef int j = 0
+    if real is double:
+        for j in range(m):
+            acc = acc + a[j] * b[j]
+    else:
+        while j + 4 <= m:
+            acc = acc + <double> a[j] * b[j]
+            acc1 = acc1 + <double> a[j + 1] * b[j + 1]
+            acc2 = acc2 + <double> a[j + 2] * b[j + 2]
+            acc3 = acc3 + <double> a[j + 3] * b[j + 3]
+            j += 4
+        while j < m:
+            acc = acc + <double> a[j] * b[j]
+            j += 1
+        acc = (acc + acc1) + (acc2 + acc3)
+    return acc
+
+
 cdef inline void gemv_rows(const real* A, const double* x, double* out, int k, int m,
                            bint transpose, double beta) noexcept nogil:
     """out (k,) := A x + beta out, or with ``transpose`` out (m,) := A^T x + beta out, for A
-    (k x m, C-ordered; dgemv, or for float rows a loop accumulating in double)."""
+    (k x m, C-ordered; dgemv, or for float rows loops accumulating in double)."""
     # Fortran sees A^T (m x k): A x = (A^T)^T x ('T'), A^T x ('N')
     cdef char trans = b'N' if transpose else b'T'
     cdef int inc = 1, i, j
-    cdef double one = 1.0, acc, xi
+    cdef double one = 1.0, acc, acc1, xi
     if k <= 0:
         return
     if real is double:
@@ -264,9 +287,15 @@ cdef inline void gemv_rows(const real* A, const double* x, double* out, int k, i
                 out[j] += xi * A[i * m + j]
     else:
         for i in range(k):
-            acc = 0.0
-            for j in range(m):
-                acc += A[i * m + j] * x[j]
+            acc = acc1 = 0.0                     # two running sums (see row_dot)
+            j = 0
+            while j + 2 <= m:
+                acc = acc + A[i * m + j] * x[j]
+                acc1 = acc1 + A[i * m + j + 1] * x[j + 1]
+                j += 2
+            if j < m:
+                acc = acc + A[i * m + j] * x[j]
+            acc = acc + acc1
             out[i] = acc + beta * out[i] if beta != 0.0 else acc
 
 
