@@ -413,8 +413,8 @@ def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P
     a'_i = Lᵀv_i; the cavity removes it there (:func:`gpc._sparse.refine_rows` with the old
     directions' marginals; a block without old sites refines against q itself), the site rule
     ``rule`` refits it, and (P, h) gains Σ τ_new a aᵀ - Σ τ_old a'a'ᵀ, Σ ν_new a - Σ ν_old a'
-    (P's lower triangle mirrored).  ``workspace(name, shape)`` gives scratch arrays
-    (:meth:`SEPState.workspace`).  The same code serves the in-process step (P, h a copy of q's)
+    (P's lower triangle mirrored).  ``workspace(name, shape)`` gives float64 scratch arrays
+    (:meth:`SEPState.workspace`; ``dtype=`` too for float32 rows).  The same code serves the in-process step (P, h a copy of q's)
     and a shard's share of a minibatch ((P, h) zero: the shard's sums).  ``first_row``: the
     block's first row, for the error of a cavity that is not a distribution under
     on_negative="raise".
@@ -441,7 +441,8 @@ def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P
     V_old = np.ascontiguousarray(V_old, dtype=np.float32)
     n_fresh = int(np.count_nonzero((tau == 0.0) & (nu == 0.0)))
     t_new, n_new = np.empty(b), np.empty(b)
-    V_new = workspace("directions", (b, m), A.dtype)
+    V_new = (workspace("directions", (b, m)) if A.dtype == np.float64
+             else workspace("directions", (b, m), dtype=A.dtype))
     Ri, L, Li = like_rows(A, q.Ri, factor.L, factor.Li)
     spec, codes = likelihood.compiled_spec(), rule.codes
     blocks = row_blocks(b, m)
