@@ -414,8 +414,9 @@ def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P
     directions' marginals; a block without old sites refines against q itself), the site rule
     ``rule`` refits it, and (P, h) gains Σ τ_new a aᵀ - Σ τ_old a'a'ᵀ, Σ ν_new a - Σ ν_old a'
     (P's lower triangle mirrored).  ``workspace(name, shape)`` gives float64 scratch arrays
-    (:meth:`SEPState.workspace`; ``dtype=`` too for float32 rows).  The same code serves the in-process step (P, h a copy of q's)
-    and a shard's share of a minibatch ((P, h) zero: the shard's sums).  ``first_row``: the
+    (:meth:`SEPState.workspace`; with ``dtype=`` float32 ones, for float32 rows).  The same code
+    serves the in-process step (P, h a copy of q's) and a shard's share of a minibatch ((P, h)
+    zero: the shard's sums).  ``first_row``: the
     block's first row, for the error of a cavity that is not a distribution under
     on_negative="raise".
 
