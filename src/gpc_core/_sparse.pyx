@@ -7,11 +7,18 @@
 # Fortran upper-triangular matrix U = L^T ('U', lda = m).  Every product below is written for the
 # C-ordered meaning and translated in a comment.  Shapes are checked at the entry points; nothing
 # past the checks trusts the caller.
+#
+# Precision: the block functions (whiten_block, refine_block, evidence_block) take a block's rows
+# and the m x m factors they multiply as ``real`` (gpc/_blas.pxd): double, or float for the opt-in
+# mixed precision of minibatch SEP (gpc.sparse.estimator, ``precision="mixed"``), in which the
+# b x m x m products of SEP §2.3's minibatch step (eq. (6)) run in single precision while the
+# per-row marginals, sites and evidence terms, and the m x m sums, are double.
 
 from libc.math cimport isfinite, log1p, sqrt
 from libc.string cimport memcpy, memset
 
-from gpc._blas cimport check_columns, check_square, dgemm, gemv_rows, signed_gram, times_lower
+from gpc._blas cimport (check_columns, check_square, cross_rows, gemv_rows, real, row_dot,
+                        signed_gram, times_lower)
 from gpc._likelihoods cimport LikelihoodSpec, make_spec
 from gpc._site_rule cimport (site_update, site_log_z, check_codes, RULE_PL, SITE_NEGATIVE_CAVITY,
                              SITE_LIKELIHOOD_FAILED)
@@ -227,7 +234,7 @@ def row_dots(const double[:, ::1] A, const double[:, ::1] B, double[::1] out):
             out[i] = acc
 
 
-cdef void _site_rows_gradient(double* G, const double* A, const double* beta, const double* mu,
+cdef void _site_rows_gradient(real* G, const real* A, const double* beta, const double* mu,
                              const double* tau, const double* g_s, Py_ssize_t k,
                              Py_ssize_t m) noexcept nogil:
     cdef Py_ssize_t i, j
@@ -256,7 +263,7 @@ def site_rows_gradient(double[:, ::1] G, const double[:, ::1] A, const double[::
         _site_rows_gradient(&G[0, 0], &A[0, 0], &beta[0], &mu[0], &tau[0], &g_s[0], k, m)
 
 
-cdef void _cavity_rows_gradient(double* G, double* Y, const double* A, const double* d1,
+cdef void _cavity_rows_gradient(real* G, real* Y, const real* A, const double* d1,
                                 const double* mu, const double* e, const double* g_s,
                                 Py_ssize_t k, Py_ssize_t m) noexcept nogil:
     cdef Py_ssize_t i, j
@@ -327,20 +334,16 @@ cpdef enum:
     SUMS_SWAP = 2         # the new along a_i less the old along a'_i (sites kept in u-space)
 
 
-cdef void _marginals(const double* Ri, const double* mu, const double* A, double* B, double* mean,
+cdef void _marginals(const real* Ri, const double* mu, const real* A, real* B, double* mean,
                      double* var, int k, int m) noexcept nogil:
     """B := rows R^-1 a_i of A, mean = A μ, var_i = |R^-1 a_i|² (the marginals of a_i^T w under
-    q = N(μ, R^-T R^-1))."""
-    cdef Py_ssize_t i, j
-    cdef double acc
-    memcpy(B, A, <size_t> k * m * sizeof(double))
+    q = N(μ, R^-T R^-1)); mean and var accumulated in double."""
+    cdef Py_ssize_t i
+    memcpy(B, A, <size_t> k * m * sizeof(real))
     times_lower(Ri, B, k, m, False)
     gemv_rows(A, mu, mean, k, m, False, 0.0)
     for i in range(k):
-        acc = 0.0
-        for j in range(m):
-            acc = acc + B[i * m + j] * B[i * m + j]
-        var[i] = acc
+        var[i] = row_dot(B + i * m, B + i * m, m)
 
 
 cdef int _check_block(Py_ssize_t k, Py_ssize_t m, str name, Py_ssize_t rows,
@@ -350,10 +353,11 @@ cdef int _check_block(Py_ssize_t k, Py_ssize_t m, str name, Py_ssize_t rows,
     return 0
 
 
-def whiten_block(const double[:, ::1] Li, const double[:, ::1] K, double[:, ::1] A,
+def whiten_block(const real[:, ::1] Li, const double[:, ::1] K, real[:, ::1] A,
                  const double[::1] kdiag, double[::1] s):
     """A (k x m) := rows L^-1 k_i of K (A may be K itself) and s_i := max(kdiag_i - |a_i|², 0):
-    the whitened rows and FITC variances of SEP eq. (1) (gpc.sparse.core.inducing)."""
+    the whitened rows and FITC variances of SEP eq. (1) (gpc.sparse.core.inducing).  Float Li and
+    A: K rounded to float and multiplied in single precision, |a_i|² summed in double."""
     check_square(Li.shape[0], Li.shape[1], "Li")
     cdef Py_ssize_t k = K.shape[0], m = Li.shape[0], i, j
     _check_block(k, m, "K", K.shape[0], K.shape[1])
@@ -363,14 +367,16 @@ def whiten_block(const double[:, ::1] Li, const double[:, ::1] K, double[:, ::1]
         return
     cdef double acc
     with nogil:
-        if &A[0, 0] != &K[0, 0]:
-            memcpy(&A[0, 0], &K[0, 0], <size_t> k * m * sizeof(double))
+        if real is double:
+            if &A[0, 0] != &K[0, 0]:
+                memcpy(&A[0, 0], &K[0, 0], <size_t> k * m * sizeof(double))
+        else:
+            for i in range(k):
+                for j in range(m):
+                    A[i, j] = <float> K[i, j]
         times_lower(&Li[0, 0], &A[0, 0], <int> k, <int> m, False)
         for i in range(k):
-            acc = 0.0
-            for j in range(m):
-                acc = acc + A[i, j] * A[i, j]
-            acc = kdiag[i] - acc
+            acc = kdiag[i] - row_dot(&A[i, 0], &A[i, 0], <int> m)
             s[i] = acc if acc > 0.0 else 0.0
 
 
@@ -413,12 +419,12 @@ def weighted_sums_block(const double[:, ::1] A, const double[::1] tau, const dou
 
 def refine_block(int kind, double eps, const double[::1] gh_nodes, const double[::1] gh_weights,
                  object py_likelihood, int rule, int on_negative, double damping, int sums,
-                 const double[::1] y, const double[:, ::1] A, const double[::1] s,
-                 const double[:, ::1] Ri, const double[::1] mu, const double[::1] tau,
+                 const double[::1] y, const real[:, ::1] A, const double[::1] s,
+                 const real[:, ::1] Ri, const double[::1] mu, const double[::1] tau,
                  const double[::1] nu, double[::1] tau_out, double[::1] nu_out,
                  double[:, ::1] dP, double[::1] dh, const float[:, ::1] V_old=None,
-                 const double[:, ::1] L=None, const double[:, ::1] Li=None,
-                 double[:, ::1] V_out=None):
+                 const real[:, ::1] L=None, const real[:, ::1] Li=None,
+                 real[:, ::1] V_out=None):
     """One block's sites refined against q = N(μ, R^-T R^-1) (SEP §2.2; ``rule``, ``on_negative``,
     ``damping`` as in :func:`refine_rows`) and the block's sums of q's natural parameters.
 
@@ -430,6 +436,10 @@ def refine_block(int kind, double eps, const double[::1] gh_nodes, const double[
     Σ τ_new a aᵀ - Σ τ a' a'ᵀ and Σ ν_new a - Σ ν a'.  A block without old sites skips a'.  With
     ``Li`` and ``V_out`` the rows' new directions v_i = L^-T a_i go to V_out (in full precision: the
     gradient's pass uses them before they are stored in float32, :func:`evidence_block`).
+
+    A, Ri, L, Li and V_out are all double or all float (the mixed precision: the rows' products
+    with the factors and their Gram products in single precision; the marginals, the sites and
+    the sums dP, dh in double, :func:`gpc._blas.signed_gram`).
 
     Returns (status, index, value, n_fixed, n_failed) as :func:`refine_rows`; dP and dh are not
     written when status is not 0.
@@ -460,10 +470,16 @@ def refine_block(int kind, double eps, const double[::1] gh_nodes, const double[
     check_codes(rule, on_negative)
     make_spec(&spec, kind, eps, gh_nodes, gh_weights, py_likelihood)
     cdef int kk = <int> k, mm = <int> m
-    cdef double[:, ::1] B = np.empty((max(k, 1), m))
-    cdef double[:, ::1] A_old = np.empty((max(k, 1), m)) if swap else None
-    cdef double[:, ::1] B_old = np.empty((max(k, 1), m)) if swap else None
-    cdef double[:, ::1] work = np.empty((max(k, 1), m))
+    dtype = np.float32 if real is float else np.float64
+    cdef real[:, ::1] B = np.empty((max(k, 1), m), dtype)
+    cdef real[:, ::1] A_old = np.empty((max(k, 1), m), dtype) if swap else None
+    cdef real[:, ::1] B_old = np.empty((max(k, 1), m), dtype) if swap else None
+    cdef real[:, ::1] work = np.empty((max(k, 1), m), dtype)
+    cdef float[:, ::1] gram32                              # float rows' m x m products
+    cdef float* p32 = NULL
+    if real is float:
+        gram32 = np.empty((m, m), np.float32)
+        p32 = &gram32[0, 0]
     cdef double[:, ::1] rows = np.empty((6, max(k, 1)))   # mean, var, mean', var', ξ; weights
     cdef double value = 0.0, w
     cdef long n_fixed = 0
@@ -484,10 +500,7 @@ def refine_block(int kind, double eps, const double[::1] gh_nodes, const double[
             _marginals(&Ri[0, 0], &mu[0], &A_old[0, 0], &B_old[0, 0], &rows[2, 0], &rows[3, 0],
                        kk, mm)
             for i in range(k):
-                w = 0.0
-                for j in range(m):
-                    w = w + B[i, j] * B_old[i, j]
-                rows[4, i] = w                                                 # a^T Σ a'
+                rows[4, i] = row_dot(&B[i, 0], &B_old[i, 0], mm)                # a^T Σ a'
         if k > 0:
             status = _refine_loop(&spec, rule, on_negative, damping, k, &y[0], &rows[0, 0],
                                   &rows[1, 0], &s[0], &tau[0], &nu[0], &tau_out[0], &nu_out[0],
@@ -500,28 +513,29 @@ def refine_block(int kind, double eps, const double[::1] gh_nodes, const double[
                 rows[5, i] = tau_out[i] - tau[i] if change else tau_out[i]
                 rows[2, i] = nu_out[i] - nu[i] if change else nu_out[i]
             signed_gram(&dP[0, 0], &A[0, 0] if k > 0 else NULL, &rows[5, 0], &work[0, 0], kk,
-                        mm, 1.0, 0.0)
+                        mm, 1.0, 0.0, True, p32)
             if k > 0:
                 gemv_rows(&A[0, 0], &rows[2, 0], &dh[0], kk, mm, True, 1.0)
             if moved:                                # less the old ones along a'
                 for i in range(k):
                     rows[5, i] = -tau[i]
                     rows[2, i] = -nu[i]
-                signed_gram(&dP[0, 0], &A_old[0, 0], &rows[5, 0], &work[0, 0], kk, mm)
+                signed_gram(&dP[0, 0], &A_old[0, 0], &rows[5, 0], &work[0, 0], kk, mm, 1.0, 1.0,
+                            True, p32)
                 gemv_rows(&A_old[0, 0], &rows[2, 0], &dh[0], kk, mm, True, 1.0)
             if directions and k > 0:
-                memcpy(&V_out[0, 0], &A[0, 0], <size_t> k * m * sizeof(double))
+                memcpy(&V_out[0, 0], &A[0, 0], <size_t> k * m * sizeof(real))
                 times_lower(&Li[0, 0], &V_out[0, 0], kk, mm, True)            # v = L^-T a
     return status, index, value, n_fixed, failed
 
 
 def evidence_block(int kind, double eps, const double[::1] gh_nodes, const double[::1] gh_weights,
                    object py_likelihood, int rule, bint cavity, const double[::1] y,
-                   const double[:, ::1] A, const double[::1] s, const double[:, ::1] Ri,
+                   const real[:, ::1] A, const double[::1] s, const real[:, ::1] Ri,
                    const double[::1] mu, const double[::1] tau, const double[::1] nu,
-                   double[::1] g_s, double[:, ::1] G=None, double[:, ::1] AtG=None,
-                   const double[:, ::1] Li=None, const double[:, ::1] RiLi=None,
-                   const double[:, ::1] V=None):
+                   double[::1] g_s, real[:, ::1] G=None, double[:, ::1] AtG=None,
+                   const real[:, ::1] Li=None, const real[:, ::1] RiLi=None,
+                   const real[:, ::1] V=None):
     """One block's Σ log Z̃_i (SEP eq. (3), :func:`evidence_rows`) at q = N(μ, R^-T R^-1), with
     g_s = ∂ log Z_i/∂s_i; returns (total, rows left out).
 
@@ -536,6 +550,9 @@ def evidence_block(int kind, double eps, const double[::1] gh_nodes, const doubl
     e Σ_w a_i - 2 g_s a_i) row by row = d1 L^-T μ + e (RiLi)^T (R^-1 a_i) - 2 g_s v_i, and AtG :=
     -Σ (G_i + g_s v_i) v_i^T = L^-T (the w-space AtG) L^-1, the rows' ∂F/∂K_uu before
     symmetrising: one triangular product of the rows fewer than the w-space form with ``Li``.
+
+    A, Ri, G, Li, RiLi and V are all double or all float (the mixed precision: the rows'
+    products in single precision, the evidence terms and AtG in double).
     """
     cdef LikelihoodSpec spec
     cdef Py_ssize_t k = y.shape[0], m = A.shape[1], i
@@ -561,12 +578,16 @@ def evidence_block(int kind, double eps, const double[::1] gh_nodes, const doubl
     make_spec(&spec, kind, eps, gh_nodes, gh_weights, py_likelihood)
     cdef double total = 0.0
     cdef int bad = 0, kk = <int> k, mm = <int> m
-    cdef double[:, ::1] B = G if gradient and k > 0 else np.empty((max(k, 1), m))
-    cdef double[:, ::1] Y = np.empty((max(k, 1), m)) if gradient and cavity else None
+    dtype = np.float32 if real is float else np.float64
+    cdef real[:, ::1] B = G if gradient and k > 0 else np.empty((max(k, 1), m), dtype)
+    cdef real[:, ::1] Y = np.empty((max(k, 1), m), dtype) if gradient and cavity else None
     cdef double[::1] mu_u = np.empty(m) if u_space else None
     cdef double[:, ::1] rows = np.empty((4, max(k, 1)))    # mean, var, d1, e
-    cdef char notrans = b'N', trans = b'T'
-    cdef double one = 1.0, minus_one = -1.0, zero = 0.0
+    cdef float[:, ::1] cross32                             # float rows' m x m product
+    cdef float* c32 = NULL
+    if real is float and gradient:
+        cross32 = np.empty((m, m), np.float32)
+        c32 = &cross32[0, 0]
     with nogil:
         if k > 0:
             _marginals(&Ri[0, 0], &mu[0], &A[0, 0], &B[0, 0], &rows[0, 0], &rows[1, 0], kk, mm)
@@ -579,23 +600,19 @@ def evidence_block(int kind, double eps, const double[::1] gh_nodes, const doubl
             times_lower(&RiLi[0, 0], &B[0, 0], kk, mm, True)               # rows L^-T Σ_w a_i
             _cavity_rows_gradient(&G[0, 0], &Y[0, 0], &V[0, 0], &rows[2, 0], &mu_u[0],
                                   &rows[3, 0], &g_s[0], k, m)
-            # Fortran holds X^T (m x k) for each (k x m) X: (X^T Z)^T = Z^T X is Z_F X_F^T
-            dgemm(&notrans, &trans, &mm, &mm, &kk, &minus_one, <double*> &V[0, 0], &mm,
-                  &Y[0, 0], &mm, &zero, &AtG[0, 0], &mm)                      # -Y^T V
+            cross_rows(&AtG[0, 0], &V[0, 0], &Y[0, 0], kk, mm, -1.0, c32)     # -Y^T V
         elif gradient:
             times_lower(&Ri[0, 0], &B[0, 0], kk, mm, True)                 # rows Σ_w a_i
             if cavity:
                 _cavity_rows_gradient(&G[0, 0], &Y[0, 0], &A[0, 0], &rows[2, 0], &mu[0],
                                       &rows[3, 0], &g_s[0], k, m)
-                dgemm(&notrans, &trans, &mm, &mm, &kk, &minus_one, <double*> &A[0, 0], &mm,
-                      &Y[0, 0], &mm, &zero, &AtG[0, 0], &mm)                # -Y^T A
+                cross_rows(&AtG[0, 0], &A[0, 0], &Y[0, 0], kk, mm, -1.0, c32)  # -Y^T A
             else:
                 for i in range(k):                                           # β = ν - T μ
                     rows[2, i] = nu[i] - tau[i] * rows[0, i]
                 _site_rows_gradient(&G[0, 0], &A[0, 0], &rows[2, 0], &mu[0], &tau[0], &g_s[0],
                                     k, m)
-                dgemm(&notrans, &trans, &mm, &mm, &kk, &one, &G[0, 0], &mm,
-                      <double*> &A[0, 0], &mm, &zero, &AtG[0, 0], &mm)     # A^T G
+                cross_rows(&AtG[0, 0], &G[0, 0], &A[0, 0], kk, mm, 1.0, c32)  # A^T G
             if to_kernel:
                 times_lower(&Li[0, 0], &G[0, 0], kk, mm, True)             # G L^-1
     return total, bad

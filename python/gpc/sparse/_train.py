@@ -25,14 +25,18 @@ from ..inference.rules import DEFAULT_ON_NEGATIVE, EP, Rule
 from ._passes import block_parts, evidence_parts, finish_evidence, site_pass
 from .core import steps
 from .core.inducing import InducingFactor
-from .core.natural import (NaturalPosterior, add_blocks, add_vectors, as_vector, partials,
-                           row_blocks, rows_of, transform_natural, whitened_sums)
+from .core.natural import (NaturalPosterior, add_blocks, add_vectors, as_vector, like_rows,
+                           partials, row_blocks, rows_of, transform_natural, whitened_sums)
 from .core.passes import as_block, block_ranges
 from .core.rows import Rows
 from .core.steps import (SparseState, batch_index, iteration, site_directions, take_rows,
                          tied_cavity, tied_iteration)
 from .core.trainers import LocalTrainingRows, TrainingRows
 from .ep import check_filled, check_refined, update_sites
+
+
+#: the precisions of a minibatch's rows (:class:`SEPState`)
+PRECISIONS = ("float64", "mixed")
 
 
 class SEPState(SparseState):
@@ -50,14 +54,20 @@ class SEPState(SparseState):
     Hernández-Lobato & Turner 2015), so the state is O(m²) whatever n is.
 
     ``method`` ("ep" or "pl") and ``on_negative`` choose the site rule (:class:`ep.Rule`) that
-    refits the sites; ``n_fixed`` counts the updates its on_negative policy handled.  ``factor``:
+    refits the sites; ``n_fixed`` counts the updates its on_negative policy handled.
+    ``precision`` "mixed" runs a minibatch's site swap and evidence (:meth:`LocalBatch.swap_sites`)
+    on float32 rows (``dtype``; :func:`swap_block_sites`); "float64", the default, in double.
+    ``factor``:
     K_uu's factor when the caller has it (else made from ``kernel``, ``Z`` and ``jitter``).
     The counters, the optimiser and the failure rule are the core's
     (:class:`gpc.sparse.core.steps.SparseState`).
     """
 
     def __init__(self, kernel, Z, n, jitter, optimize_inducing, lr, tied=False, method="ep",
-                 on_negative=DEFAULT_ON_NEGATIVE, factor=None):
+                 on_negative=DEFAULT_ON_NEGATIVE, factor=None, precision="float64"):
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        self.dtype = np.float32 if precision == "mixed" else np.float64
         self.kernel, self.Z, self.jitter = kernel, np.array(Z, dtype=np.float64), jitter
         self.optimize_inducing = optimize_inducing
         self.tied = tied
@@ -264,11 +274,13 @@ class LocalBatch(Rows):
             "whitened", (self.size, factor.m)))
         return self._whitened
 
-    def _whiten_blocks(self, factor):
+    def _whiten_blocks(self, factor, dtype=np.float64):
         """:meth:`_whiten` as per-block tasks (InducingFactor.whiten_blocks) for the caller's
-        own pass to run first in each of its blocks; the result kept as :meth:`_whiten` keeps it."""
+        own pass to run first in each of its blocks; the result kept as :meth:`_whiten` keeps it,
+        the rows in ``dtype`` (float32: the state's mixed precision)."""
         block, _, self._whitened = factor.whiten_blocks(
-            self.Xb, keep_cross=True, out=self.state.workspace("whitened", (self.size, factor.m)))
+            self.Xb, keep_cross=True,
+            out=self.state.workspace("whitened", (self.size, factor.m), dtype))
         return block
 
     def _first_row(self):
@@ -308,7 +320,7 @@ class LocalBatch(Rows):
                 raise RuntimeError("minibatch steps on sites without their directions: call "
                                    "SEPState.start_minibatches first")
             state.V = _pages.zeros((state.n, factor.m), dtype=np.float32)
-        whiten = self._whiten_blocks(factor)   # each block whitened right before its swap
+        whiten = self._whiten_blocks(factor, state.dtype)   # each block right before its swap
         A, s, _ = self._whitened
         P, h = q.P.copy(), q.h.copy()
         with rows_named(self.rows):
@@ -412,9 +424,10 @@ def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P
     a'_i = Lᵀv_i; the cavity removes it there (:func:`gpc._sparse.refine_rows` with the old
     directions' marginals; a block without old sites refines against q itself), the site rule
     ``rule`` refits it, and (P, h) gains Σ τ_new a aᵀ - Σ τ_old a'a'ᵀ, Σ ν_new a - Σ ν_old a'
-    (P's lower triangle mirrored).  ``workspace(name, shape)`` gives scratch arrays
-    (:meth:`SEPState.workspace`).  The same code serves the in-process step (P, h a copy of q's)
-    and a shard's share of a minibatch ((P, h) zero: the shard's sums).  ``first_row``: the
+    (P's lower triangle mirrored).  ``workspace(name, shape)`` gives float64 scratch arrays
+    (:meth:`SEPState.workspace`; with ``dtype=`` float32 ones, for float32 rows).  The same code
+    serves the in-process step (P, h a copy of q's) and a shard's share of a minibatch ((P, h)
+    zero: the shard's sums).  ``first_row``: the
     block's first row, for the error of a cavity that is not a distribution under
     on_negative="raise".
 
@@ -424,19 +437,25 @@ def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P
     sub-block j first and fills its rows of ``A`` and ``s`` (the whitening's blocks,
     :meth:`InducingFactor.whiten_blocks`: one pass instead of two).
 
-    Returns (τ_new, ν_new, V_new, n_fresh, n_fixed): V_new (b x m, float64, a workspace) holds
+    Float32 rows ``A`` (the mixed precision, ``SEPState(precision="mixed")``) run the rows'
+    products (marginals, old directions, Gram sums, new directions) in single precision with
+    float32 copies of R⁻¹, L and L⁻¹; the marginals, the sites and (P, h) stay float64.
+
+    Returns (τ_new, ν_new, V_new, n_fresh, n_fixed): V_new (b x m, A's dtype, a workspace) holds
     the rows' new directions v_i = L⁻ᵀa_i (stored in float32 by the caller; the gradient's pass
     reads them first, :func:`ep.block_evidence`), n_fresh the rows that had no site, n_fixed
     the updates the rule's on_negative policy handled.
     """
     b, m = A.shape
     if before is not None:
-        check_filled(A, s)
+        check_filled(A, s, single=True)
     yb, s, tau, nu = as_vector(yb), as_vector(s), as_vector(tau), as_vector(nu)
     V_old = np.ascontiguousarray(V_old, dtype=np.float32)
     n_fresh = int(np.count_nonzero((tau == 0.0) & (nu == 0.0)))
     t_new, n_new = np.empty(b), np.empty(b)
-    V_new = workspace("directions", (b, m))
+    V_new = (workspace("directions", (b, m)) if A.dtype == np.float64
+             else workspace("directions", (b, m), dtype=A.dtype))
+    Ri, L, Li = like_rows(A, q.Ri, factor.L, factor.Li)
     spec, codes = likelihood.compiled_spec(), rule.codes
     blocks = row_blocks(b, m)
     dPs, dhs = partials("sums", len(blocks), m), np.empty((len(blocks), m))
@@ -445,9 +464,9 @@ def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P
         if before is not None:
             before(j)
         return _sparse.refine_block(*spec, *codes, float(damping), _sparse.SUMS_SWAP,
-                                    *rows_of(blocks[j], yb, A, s), q.Ri, q.mean,
+                                    *rows_of(blocks[j], yb, A, s), Ri, q.mean,
                                     *rows_of(blocks[j], tau, nu, t_new, n_new), dPs[j], dhs[j],
-                                    rows_of(blocks[j], V_old)[0], factor.L, factor.Li,
+                                    rows_of(blocks[j], V_old)[0], L, Li,
                                     rows_of(blocks[j], V_new)[0])
     results = _parallel.over_blocks(block, len(blocks))
     _, n_fixed = check_refined(results, blocks, first_row)

@@ -35,7 +35,8 @@ from .. import _lapack, _parallel, _sparse
 from ..exceptions import NegativeVarianceError
 from ..inference.rules import EP
 from ..inference.pl import slr
-from .core.natural import add_blocks, add_vectors, as_vector, partials, row_blocks, rows_of
+from .core.natural import (add_blocks, add_vectors, as_vector, like_rows, partials, row_blocks,
+                           rows_of)
 
 
 def matched_site(likelihood, y, cmean, cvar, s):
@@ -85,12 +86,15 @@ def refine_rows(likelihood, y, mean, var, s, tau, nu, damping, rule=EP, moved=No
     return t_new, n_new, failed, n_fixed
 
 
-def check_filled(A, s):
+def check_filled(A, s, single=False):
     """A block's A and s that a pass fills block by block (``before``): they must be written
-    where the pass reads them, C-contiguous float64 arrays (no converted copy)."""
-    if not (A.flags.c_contiguous and A.dtype == np.float64
+    where the pass reads them, C-contiguous float64 arrays (no converted copy); with ``single``
+    A may be float32 (the mixed precision, :func:`gpc.sparse._train.swap_block_sites`)."""
+    kinds = (np.float64, np.float32) if single else (np.float64,)
+    if not (A.flags.c_contiguous and A.dtype in kinds
             and s.flags.c_contiguous and s.dtype == np.float64):
-        raise ValueError("A and s, which before(j) fills, must be C-contiguous float64 arrays")
+        raise ValueError("A and s, which before(j) fills, must be C-contiguous float64 arrays "
+                         "(A float32 too in mixed precision)")
 
 
 def update_sites(likelihood, y, A, s, q, tau, nu, damping, sums="change", rule=EP, first_row=0,
@@ -233,7 +237,7 @@ def block_evidence(likelihood, y, A, s, q, tau, nu, gradient=True, held="sites",
     ν_i) v_c/σ², so γ_i = d1 μ_w + e_i Σ_w a_i (e_i from :func:`gpc._sparse.evidence_rows`).
     G_A has rows γ_i - 2 g_s a_i and AtG = Σ_b (g_s a_i - γ_i) a_iᵀ, the w-space K_uu part for
     :func:`gpc.sparse.core.passes.finish_evidence`.  With ``directions``, the rows' v_i = L⁻ᵀa_i
-    (b x m, float64; the minibatch's site swap makes them) and ``to_kernel``, both come in
+    (b x m, A's dtype; the minibatch's site swap makes them) and ``to_kernel``, both come in
     u-space instead: G_A := ∂F/∂K_bu with rows L⁻ᵀ(γ_i - 2 g_s a_i), and AtG := L⁻ᵀ(the w-space
     AtG)L⁻¹ = -Σ_b (L⁻ᵀ(γ_i - g_s a_i)) v_iᵀ, the rows' ∂F/∂K_uu before symmetrising
     (finish_evidence's ``u_space``).  The rows' terms depend on their cavities, not on their own
@@ -250,14 +254,19 @@ def block_evidence(likelihood, y, A, s, q, tau, nu, gradient=True, held="sites",
     block order.  ``per_block(start, stop, G_A rows, g_s rows)``, when given, runs in each block
     after its rows (a kernel contraction that releases the GIL, :func:`gpc.sparse._passes.block_parts`);
     its results come back in block order as ``blocks``.
+
+    Float32 rows A (and ``directions``; the mixed precision of minibatch SEP,
+    gpc.sparse._train) run these products in single precision with float32 copies of the m x m
+    factors (gpc._sparse.evidence_block); log Z, g_s and AtG are float64 and G_A comes back
+    (and goes to ``per_block``) as float64.
     """
     if held not in ("sites", "cavity"):
         raise ValueError(f"held must be 'sites' or 'cavity', got {held!r}")
-    A = np.ascontiguousarray(A, dtype=np.float64)
+    A = np.ascontiguousarray(A, dtype=np.float32 if A.dtype == np.float32 else np.float64)
     b, m = A.shape
     y, s, tau, nu = as_vector(y), as_vector(s), as_vector(tau), as_vector(nu)
     g_s = np.empty(b)
-    G = np.empty((b, m)) if gradient else None
+    G = np.empty((b, m), dtype=A.dtype) if gradient else None
     spec = likelihood.compiled_spec()
     blocks = row_blocks(b, m)
     AtGs = partials("evidence", len(blocks), m) if gradient else None
@@ -273,16 +282,18 @@ def block_evidence(likelihood, y, A, s, q, tau, nu, gradient=True, held="sites",
             raise ValueError(f"directions are {directions.shape[0]} x {directions.shape[1]}, A "
                              f"is {b} x {m}")
         RiLi = q.to_u(to_kernel)                                # R⁻¹L⁻¹, m³/6
+    Ri, to_kernel, RiLi = like_rows(A, q.Ri, to_kernel, RiLi)
 
     def block(j):
         grads = (rows_of(blocks[j], G)[0], AtGs[j]) if gradient else (None, None)
         V = None if directions is None else rows_of(blocks[j], directions)[0]
         part = _sparse.evidence_block(*spec, rule.codes[0], held == "cavity",
-                                      *rows_of(blocks[j], y, A, s), q.Ri, q.mean,
+                                      *rows_of(blocks[j], y, A, s), Ri, q.mean,
                                       *rows_of(blocks[j], tau, nu, g_s), *grads, to_kernel, RiLi, V)
         if per_block is None:
             return part, None
-        return part, per_block(*blocks[j], *rows_of(blocks[j], G, g_s))
+        G_rows, g_rows = rows_of(blocks[j], G, g_s)
+        return part, per_block(*blocks[j], G_rows.astype(np.float64, copy=False), g_rows)
     parts = _parallel.over_blocks(block, len(blocks))
     total = 0.0
     for (part, _), _ in parts:
@@ -291,5 +302,6 @@ def block_evidence(likelihood, y, A, s, q, tau, nu, gradient=True, held="sites",
     if not gradient:
         return BlockEvidence(total, None, None, None, n_bad)
     extra = None if per_block is None else [out for _, out in parts]
-    return BlockEvidence(total, G, g_s, add_blocks(AtGs, np.zeros((m, m))), n_bad, extra)
+    return BlockEvidence(total, G.astype(np.float64, copy=False), g_s,
+                         add_blocks(AtGs, np.zeros((m, m))), n_bad, extra)
 

@@ -7,12 +7,24 @@
 # Fortran columns; a C-ordered lower-triangular (m, m) matrix L is the Fortran upper-triangular
 # matrix U = L^T ('U', lda = m).  Every product below is written for the C-ordered meaning and
 # translated in a comment.
+#
+# Precision: the kernels over a block of rows below take the rows as ``real``, float or double.
+# The double ones are the plain BLAS calls; the float ones (the sparse models' opt-in mixed
+# precision, gpc.sparse) run the b x m x m products in single precision (sgemm, ssyrk, strmm)
+# and return what is summed over the rows (m x m products, vectors) in double: an m x m product
+# is formed in a float scratch over the block's rows and added in double, a product with a
+# vector is accumulated in double.
 
 from libc.math cimport sqrt
 from libc.string cimport memcpy, memset
 from scipy.linalg.cython_blas cimport (dgemm, dgemv, dsymv, dsyr, dsyrk, dtrmm, dtrsm, dtrsv,
-                                       strmm, strsm, strsv)
+                                       sgemm, ssyrk, strmm, strsm, strsv)
 from scipy.linalg.cython_lapack cimport dlauum, dpotrf, dpotri, dtrti2, dtrtri, spotrf, strtri
+
+
+ctypedef fused real:
+    float
+    double
 
 
 # -- entry checks --------------------------------------------------------------------------------
@@ -155,9 +167,31 @@ cdef inline void congruence_columns(const double* M, const double* S, double* X,
 
 # -- rows: products of a C-ordered (k, m) block of rows ------------------------------------------
 
-cdef inline int signed_gram(double* P, const double* A, const double* w, double* work, int k,
+cdef inline void gram_into(double* P, real* W, int m, int count, double alpha, double beta,
+                           float* P32) noexcept nogil:
+    """P := alpha W W^T + beta P in its lower triangle (C-ordered, m x m) for the rows of W
+    (count x m, C-ordered): dsyrk, or for float rows ssyrk into ``P32`` (m x m floats) and added
+    to P in double.  beta 0 writes P's lower triangle without reading it."""
+    # Fortran: the rows are columns of an (m x count) matrix W; P^T = P, 'U' is our lower
+    # triangle: P := alpha W W^T + beta P ('N')
+    cdef char uplo = b'U', trans = b'N'
+    cdef float alpha32 = <float> alpha, zero32 = 0.0
+    cdef int i, j
+    if real is double:
+        dsyrk(&uplo, &trans, &m, &count, &alpha, W, &m, &beta, P, &m)
+    else:
+        ssyrk(&uplo, &trans, &m, &count, &alpha32, W, &m, &zero32, P32, &m)
+        for i in range(m):
+            for j in range(i + 1):
+                if beta == 0.0:
+                    P[i * m + j] = P32[i * m + j]
+                else:
+                    P[i * m + j] = beta * P[i * m + j] + P32[i * m + j]
+
+
+cdef inline int signed_gram(double* P, const real* A, const double* w, real* work, int k,
                             int m, double sign=1.0, double beta=1.0,
-                            bint one_pass=True) noexcept nogil:
+                            bint one_pass=True, float* P32=NULL) noexcept nogil:
     """P := beta P + sign A^T diag(w) A in its lower triangle, for rows A (k x m, C-ordered) and
     weights w of either sign: two dsyrk, first over the rows with w > 0 scaled by sqrt(w) (alpha =
     sign), then over those with w < 0 scaled by sqrt(-w) (alpha = -sign), k m^2 / 2 multiply-adds
@@ -169,11 +203,11 @@ cdef inline int signed_gram(double* P, const double* A, const double* w, double*
     without, each sign's rows into work's top in turn, the negative ones after the first dsyrk.
     The two give the same products in exact arithmetic but not always the same bits from
     OpenBLAS's dsyrk, so each caller keeps the placement its results were established with: the
-    sparse passes one pass, gpc._sweeps one sign at a time."""
+    sparse passes one pass, gpc._sweeps one sign at a time.  Float rows need ``P32`` (m x m
+    floats, :func:`gram_into`)."""
     cdef int n_pos = 0, n_neg = 0, i, j
     cdef double root, alpha
-    cdef double* neg
-    cdef char uplo = b'U', trans = b'N'
+    cdef real* neg
     for i in range(k):
         if w[i] > 0:
             root = sqrt(w[i])
@@ -185,11 +219,9 @@ cdef inline int signed_gram(double* P, const double* A, const double* w, double*
             n_neg += 1
             for j in range(m):
                 work[(k - n_neg) * m + j] = root * A[i * m + j]
-    # Fortran: the rows are columns of an (m x count) matrix W; P^T = P, 'U' is our lower
-    # triangle: P := alpha W W^T + beta P ('N')
     if n_pos > 0:
         alpha = sign
-        dsyrk(&uplo, &trans, &m, &n_pos, &alpha, work, &m, &beta, P, &m)
+        gram_into(P, work, m, n_pos, alpha, beta, P32)
         beta = 1.0
     if one_pass:
         neg = work + (k - n_neg) * m
@@ -203,7 +235,7 @@ cdef inline int signed_gram(double* P, const double* A, const double* w, double*
                 n_neg += 1
     if n_neg > 0:
         alpha = -sign
-        dsyrk(&uplo, &trans, &m, &n_neg, &alpha, neg, &m, &beta, P, &m)
+        gram_into(P, neg, m, n_neg, alpha, beta, P32)
         beta = 1.0
     if beta == 0.0:
         for i in range(m):
@@ -211,25 +243,94 @@ cdef inline int signed_gram(double* P, const double* A, const double* w, double*
     return n_pos + n_neg
 
 
-cdef inline void gemv_rows(const double* A, const double* x, double* out, int k, int m,
+cdef inline double row_dot(const real* a, const real* b, int m) noexcept nogil:
+    """a^T b in double: for double rows one running sum in index order; for float rows four
+    interleaved partial sums (independent additions, which the processor overlaps), added at
+    the end."""
+    cdef double acc = 0.0, acc1 = 0.0, acc2 = 0.0, acc3 = 0.0
+    cdef int j = 0
+    if real is double:
+        for j in range(m):
+            acc = acc + a[j] * b[j]
+    else:
+        while j + 4 <= m:
+            acc = acc + <double> a[j] * b[j]
+            acc1 = acc1 + <double> a[j + 1] * b[j + 1]
+            acc2 = acc2 + <double> a[j + 2] * b[j + 2]
+            acc3 = acc3 + <double> a[j + 3] * b[j + 3]
+            j += 4
+        while j < m:
+            acc = acc + <double> a[j] * b[j]
+            j += 1
+        acc = (acc + acc1) + (acc2 + acc3)
+    return acc
+
+
+cdef inline void gemv_rows(const real* A, const double* x, double* out, int k, int m,
                            bint transpose, double beta) noexcept nogil:
     """out (k,) := A x + beta out, or with ``transpose`` out (m,) := A^T x + beta out, for A
-    (k x m, C-ordered; dgemv)."""
+    (k x m, C-ordered; dgemv, or for float rows loops accumulating in double)."""
     # Fortran sees A^T (m x k): A x = (A^T)^T x ('T'), A^T x ('N')
     cdef char trans = b'N' if transpose else b'T'
-    cdef int inc = 1
-    cdef double one = 1.0
-    if k > 0:
+    cdef int inc = 1, i, j
+    cdef double one = 1.0, acc, acc1, xi
+    if k <= 0:
+        return
+    if real is double:
         dgemv(&trans, &m, &k, &one, <double*> A, &m, <double*> x, &inc, &beta, out, &inc)
+    elif transpose:
+        for j in range(m):
+            out[j] = beta * out[j] if beta != 0.0 else 0.0
+        for i in range(k):
+            xi = x[i]
+            for j in range(m):
+                out[j] += xi * A[i * m + j]
+    else:
+        for i in range(k):
+            acc = acc1 = 0.0                     # two running sums (see row_dot)
+            j = 0
+            while j + 2 <= m:
+                acc = acc + A[i * m + j] * x[j]
+                acc1 = acc1 + A[i * m + j + 1] * x[j + 1]
+                j += 2
+            if j < m:
+                acc = acc + A[i * m + j] * x[j]
+            acc = acc + acc1
+            out[i] = acc + beta * out[i] if beta != 0.0 else acc
 
 
-cdef inline void times_lower(const double* T, double* B, int k, int m,
+cdef inline void times_lower(const real* T, real* B, int k, int m,
                              bint transpose) noexcept nogil:
     """Each row b of B (k x m, C-ordered) := T b, or T^T b with ``transpose`` (T lower, m x m;
-    dtrmm)."""
+    dtrmm, strmm)."""
     # Fortran sees U = T^T and B as the (m x k) matrix of the rows: T b = U^T b, T^T b = U b
     cdef char side = b'L', uplo = b'U', diag = b'N'
     cdef char trans = b'N' if transpose else b'T'
     cdef double one = 1.0
-    if k > 0:
+    cdef float one32 = 1.0
+    if k <= 0:
+        return
+    if real is double:
         dtrmm(&side, &uplo, &trans, &diag, &m, &k, &one, <double*> T, &m, B, &m)
+    else:
+        strmm(&side, &uplo, &trans, &diag, &m, &k, &one32, <float*> T, &m, B, &m)
+
+
+cdef inline void cross_rows(double* C, const real* X, const real* Y, int k, int m, double alpha,
+                            float* C32) noexcept nogil:
+    """C (m x m) := alpha Y^T X for rows X, Y (k x m, C-ordered): dgemm, or for float rows sgemm
+    into ``C32`` (m x m floats) and C := C32 in double."""
+    # Fortran holds X^T (m x k) for each (k x m) X: the Fortran product X_F Y_F^T = X^T Y, whose
+    # C-ordered reading is its transpose, Y^T X ('N', 'T')
+    cdef char notrans = b'N', trans = b'T'
+    cdef double zero = 0.0
+    cdef float alpha32 = <float> alpha, zero32 = 0.0
+    cdef Py_ssize_t i
+    if real is double:
+        dgemm(&notrans, &trans, &m, &m, &k, &alpha, <double*> X, &m, <double*> Y, &m, &zero, C,
+              &m)
+    else:
+        sgemm(&notrans, &trans, &m, &m, &k, &alpha32, <float*> X, &m, <float*> Y, &m, &zero32,
+              C32, &m)
+        for i in range(<Py_ssize_t> m * m):
+            C[i] = C32[i]

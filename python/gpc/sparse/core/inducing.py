@@ -26,6 +26,7 @@ import numpy as np
 
 from ... import _lapack, _parallel, _sparse
 from ..._linalg import cholesky_lower
+from .natural import like_rows
 
 #: rows of one call to the kernel at least (a call holds the GIL for tens of microseconds of
 #: Python, worth it from about this many rows on)
@@ -135,7 +136,9 @@ class InducingFactor:
         """(A_b, s_b): A_b = K_bu L⁻ᵀ and s_b = diag K_bb - rowsum(A_b²), clipped at 0 (rounding).
 
         With ``keep_cross`` also K_bu, which :meth:`block_gradient` can reuse, and A_b goes into
-        ``out`` (b x m, C-contiguous) when given.
+        ``out`` (b x m, C-contiguous) when given; a float32 ``out`` takes A_b in single
+        precision (K_bu rounded to float32, the product with L⁻ᵀ in float32, s_b summed in
+        float64: the mixed precision of gpc.sparse._train).
 
         Where the bound kernel's chunks release the GIL, each block of rows makes its own K_bu
         rows and whitens them in one task (one pass over the threads instead of two; a row's
@@ -157,7 +160,7 @@ class InducingFactor:
         A = (np.empty_like(Kbu) if out is None else out) if keep_cross else Kbu
         s = np.empty(b)
         blocks = _parallel.row_blocks(b, m * m)
-        cross, Li = self.bound.cross, self.Li
+        cross, (Li,) = self.bound.cross, like_rows(A, self.Li)
 
         def block(j):
             a, c = blocks[j]

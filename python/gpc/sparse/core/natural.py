@@ -179,6 +179,15 @@ def row_blocks(b, m):
     return _parallel.row_blocks(b, m * m)
 
 
+def like_rows(A, *factors):
+    """The m x m ``factors`` in the precision of the rows A: themselves for float64 rows, float32
+    copies for float32 rows (the mixed precision's single-precision products, gpc._sparse);
+    None stays None."""
+    if A.dtype == np.float64:
+        return factors
+    return tuple(None if F is None else np.ascontiguousarray(F, dtype=A.dtype) for F in factors)
+
+
 def rows_of(block, *arrays):
     """Rows ``block`` = (start, stop) of each array (C-contiguous views)."""
     rows = slice(*block)
