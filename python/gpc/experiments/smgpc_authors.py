@@ -79,13 +79,20 @@ def kernel(d, ell):
             + WhiteKernel(1.0, wide))
 
 
+def vi_label_noise(n_classes):
+    """gpc's ``label_noise`` for the authors' VI likelihood, ε(C − 1)/C with ε = EPS_AUTHORS: they
+    put (1 − ε) + ε/C on the argmax class and ε/C on each of the C − 1 others
+    (``vi_multiclass_batch.R``, ``lower_bound``), and gpc's label_noise is the total mass on the
+    wrong classes."""
+    return EPS_AUTHORS * (n_classes - 1) / n_classes
+
+
 def make_classifier(method, Z, ell, n_classes, iterations, seed):
     """gpc's estimator for the authors' ``method`` (module docstring)."""
     common = dict(kernel=kernel(Z.shape[1], ell), n_inducing=len(Z), inducing_points=Z,
                   batch_size=None, max_iter=iterations, progress=False, random_state=seed, n_jobs=1)
     if method == "vi":
-        eps = EPS_AUTHORS * (n_classes - 1) / n_classes
-        return SparseMultiClassGPC(method="vi", model="robust", label_noise=eps,
+        return SparseMultiClassGPC(method="vi", model="robust", label_noise=vi_label_noise(n_classes),
                                    label_noise_bounds="fixed", **common)
     return SparseMultiClassGPC(model="standard", tied_sites=method == "sep", damping=0.5, **common)
 
