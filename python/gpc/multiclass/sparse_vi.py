@@ -46,7 +46,7 @@ from ..sparse.core.trainers import LBFGSTrainer, SVIMinibatch
 from ..sparse.core.variational import VariationalState, svi_block, svi_finish
 from .predict import N_NODES
 from .sparse import (RANGE_ROWS, SERIAL, ArgmaxLikelihood, RowBlock, SparseMultiClassState,
-                     unpack_params)
+                     theta_bounds, unpack_params)
 
 #: the Gauss–Hermite rule of the expected log likelihood: RMGPC eq. (19)'s order (the predictive's)
 _GH_X, _GH_W = np.polynomial.hermite.hermgauss(N_NODES)
@@ -139,6 +139,7 @@ class SparseMultiClassVIState(VariationalState):
         self.model = ArgmaxLikelihood(C, "fixed")
         self.n, self.C, self.jitter = int(n), C, jitter
         self.kernels = list(kernels)
+        self.theta_bounds = theta_bounds(self.kernels)
         self.Zs = [np.array(Z, dtype=np.float64) for Z in Zs]
         self.optimize_inducing = bool(optimize_inducing)
         self.factors = self._factors(self.kernels, self.Zs)
@@ -193,7 +194,7 @@ class SparseMultiClassVIState(VariationalState):
         """Move to the packed parameters p (the trainers keep them within ``bounds``); raises
         NotPositiveDefiniteError when a K_uu has no factor."""
         kernels, Zs, eps, at = unpack_params(p, self.kernels, self.Zs, self.optimize_inducing,
-                                             self.eps, self.eps_bounds)
+                                             self.eps, self.eps_bounds, self.theta_bounds)
         factors = self._factors(kernels, Zs)
         means, Lqs = [], []
         for f, tril in zip(factors, self._trils):
