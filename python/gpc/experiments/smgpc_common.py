@@ -27,8 +27,8 @@ import numpy as np
 from ..multiclass.sparse_estimator import SparseMultiClassGPC
 from ._common import count_convergence_warnings, map_tasks, multiclass_scores
 from .sep_common import ard_kernel, random_rows, timed_fit
-from .smgpc_authors import kernel as authors_kernel, length_scale, vi_label_noise
 from .sep_curves import CheckpointHook, curve_record
+from .smgpc_authors import kernel as authors_kernel, length_scale, vi_label_noise
 
 #: the starting value of the label noise ε (learnt within the estimator's default bounds)
 EPS0 = 1e-3
