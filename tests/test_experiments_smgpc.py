@@ -18,7 +18,8 @@ from test_reproduce import pngs, reproduce
 from test_sep_experiments import FLIGHT_FIELDS, write_idx
 from gpc.experiments import smgpc_airline, smgpc_mnist, smgpc_uci
 from gpc.experiments._common import check_names, map_cells, multiclass_scores
-from gpc.experiments.smgpc_common import check_methods, trivial_scores, vi_available
+from gpc.experiments.smgpc_common import (check_methods, make_classifier, start_kernel,
+                                          trivial_scores, vi_available)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -45,6 +46,25 @@ def test_smgpc_uci_quick_run_learns_wine(tmp_path, capsys):
         assert 0.0 < r["label_noise_mean"] < 0.4
     assert recs[0]["m"] == 16                                    # 10 % of 160 training rows
     assert pngs(tmp_path) == ["smgpc-uci.png"]
+
+
+@pytest.mark.skipif(not vi_available(), reason="the estimator has no method='vi'")
+def test_vi_holds_the_authors_label_noise_and_starts_at_their_kernel():
+    # the authors' VI: eps = 1e-3 fixed, (1 - eps) + eps/C on the argmax class; sigma^2 = sigma0^2 = 1
+    # and l_j = sqrt(median distance).  Learnt, glass's eps ran to 0.2-0.3 (docs, "VI on glass")
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(60, 3)), np.repeat([0, 1, 2], 20)
+    X[:, 0] += 3.0 * y
+    kernel = start_kernel("vi", X)
+    clf = make_classifier("vi", X[:12], kernel, 15, 0, 3).fit(X, y)
+    assert clf.label_noise_bounds == "fixed"
+    assert 1 - clf.label_noise_ == pytest.approx(1 - 1e-3 + 1e-3 / 3)
+    assert kernel.k2.noise_level == 1.0 and kernel.k1.k1.constant_value == 1.0
+    assert np.allclose(kernel.k1.k2.length_scale, np.sqrt(np.median(
+        np.linalg.norm(X[:, None] - X[None], axis=-1)[np.triu_indices(60, 1)])))
+    # EP and SEP keep the SEP reproductions' start and learn eps
+    ep = make_classifier("ep", X[:12], start_kernel("ep", X), 15, 0, 3)
+    assert ep.label_noise_bounds != "fixed" and start_kernel("ep", X).k2.noise_level == 0.01
 
 
 def test_smgpc_uci_doc_tables_from_json(tmp_path, capsys):

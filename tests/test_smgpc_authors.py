@@ -64,3 +64,23 @@ def test_command_on_one_split(tmp_path, capsys):
     rows = summarise(ours, [rec])
     assert rows[0]["n_both"] == 1 and rows[0]["authors_cpu_s_mean"] == 12.0
     assert rows[0]["gpc_error_mean"] == ours[0]["error"]
+
+
+def test_every_set_has_its_rows_and_a_set_without_r_records_is_not_fitted(tmp_path):
+    rec = {"dataset": "wine", "method": "ep", "split": 2, "m": 100, "error": 0.1, "nll": 0.3,
+           "cpu_s": 10.0}
+    (tmp_path / "wine.jsonl").write_text(json.dumps(rec) + "\n")
+    args = _args("--datasets", "satellite", "wine", "--methods", "ep", "--n-inducing", "10",
+                 "--iterations", "2", "--authors", str(tmp_path), "--quiet")
+    ours = smgpc_authors.main(args)
+    # only the split the R records hold, and nothing on satellite, which they do not cover
+    assert [(r["dataset"], r["split"]) for r in ours] == [("wine", 2)]
+    rows = smgpc_authors.every_cell(summarise(ours, [rec]))
+    assert [(r["dataset"], r["method"]) for r in rows] == [
+        (name, meth) for name in smgpc_authors.SETS for meth in smgpc_authors.METHODS]
+    lines = smgpc_authors.doc_tables(rows)["smgpc-authors:table"].splitlines()
+    cells = {tuple(c.strip() for c in line.strip("|").split("|"))[:2]: line for line in lines}
+    assert cells[("satellite", "VI")].count("—") == 8        # splits and every value column
+    assert cells[("wine", "SEP")].count("—") == 8
+    wine_ep = cells[("wine", "EP")]
+    assert "—" not in wine_ep and "0.100 ± 0.000" in wine_ep

@@ -15,17 +15,20 @@ among threads (each range writes its own rows only; nothing is summed across poi
   row, the coefficients of the evidence gradient (derivation §6).
 * :func:`local_ep_block`: tied sites (stochastic EP, derivation §7): each point's pair sites fitted
   by a local EP against the tied cavity, its local evidence and the derivatives the gradient needs.
+* :func:`argmax_quadrature`: the variational baseline's Pᵢ = P(yᵢ is the argmax) under q's
+  marginals and its derivatives, by one Gauss–Hermite rule (derivation §11;
+  :func:`gpc.multiclass.sparse_vi.argmax_probability`).
 
 Array conventions (the exact engine's ``_Sites``): (n, l) arrays indexed [i, k], the pair (i, k) of
 a class k ≠ yᵢ stores its site on t_iyᵢ in tau_t/eta_t[i, k], on t_ik in tau_o/eta_o[i, k], and the
 log-odds of its Bernoulli factor in lam[i, k]; others[i, j] is the j-th class k ≠ yᵢ.
 """
 
-from libc.math cimport log, INFINITY
+from libc.math cimport exp, log, sqrt, INFINITY
 from scipy.special.cython_special cimport betaln
 
 from gpc._multiclass cimport PairMoments, argmax_pair_moments_s, pair_cavity, refine_pair_rows
-from gpc._special cimport log_sigmoid, logaddexp
+from gpc._special cimport LOG_SQRT_2PI, SQRT2, log_norm_cdf, log_sigmoid, logaddexp
 
 
 cdef int _check(const Py_ssize_t[::1] y, const Py_ssize_t[:, ::1] others, Py_ssize_t l,
@@ -331,3 +334,79 @@ def local_ep_block(const Py_ssize_t[::1] y, const Py_ssize_t[:, ::1] others,
                 d_v[i, k] = 0.5 * (dm * dm - site_tau[i, k] / prec)
             log_z[i] = total
     return bad, unconverged
+
+
+def argmax_quadrature(const double[:, ::1] means, const double[:, ::1] varis,
+                      const Py_ssize_t[::1] y, const double[::1] x, const double[::1] w,
+                      double min_variance, double[::1] P, double[:, ::1] d_mean,
+                      double[:, ::1] d_var, double[:, ::1] log_cdf):
+    """Pᵢ = P(yᵢ is the argmax) under independent N(μ_ik, σ²_ik) and its derivatives in every μ_ik
+    and σ²_ik, by the rule of nodes ``x`` and weights ``w`` (Gauss–Hermite's, the weights divided
+    by √π), for every row of ``means`` and ``varis`` (b, C) into P (b,), d_mean and d_var (b, C).
+
+    With σ_ik = √max(σ²_ik, ``min_variance``), the nodes f_j = μ_iy + √2 σ_iy x_j,
+    z_jk = (f_j − μ_ik)/σ_ik and R_jk = φ(z_jk) Π_{l≠y,k} Φ(z_jl) (derivation §11):
+
+        Pᵢ = Σ_j w_j Π_{k≠y} Φ(z_jk),
+        ∂Pᵢ/∂μ_ik  = −Σ_j w_j R_jk / σ_ik,                  k ≠ y,
+        ∂Pᵢ/∂σ²_ik = −Σ_j w_j R_jk z_jk / (2 σ²_ik),        k ≠ y,
+        ∂Pᵢ/∂μ_iy  = −Σ_{k≠y} ∂Pᵢ/∂μ_ik,
+        ∂Pᵢ/∂σ²_iy = Σ_j w_j (x_j / (√2 σ_iy)) Σ_{k≠y} R_jk / σ_ik,
+
+    the derivatives of the rule's value (its nodes move with μ_iy and σ_iy); ∂Pᵢ/∂σ²_ik is 0 where
+    σ²_ik < ``min_variance`` (the floor holds the value there).  R_jk is formed as
+    exp(Σ_{l≠y} log Φ(z_jl) − log Φ(z_jk) + log φ(z_jk)), finite where Φ(z_jk) underflows.
+    ``log_cdf`` is scratch of at least C entries per node row, (J, C).
+    """
+    cdef Py_ssize_t b = means.shape[0], C = means.shape[1], J = x.shape[0], i, j, k, yi
+    if (varis.shape[0] != b or varis.shape[1] != C or y.shape[0] != b or P.shape[0] != b
+            or d_mean.shape[0] != b or d_mean.shape[1] != C or d_var.shape[0] != b
+            or d_var.shape[1] != C):
+        raise ValueError(f"means, varis, d_mean and d_var must be ({b}, {C}), y and P ({b},)")
+    if w.shape[0] != J or log_cdf.shape[0] < J or log_cdf.shape[1] < C:
+        raise ValueError(f"the rule has {J} nodes but {w.shape[0]} weights, or log_cdf is smaller "
+                         f"than ({J}, {C})")
+    for i in range(b):
+        if not 0 <= y[i] < C:
+            raise ValueError(f"label {y[i]} of row {i} is not a class index 0..{C - 1}")
+    cdef double sd_y, mu_y, f, z, log_prod, r, r_sum, p, gm, gv, gy, sd_k
+    with nogil:
+        for i in range(b):
+            yi = y[i]
+            mu_y = means[i, yi]
+            sd_y = sqrt(max(varis[i, yi], min_variance))
+            for j in range(J):
+                f = mu_y + SQRT2 * sd_y * x[j]
+                log_prod = 0.0
+                for k in range(C):
+                    if k != yi:
+                        z = (f - means[i, k]) / sqrt(max(varis[i, k], min_variance))
+                        log_cdf[j, k] = log_norm_cdf(z)
+                        log_prod += log_cdf[j, k]
+                log_cdf[j, yi] = log_prod
+            p = 0.0
+            for j in range(J):
+                p += w[j] * exp(log_cdf[j, yi])
+            P[i] = p
+            gy = 0.0
+            for k in range(C):
+                if k == yi:
+                    continue
+                sd_k = sqrt(max(varis[i, k], min_variance))
+                gm = 0.0
+                gv = 0.0
+                for j in range(J):
+                    z = (mu_y + SQRT2 * sd_y * x[j] - means[i, k]) / sd_k
+                    r = exp(log_cdf[j, yi] - log_cdf[j, k] - 0.5 * z * z - LOG_SQRT_2PI) / sd_k
+                    gm += w[j] * r
+                    gv += w[j] * r * z
+                    gy += w[j] * x[j] * r
+                d_mean[i, k] = -gm
+                d_var[i, k] = 0.0 if varis[i, k] < min_variance else -gv / (2.0 * sd_k)
+            r_sum = 0.0
+            for k in range(C):
+                if k != yi:
+                    r_sum += d_mean[i, k]
+            d_mean[i, yi] = -r_sum
+            d_var[i, yi] = 0.0 if varis[i, yi] < min_variance else gy / (SQRT2 * sd_y)
+    return 0

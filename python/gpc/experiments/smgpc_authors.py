@@ -79,13 +79,20 @@ def kernel(d, ell):
             + WhiteKernel(1.0, wide))
 
 
+def vi_label_noise(n_classes):
+    """gpc's ``label_noise`` for the authors' VI likelihood, ε(C − 1)/C with ε = EPS_AUTHORS: they
+    put (1 − ε) + ε/C on the argmax class and ε/C on each of the C − 1 others
+    (``vi_multiclass_batch.R``, ``lower_bound``), and gpc's label_noise is the total mass on the
+    wrong classes."""
+    return EPS_AUTHORS * (n_classes - 1) / n_classes
+
+
 def make_classifier(method, Z, ell, n_classes, iterations, seed):
     """gpc's estimator for the authors' ``method`` (module docstring)."""
     common = dict(kernel=kernel(Z.shape[1], ell), n_inducing=len(Z), inducing_points=Z,
                   batch_size=None, max_iter=iterations, progress=False, random_state=seed, n_jobs=1)
     if method == "vi":
-        eps = EPS_AUTHORS * (n_classes - 1) / n_classes
-        return SparseMultiClassGPC(method="vi", model="robust", label_noise=eps,
+        return SparseMultiClassGPC(method="vi", model="robust", label_noise=vi_label_noise(n_classes),
                                    label_noise_bounds="fixed", **common)
     return SparseMultiClassGPC(model="standard", tied_sites=method == "sep", damping=0.5, **common)
 
@@ -177,33 +184,55 @@ def summarise(ours, theirs):
     return rows
 
 
+#: what a cell without records shows
+MISSING = "—"
+
+
+def every_cell(rows):
+    """``rows`` (:func:`summarise`) completed to one per (data set, method) of the paper's eight
+    sets and four methods, in that order: a pair neither code ran gets a row without values."""
+    have = {(r["dataset"], r["method"]): r for r in rows}
+    empty = {f"{side}_{key}_{stat}": None for side in ("gpc", "authors")
+             for key in ("error", "nll", "cpu_s") for stat in ("mean", "sd")}
+    return [have.get((name, meth), dict(empty, dataset=name, method=meth, splits=[], n_both=0,
+                                        gpc_n=0, authors_n=0))
+            for name in SETS for meth in METHODS]
+
+
 def _ms(mean, sd, fmt=".3f"):
-    return "-" if mean is None else f"{mean:{fmt}} ± {sd:{fmt}}"
+    return MISSING if mean is None else f"{mean:{fmt}} ± {sd:{fmt}}"
+
+
+def _cpu(mean):
+    return MISSING if mean is None else f"{mean:.1f}"
 
 
 def _ratio(row):
     g, r = row["gpc_cpu_s_mean"], row["authors_cpu_s_mean"]
-    return "-" if g is None or r is None or r <= 0 else f"{g / r:.2f}"
+    return MISSING if g is None or r is None or r <= 0 else f"{g / r:.2f}"
 
 
 def _splits(row):
     """The splits behind a row: those both codes ran, else each side's count."""
     if row["n_both"]:
         return f"{row['n_both']}"
+    if not row["gpc_n"] and not row["authors_n"]:
+        return MISSING
     return f"gpc {row['gpc_n']}, R {row['authors_n']}"
 
 
 def doc_tables(rows):
-    """The markdown table ``smgpc-authors:table``: per data set and method, test error and NLL
-    (mean ± s.d. over the splits both codes ran, or over each side's where they share none) and
-    mean CPU seconds of gpc and of the authors' R."""
+    """The markdown table ``smgpc-authors:table``: per data set and method (all eight sets and four
+    methods, :func:`every_cell`), test error and NLL (mean ± s.d. over the splits both codes ran,
+    or over each side's where they share none) and mean CPU seconds of gpc and of the authors' R;
+    MISSING where a side has no record."""
+    rows = every_cell(rows)
     header = ["data set", "method", "splits", "error gpc", "error authors", "NLL gpc", "NLL authors",
               "CPU s gpc", "CPU s authors", "CPU ratio"]
     body = [[r["dataset"], r["method"].upper(), _splits(r),
              _ms(r["gpc_error_mean"], r["gpc_error_sd"]), _ms(r["authors_error_mean"], r["authors_error_sd"]),
              _ms(r["gpc_nll_mean"], r["gpc_nll_sd"]), _ms(r["authors_nll_mean"], r["authors_nll_sd"]),
-             "-" if r["gpc_cpu_s_mean"] is None else f"{r['gpc_cpu_s_mean']:.1f}",
-             "-" if r["authors_cpu_s_mean"] is None else f"{r['authors_cpu_s_mean']:.1f}", _ratio(r)]
+             _cpu(r["gpc_cpu_s_mean"]), _cpu(r["authors_cpu_s_mean"]), _ratio(r)]
             for r in rows]
     return {"smgpc-authors:table": markdown_table(header, body)}
 
@@ -212,9 +241,8 @@ def format_table(rows):
     lines = ["smgpc-authors: test error and NLL, mean ± s.d. over the splits both codes ran; CPU s",
              f"{'set':<12}{'method':<7}{'n':>3}{'err gpc':>16}{'err R':>16}{'NLL gpc':>16}"
              f"{'NLL R':>16}{'CPU gpc':>9}{'CPU R':>9}"]
-    for r in rows:
-        cpu = ["-" if r[f"{s}_cpu_s_mean"] is None else f"{r[f'{s}_cpu_s_mean']:.1f}"
-               for s in ("gpc", "authors")]
+    for r in every_cell(rows):
+        cpu = [_cpu(r[f"{s}_cpu_s_mean"]) for s in ("gpc", "authors")]
         lines.append(f"{r['dataset']:<12}{r['method']:<7}{r['n_both']:>3}"
                      f"{_ms(r['gpc_error_mean'], r['gpc_error_sd']):>16}"
                      f"{_ms(r['authors_error_mean'], r['authors_error_sd']):>16}"
@@ -226,7 +254,8 @@ def format_table(rows):
 def add_arguments(parser):
     parser.add_argument("--splits", type=int, nargs="+", metavar="S",
                         help="splits to fit, numbered 1..20 as in the R scripts (default: those the "
-                             "authors' records hold for each data set and method, else 1..20)")
+                             "authors' records hold for each data set; none for a set they do not "
+                             "cover, whose cells show —)")
     parser.add_argument("--n-inducing", type=int, default=M, help="m per class (default 100)")
     parser.add_argument("--iterations", type=int, default=ITERATIONS, help="default 250")
     parser.add_argument("--authors", metavar="DIR", default=RECORDS_DIR,
@@ -250,8 +279,8 @@ def main(args):
                     raise ValueError(f"--splits must lie in 1..{datasets.SMGPC_N_SPLITS}, got {s}")
         else:
             splits = {name: sorted({int(r["split"]) for r in theirs
-                                    if r["dataset"] == name and r["method"] in methods}
-                                   or range(1, datasets.SMGPC_N_SPLITS + 1)) for name in names}
+                                    if r["dataset"] == name and r["method"] in methods})
+                      for name in names}
         ours = run(names, methods, splits, m=args.n_inducing, iterations=args.iterations,
                    jobs=args.jobs or 1, progress=not args.quiet)
     rows = summarise(ours, theirs)

@@ -340,15 +340,22 @@ def evidence_pass(X, y, sites, factors, qs, model, ab, rho, block_rows, gradient
 
 
 # -- the state -------------------------------------------------------------------------------------
-def unpack_params(p, kernels, Zs, optimize_inducing, eps, eps_bounds):
+def theta_bounds(kernels):
+    """Each kernel's log-bounds as an (n_θ, 2) array, n_θ the length of its θ.  Moving θ keeps
+    them, so a fit reads them once: the kernels compute θ and its bounds afresh on every read,
+    which at m = 100 and 250 iterations was a sizeable part of a small set's fit."""
+    return [np.asarray(k.bounds, dtype=np.float64).reshape(-1, 2) for k in kernels]
+
+
+def unpack_params(p, kernels, Zs, optimize_inducing, eps, eps_bounds, kernel_bounds):
     """The packed parameters p (every kernel's log θ, then every moved Z, then log ε when it is
-    learnt) as (kernels, Zs, ε, the entries read), each θ and log ε clipped to its bounds; the
-    order of :meth:`SparseMultiClassState._params`."""
+    learnt) as (kernels, Zs, ε, the entries read), each θ clipped to its ``kernel_bounds``
+    (:func:`theta_bounds`) and log ε to ``eps_bounds``; the order of
+    :meth:`SparseMultiClassState._params`."""
     at, new_kernels = 0, []
-    for kern in kernels:
-        size = len(kern.theta)
+    for kern, b in zip(kernels, kernel_bounds):
+        size = len(b)
         if size:
-            b = kern.bounds
             kern = kern._with_theta(np.clip(p[at:at + size], b[:, 0], b[:, 1]))
         new_kernels.append(kern)
         at += size
@@ -397,6 +404,7 @@ class SparseMultiClassState(SparseState):
         self.kernels = list(kernels)
         self.Zs = [np.array(Z, dtype=np.float64) for Z in Zs]
         self.optimize_inducing = bool(optimize_inducing)
+        self.theta_bounds = theta_bounds(self.kernels)
         self.factors = self._factors(self.kernels, self.Zs)
         self.qs = [NaturalPosterior(np.eye(f.m), np.zeros(f.m)) for f in self.factors]
         self.y = None if tied else np.ascontiguousarray(y, dtype=np.intp)
@@ -480,7 +488,7 @@ class SparseMultiClassState(SparseState):
         """Move to parameters p: new kernels, Z and factors, each q_k carried over in u-space
         (transform_natural, SEP §2.3); raises when a factor or a q has none."""
         kernels, Zs, eps, _ = unpack_params(p, self.kernels, self.Zs, self.optimize_inducing,
-                                            self.eps, self.eps_bounds)
+                                            self.eps, self.eps_bounds, self.theta_bounds)
         factors = self._factors(kernels, Zs)
         qs = [NaturalPosterior(*transform_natural(q.P, q.h, old.Li, new.L))
               for q, old, new in zip(self.qs, self.factors, factors)]
@@ -491,7 +499,7 @@ class SparseMultiClassState(SparseState):
     def assemble(self, class_grads, g_eps):
         """The gradient in :meth:`_params`' order from each class's (g_theta, g_Z) and the
         derivative in log ε: classes that share a kernel or Z add their parts."""
-        g_theta = [np.zeros(len(k.theta)) for k in self.kernels]
+        g_theta = [np.zeros(len(b)) for b in self.theta_bounds]
         g_Z = [np.zeros_like(Z) for Z in self.Zs]
         for k, (gt, gz) in enumerate(class_grads):
             g_theta[0 if len(self.kernels) == 1 else k] += gt

@@ -36,9 +36,7 @@ of positive mass under any Gaussian q.  So the method needs ε > 0 (fixed or lea
 import math
 
 import numpy as np
-from scipy.special import log_ndtr
-
-from .._special import LOG_SQRT_2PI
+from .._sparse_multiclass import argmax_quadrature
 from ..exceptions import NotPositiveDefiniteError
 from ..sparse.core.natural import Posterior
 from ..sparse.core.passes import add_parts, as_block, block_ranges
@@ -46,12 +44,11 @@ from ..sparse.core.trainers import LBFGSTrainer, SVIMinibatch
 from ..sparse.core.variational import VariationalState, svi_block, svi_finish
 from .predict import N_NODES
 from .sparse import (RANGE_ROWS, SERIAL, ArgmaxLikelihood, RowBlock, SparseMultiClassState,
-                     unpack_params)
+                     theta_bounds, unpack_params)
 
 #: the Gauss–Hermite rule of the expected log likelihood: RMGPC eq. (19)'s order (the predictive's)
 _GH_X, _GH_W = np.polynomial.hermite.hermgauss(N_NODES)
 _GH_W = _GH_W / math.sqrt(math.pi)
-_SQRT2 = math.sqrt(2.0)
 #: the floor of a latent variance (a unit prior's rounding level): the rule's nodes need σ > 0
 MIN_VARIANCE = 1e-12
 
@@ -70,7 +67,8 @@ def argmax_probability(means, varis, y):
 
     the derivatives of the rule itself (the nodes move with μ_iy and σ_iy), so the gradient is
     that of the value returned.  R is formed as
-    exp(Σ_{l≠y} log Φ(z_jl) − log Φ(z_jk) + log φ(z_jk)), finite where Φ(z_jk) underflows.
+    exp(Σ_{l≠y} log Φ(z_jl) − log Φ(z_jk) + log φ(z_jk)), finite where Φ(z_jk) underflows.  The
+    loops over rows, classes and nodes are compiled (gpc._sparse_multiclass.argmax_quadrature).
 
     Parameters
     ----------
@@ -81,24 +79,12 @@ def argmax_probability(means, varis, y):
     -------
     P (b,), dP_dmean (b, C), dP_dvar (b, C)
     """
+    means = np.ascontiguousarray(means, dtype=np.float64)
     b, C = means.shape
-    rows = np.arange(b)
-    sd = np.sqrt(np.maximum(varis, MIN_VARIANCE))
-    s_y = sd[rows, y]
-    nodes = means[rows, y][:, None] + _SQRT2 * s_y[:, None] * _GH_X          # (b, J)
-    z = (nodes[:, None, :] - means[:, :, None]) / sd[:, :, None]              # (b, C, J)
-    log_cdf = log_ndtr(z)
-    log_cdf[rows, y, :] = 0.0                                                 # no k = y factor
-    log_prod = log_cdf.sum(axis=1)                                            # (b, J)
-    P = np.exp(log_prod) @ _GH_W
-    R = np.exp(log_prod[:, None, :] - log_cdf - 0.5 * z * z - LOG_SQRT_2PI)  # (b, C, J)
-    R[rows, y, :] = 0.0
-    R /= sd[:, :, None]                                                       # R_jk / σ_k
-    d_mean = -(R @ _GH_W)
-    d_var = -((R * z) @ _GH_W) / (2.0 * sd)
-    d_mean[rows, y] = -d_mean.sum(axis=1)
-    d_var[rows, y] = (R.sum(axis=1) @ (_GH_W * _GH_X)) / (_SQRT2 * s_y)
-    d_var[varis < MIN_VARIANCE] = 0.0            # the floor: the value does not move there
+    P, d_mean, d_var = np.empty(b), np.empty((b, C)), np.empty((b, C))
+    argmax_quadrature(means, np.ascontiguousarray(varis, dtype=np.float64),
+                      np.ascontiguousarray(y, dtype=np.intp), _GH_X, _GH_W, MIN_VARIANCE, P,
+                      d_mean, d_var, np.empty((len(_GH_X), C)))
     return P, d_mean, d_var
 
 
@@ -139,6 +125,7 @@ class SparseMultiClassVIState(VariationalState):
         self.model = ArgmaxLikelihood(C, "fixed")
         self.n, self.C, self.jitter = int(n), C, jitter
         self.kernels = list(kernels)
+        self.theta_bounds = theta_bounds(self.kernels)
         self.Zs = [np.array(Z, dtype=np.float64) for Z in Zs]
         self.optimize_inducing = bool(optimize_inducing)
         self.factors = self._factors(self.kernels, self.Zs)
@@ -193,7 +180,7 @@ class SparseMultiClassVIState(VariationalState):
         """Move to the packed parameters p (the trainers keep them within ``bounds``); raises
         NotPositiveDefiniteError when a K_uu has no factor."""
         kernels, Zs, eps, at = unpack_params(p, self.kernels, self.Zs, self.optimize_inducing,
-                                             self.eps, self.eps_bounds)
+                                             self.eps, self.eps_bounds, self.theta_bounds)
         factors = self._factors(kernels, Zs)
         means, Lqs = [], []
         for f, tril in zip(factors, self._trils):
@@ -245,7 +232,8 @@ class SparseMultiClassVIState(VariationalState):
     def _marginals(self, block, tasks):
         """Every class's q-marginals at a :class:`RowBlock`, (b, C) means and variances
         a_ikᵀμ_k and s_ik + a_ikᵀS_k a_ik (the binary SVI's ``Posterior.marginals``)."""
-        out = tasks.map(lambda k: self.qs[k].marginals(block.A[k]), range(self.C))
+        qs = self.qs
+        out = tasks.map(lambda k: qs[k].marginals(block.A[k]), range(self.C))
         means = np.ascontiguousarray(np.column_stack([o[0] for o in out]))
         varis = np.ascontiguousarray(np.column_stack([o[1] for o in out])) + block.s
         return means, varis
