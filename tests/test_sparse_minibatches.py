@@ -203,3 +203,21 @@ def test_minibatch_log_evidence_is_the_epoch_estimate(make):
     assert clf.log_marginal_likelihood_value_ == clf.history_[-1]["objective"]
     clf.partial_fit(X, y)
     assert clf.log_marginal_likelihood_value_ == clf.history_[-1]["objective"]
+
+
+@pytest.mark.parametrize("batch_size, z_share", [(100, 0.1), (None, 1.0)])
+def test_z_steps_are_a_tenth_of_thetas_on_minibatches_only(batch_size, z_share):
+    """Per-row minibatch SEP moves Z at MINIBATCH_Z_RATE (0.1) of θ's Adadelta rate (at the full
+    rate Z's m·d noisy coordinates cost test NLL; bench/RESULTS.md); batch EP's exact gradient
+    moves both at ``learning_rate``: the fitted state's Adadelta multipliers, θ's two (the
+    default kernel's amplitude and length scale) then Z's 10 x 2."""
+    from gpc.sparse.estimator import MINIBATCH_Z_RATE
+    assert MINIBATCH_Z_RATE == 0.1
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(400, 2))
+    y = np.where(X[:, 0] + 0.3 * rng.normal(size=400) > 0, 1, 0)
+    kw = dict(n_inducing=10, batch_size=batch_size, max_iter=1, random_state=0, progress=False)
+    clf = SparseGaussianProcessClassifier(learning_rate=0.5, **kw).fit(X, y)
+    lr = np.broadcast_to(clf._problems[0][0].state.optimizer.lr, (2 + 10 * 2,))
+    assert np.allclose(lr[:2], 0.5)
+    assert np.allclose(lr[2:], 0.5 * z_share)

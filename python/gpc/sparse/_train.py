@@ -57,6 +57,7 @@ class SEPState(SparseState):
     refits the sites; ``n_fixed`` counts the updates its on_negative policy handled.
     ``precision`` "mixed" runs a minibatch's site swap and evidence (:meth:`LocalBatch.swap_sites`)
     on float32 rows (``dtype``; :func:`swap_block_sites`); "float64", the default, in double.
+    Adadelta's steps are ``lr`` times its normalised gradient for θ and ``lr * z_rate`` for Z.
     ``factor``:
     K_uu's factor when the caller has it (else made from ``kernel``, ``Z`` and ``jitter``).
     The counters, the optimiser and the failure rule are the core's
@@ -64,7 +65,7 @@ class SEPState(SparseState):
     """
 
     def __init__(self, kernel, Z, n, jitter, optimize_inducing, lr, tied=False, method="ep",
-                 on_negative=DEFAULT_ON_NEGATIVE, factor=None, precision="float64"):
+                 on_negative=DEFAULT_ON_NEGATIVE, factor=None, precision="float64", z_rate=1.0):
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         self.dtype = np.float32 if precision == "mixed" else np.float64
@@ -78,7 +79,10 @@ class SEPState(SparseState):
         self.factor = InducingFactor(kernel, self.Z, jitter) if factor is None else factor
         self.q = NaturalPosterior(np.eye(m), np.zeros(m))
         self._theta, self._bounds = kernel.theta, kernel.bounds
-        super().__init__(n, len(self._theta) + (self.Z.size if optimize_inducing else 0), lr)
+        n_z = self.Z.size if optimize_inducing else 0
+        if z_rate != 1.0 and n_z:
+            lr = np.concatenate([np.full(len(self._theta), lr), np.full(n_z, lr * z_rate)])
+        super().__init__(n, len(self._theta) + n_z, lr)
         self._work = {}
 
     def workspace(self, name, shape, dtype=np.float64):

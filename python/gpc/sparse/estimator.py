@@ -28,6 +28,8 @@ from .core.trainers import LBFGSTrainer, SEPBatch, SEPMinibatch, SEPTied, SVIMin
 
 METHODS = ("ep", "pl", "gfitc", "svi")
 
+#: Z's Adadelta steps as a share of θ's in per-row minibatch SEP (``learning_rate``)
+MINIBATCH_Z_RATE = 0.1
 #: rows used for the k-means initialisation of Z
 _INIT_ROWS = 10_000
 
@@ -158,7 +160,10 @@ class SparseGaussianProcessClassifier(SparseEstimator):
         Adadelta's step multiplier (ρ = 0.9, ε = 1e-5).  A step that fails is undone and this is
         halved (counted in ``history_``).  Under minibatch noise Adadelta's steps grow with the
         number of steps, so runs of thousands of minibatches per epoch end nearer the optimum
-        with 0.1 (the sparse guide); short runs learn faster with 1.
+        with 0.1 (the sparse guide); short runs learn faster with 1.  On per-row minibatches Z's
+        steps are ``MINIBATCH_Z_RATE`` (0.1) times θ's: its m·d coordinates each get Adadelta's
+        step whatever their gradient's noise, and at the full rate Z's moves cost test NLL
+        (the first epoch's most; bench/RESULTS.md, "Time to accuracy").
     damping : float in (0, 1] or None, default None
         New site = damping · matched + (1 - damping) · old.  None: 1 for minibatches with per-row
         sites, 0.5 otherwise.  A batch pass moves every site at once from the same q, which
@@ -353,9 +358,11 @@ class SparseGaussianProcessClassifier(SparseEstimator):
                               self._damping(False), on_negative=self.on_negative)
         if self.method == "svi":
             return SVIState(kernel, Z, n, self.jitter, self.optimize_inducing)
+        minibatch = self._batch is not None and not self.tied_sites
         return SEPState(kernel, Z, n, self.jitter, self.optimize_inducing, self.learning_rate,
                         tied=bool(self.tied_sites), method=self.method,
-                        on_negative=self.on_negative, precision=self.precision)
+                        on_negative=self.on_negative, precision=self.precision,
+                        z_rate=MINIBATCH_Z_RATE if minibatch else 1.0)
 
     def _training_rows(self, X, y):
         """Each problem's ±1 labels (classes_[1] against classes_[0] for two classes, each class
