@@ -16,6 +16,11 @@ clock runs only while it trains.  The systems, alternated ``--rounds`` times in 
   hyperparameters and Z;
 * ``adam``: GPyTorch's SVGP with a ``CholeskyVariationalDistribution`` and Adam (lr 0.01) for
   everything (its examples' choice);
+* ``gpflow-ngd``: GPflow's SVGP with natural gradients (γ 0.1) and Adam (lr 0.01) for the
+  hyperparameters and Z (:func:`run_gpflow`; ``pip install gpflow tensorflow``).  Run it
+  without the GPyTorch systems: torch's first step after TensorFlow's in one process hung
+  (torch 2.14, TensorFlow 2.21, 2 threads each), so its table's reference is itself and gpc's
+  ratio to it is taken in its own process;
 
 both GPyTorch models with the whitened ``VariationalStrategy``, ``ScaleKernel(RBFKernel(ARD))``,
 the probit ``BernoulliLikelihood`` and ``VariationalELBO``, in float64 on the CPU with
@@ -178,10 +183,58 @@ def run_gpytorch(prob, Z0, ell, args, optimiser):
     return out, model, lik
 
 
+def run_gpflow(prob, Z0, ell, args):
+    """[(training seconds so far, test NLL, test error)] after each epoch of GPflow's SVGP with
+    natural gradients: q(u) stepped by ``gpflow.optimizers.NaturalGradient`` (γ 0.1), Adam (lr
+    0.01) on the kernel's hyperparameters and Z (GPflow's recommended pairing), whitened, the
+    probit ``Bernoulli`` likelihood, ``SquaredExponential`` with ARD, float64, TensorFlow on
+    ``--threads`` intra-op threads; each minibatch step one compiled ``tf.function``."""
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    import gpflow
+
+    Xtr, ytr, Xte, yte = prob
+    n, d = Xtr.shape
+    Y = (ytr > 0).astype(np.float64)[:, None]
+    kernel = gpflow.kernels.SquaredExponential(variance=1.0, lengthscales=np.full(d, ell))
+    model = gpflow.models.SVGP(kernel, gpflow.likelihoods.Bernoulli(),
+                               inducing_variable=np.array(Z0), num_data=n, whiten=True)
+    gpflow.set_trainable(model.q_mu, False)
+    gpflow.set_trainable(model.q_sqrt, False)
+    natgrad = gpflow.optimizers.NaturalGradient(gamma=0.1)
+    adam = tf.optimizers.Adam(0.01)
+
+    adam.build(model.trainable_variables)
+    spec = [tf.TensorSpec([None, d], tf.float64), tf.TensorSpec([None, 1], tf.float64)]
+
+    @tf.function(input_signature=spec)
+    def step(Xb, Yb):
+        natgrad.minimize(lambda: model.training_loss((Xb, Yb)), [(model.q_mu, model.q_sqrt)])
+        with tf.GradientTape() as tape:
+            loss = model.training_loss((Xb, Yb))
+        variables = model.trainable_variables
+        adam.apply_gradients(zip(tape.gradient(loss, variables), variables))
+
+    step.get_concrete_function()     # traced before the clock starts, without taking a step
+    rng = np.random.default_rng(SEED)
+    out, spent = [], 0.0
+    for _ in range(args.epochs):
+        t = time.perf_counter()
+        for batch in epoch_batches(n, args.batch, rng):
+            step(tf.constant(Xtr[batch]), tf.constant(Y[batch]))
+        spent += time.perf_counter() - t
+        p = model.predict_y(Xte)[0].numpy()[:, 0]
+        out.append((spent, *scores(p.astype(np.float64), yte)))
+    return out
+
+
 SYSTEMS = {"gpc": lambda prob, Z0, ell, args: run_gpc(prob, Z0, ell, args)[0],
            "gpc-mixed": lambda prob, Z0, ell, args: run_gpc(prob, Z0, ell, args, "mixed")[0],
            "ngd": lambda prob, Z0, ell, args: run_gpytorch(prob, Z0, ell, args, "ngd")[0],
-           "adam": lambda prob, Z0, ell, args: run_gpytorch(prob, Z0, ell, args, "adam")[0]}
+           "adam": lambda prob, Z0, ell, args: run_gpytorch(prob, Z0, ell, args, "adam")[0],
+           "gpflow-ngd": run_gpflow}
 
 
 def check_batch_order(prob, Z0, ell, args):
