@@ -165,6 +165,32 @@ def test_a_bound_object_is_made_from_the_parameters_as_they_are():
     assert not np.allclose(kernel._bound_to(Z).cross(X), before)
 
 
+@pytest.mark.parametrize("name", ["rbf_iso", "rbf_ard", "const_rbf_ard", "rbf_iso_const",
+                                  "fixed_const_rbf"])
+def test_the_float32_block_is_the_float64_one_rounded(name):
+    # the sparse models' mixed precision: K_bu and its contraction with float32 blocks.  The
+    # exponent's uᵀv is a d-term float32 sum of O(|u||v|) = O(10) terms on these off-centre
+    # inputs (|u - z̄| ~ 2 per feature), so its absolute error is ~1e-6 and K's relative error
+    # the same; the contraction adds b·m = 161 float32 products: 1e-5 of the largest entry
+    # bounds both with a margin, and a float64 or a wrong result misses it by far
+    kernel = COMPILED[name]()
+    X, Z, G, w = _problem()
+    bound = kernel._bound_to(Z)
+    K64 = bound.cross(X)
+    K32 = bound.cross(X, np.empty(K64.shape, dtype=np.float32))
+    assert K32.dtype == np.float32 and not np.array_equal(K32, K64.astype(np.float32))
+    close(K32, K64, 1e-5)
+    ref = bound.cross_gradient(X, G.copy(), w, K64)
+    got = bound.cross_gradient(X, G.astype(np.float32), w, K32)
+    for g, r in zip(got, ref):
+        assert g.dtype == np.float64 and not np.array_equal(g, r)
+        close(g, r, 1e-5)
+    # a float32 G against a float64 K (or the reverse) runs in float64
+    np.testing.assert_array_equal(
+        bound.cross_gradient(X, G.astype(np.float32), w, K64)[0],
+        bound.cross_gradient(X, G.astype(np.float32).astype(np.float64), w, K64)[0])
+
+
 def test_bad_input_is_a_clear_error():
     kernel = ConstantKernel(2.0) * RBF(LS3)
     X, Z, G, w = _problem()

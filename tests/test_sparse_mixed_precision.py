@@ -78,7 +78,7 @@ def _run_block(b, dtype):
     k, m = b["A"].shape
     f = {name: np.ascontiguousarray(b[name], dtype) for name in ("Ri", "L", "Li")}
     A, s = np.empty((k, m), dtype), np.empty(k)
-    _sparse.whiten_block(f["Li"], b["K"], A, b["kdiag"], s)
+    _sparse.whiten_block(f["Li"], np.ascontiguousarray(b["K"], dtype), A, b["kdiag"], s)
     t_new, n_new, dP, dh = np.empty(k), np.empty(k), np.empty((m, m)), np.empty(m)
     V = np.empty((k, m), dtype)
     status = _sparse.refine_block(*spec, *codes, 1.0, _sparse.SUMS_SWAP, b["y"], A, b["s"],

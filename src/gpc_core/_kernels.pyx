@@ -15,7 +15,7 @@
 from libc.math cimport exp, sqrt
 from libc.stdlib cimport free, malloc
 
-from gpc._blas cimport dgemm, mirror_lower_rows, range_stop
+from gpc._blas cimport gemm, mirror_lower_rows, range_stop, real
 
 import numpy as np
 
@@ -334,38 +334,43 @@ def contract_direct(const double[:, ::1] Ut, const double[:, ::1] M, int kind, b
 # c exp(-½ |u - v|²) between rows u = (x - z̄)/ℓ of a chunk and the inducing inputs' v = (z - z̄)/ℓ
 # (R&W eq. (4.9), the ARD form of eq. (5.1)), all shifted by the mean z̄ of Z so that the expansion
 # |u|² + |v|² - 2uᵀv of the squared distance does not cancel.  The products of b x d x m work are
-# dgemm calls; a C-ordered (k, d) array is the Fortran (d, k) matrix of its transpose, so with U
+# gemm calls; a C-ordered (k, d) array is the Fortran (d, k) matrix of its transpose, so with U
 # (k x d) and V (m x d) C-ordered, the C-ordered K = U Vᵀ (k x m) is the Fortran Kᵀ = V Uᵀ.  Each
 # function checks its shapes, then runs with the GIL released (gpc.kernels.stationary's bound
 # object calls them per chunk on the block threads; the exponentials are NumPy's vectorised exp,
 # which releases the GIL too).
+#
+# Precision: V, the block K and the contraction's G are ``real``, float or double together.  In
+# float (the sparse models' mixed precision, gpc.sparse) the b x d x m products run in single
+# precision (sgemm) on the rows u rounded to float; the exponents' sums, |u|², |v|², the row and
+# column sums and everything returned are formed in double.
 
 
 cdef int _check_scaled(Py_ssize_t width, const double[::1] shift, const double[::1] length_scale,
-                       const double[:, ::1] V, const double[::1] vv) except -1:
-    cdef Py_ssize_t d = V.shape[1]
-    if V.shape[0] < 1 or d < 1:
-        raise ValueError(f"V must be a non-empty m x d array, got {V.shape[0]} x {d}")
+                       Py_ssize_t m, Py_ssize_t d, const double[::1] vv) except -1:
+    if m < 1 or d < 1:
+        raise ValueError(f"V must be a non-empty m x d array, got {m} x {d}")
     if width != d:
         raise ValueError(f"X has {width} features but the inducing inputs have {d}")
     if shift.shape[0] != d or length_scale.shape[0] != d:
         raise ValueError(f"shift and length_scale need {d} entries, got {shift.shape[0]} and "
                          f"{length_scale.shape[0]}")
-    if vv.shape[0] != V.shape[0]:
-        raise ValueError(f"vv needs {V.shape[0]} entries, got {vv.shape[0]}")
+    if vv is not None and vv.shape[0] != m:
+        raise ValueError(f"vv needs {m} entries, got {vv.shape[0]}")
     return 0
 
 
 cdef void _scale_rows(const double[:, ::1] X, const double[::1] shift,
-                      const double[::1] length_scale, double* U, double* uu) noexcept nogil:
-    """U (k x d, C-ordered) := (X - shift) / ℓ and uu_i := |u_i|²."""
+                      const double[::1] length_scale, real* U, double* uu) noexcept nogil:
+    """U (k x d, C-ordered) := (X - shift) / ℓ, rounded to U's type, and uu_i := |u_i|² of the
+    double values."""
     cdef Py_ssize_t k = X.shape[0], d = X.shape[1], i, c
     cdef double t, acc
     for i in range(k):
         acc = 0.0
         for c in range(d):
             t = (X[i, c] - shift[c]) / length_scale[c]
-            U[i * d + c] = t
+            U[i * d + c] = <real> t
             acc = acc + t * t
         uu[i] = acc
 
@@ -388,41 +393,45 @@ def scaled_inputs(const double[:, ::1] X, const double[::1] shift, const double[
 
 
 def squared_exponential_exponents(const double[:, ::1] X, const double[::1] shift,
-                                  const double[::1] length_scale, const double[:, ::1] V,
-                                  const double[::1] vv, double log_scale, double[:, ::1] K):
+                                  const double[::1] length_scale, const real[:, ::1] V,
+                                  const double[::1] vv not None, double log_scale,
+                                  real[:, ::1] K):
     """K (k x m) := log c - ½ |u_i - v_j|², whose exp is c k(x_i, z_j), for the rows x_i of X
     (k x d), u_i = (x_i - z̄)/ℓ, given the inducing inputs' V = (Z - z̄)/ℓ (m x d) and vv_j =
     |v_j|² (:func:`scaled_inputs`, ``shift`` = z̄, ``length_scale`` ℓ of length d).  The squared
-    distance |u_i|² + |v_j|² - 2 u_iᵀv_j is clipped at 0 (rounding below a zero distance)."""
+    distance |u_i|² + |v_j|² - 2 u_iᵀv_j is clipped at 0 (rounding below a zero distance).  V and
+    K float: uᵀv in single precision (see the section's note)."""
     cdef Py_ssize_t k = X.shape[0], m = V.shape[0], d = V.shape[1], i, j
-    _check_scaled(X.shape[1], shift, length_scale, V, vv)
+    _check_scaled(X.shape[1], shift, length_scale, m, d, vv)
     if K.shape[0] != k or K.shape[1] != m:
         raise ValueError(f"K must be {k} x {m}, got {K.shape[0]} x {K.shape[1]}")
     if k == 0:
         return
-    cdef double* U = <double*> malloc((k * d + k) * sizeof(double))
-    if U == NULL:
+    cdef real* U = <real*> malloc(k * d * sizeof(real))
+    cdef double* uu = <double*> malloc(k * sizeof(double))
+    if U == NULL or uu == NULL:
+        free(U)
+        free(uu)
         raise MemoryError()
-    cdef double* uu = U + k * d
     cdef int mi = <int> m, ki = <int> k, di = <int> d
     cdef char ta = b'T', tb = b'N'
-    cdef double one = 1.0, zero = 0.0, hu, t
+    cdef double hu, t
     with nogil:
         _scale_rows(X, shift, length_scale, U, uu)
         # Fortran: Kᵀ (m x k) := (V as d x m)ᵀ (U as d x k)
-        dgemm(&ta, &tb, &mi, &ki, &di, &one, <double*> &V[0, 0], &di, U, &di, &zero, &K[0, 0],
-              &mi)
+        gemm(&ta, &tb, mi, ki, di, &V[0, 0], di, U, di, &K[0, 0], mi)
         for i in range(k):
             hu = 0.5 * uu[i]
             for j in range(m):
                 t = K[i, j] - hu - 0.5 * vv[j]
-                K[i, j] = (t if t < 0.0 else 0.0) + log_scale
+                K[i, j] = <real> ((t if t < 0.0 else 0.0) + log_scale)
     free(U)
+    free(uu)
 
 
 def squared_exponential_gradient(const double[:, ::1] X, const double[::1] shift,
-                                 const double[::1] length_scale, const double[:, ::1] V,
-                                 double[:, ::1] G, const double[:, ::1] K not None,
+                                 const double[::1] length_scale, const real[:, ::1] V,
+                                 real[:, ::1] G, const real[:, ::1] K not None,
                                  const double[::1] w, double scale, bint length_scales,
                                  double[::1] per_feature, double[:, ::1] g_Z):
     """The b x m contraction of F = Σ_ij G_ij k_ij + c Σ_i w_i for one chunk of rows of the
@@ -435,15 +444,11 @@ def squared_exponential_gradient(const double[:, ::1] X, const double[::1] shift
 
     * per_feature[d] := Σ_ij A_ij (u_id - v_jd)² = rᵀu_d² + sᵀv_d² - 2 u_dᵀ (A V)_d, the
       derivative of F in log ℓ_d (only with ``length_scales``; untouched otherwise),
-    * g_Z (m x d) := ∂F/∂z_jd = [(Aᵀ U)_jd - s_j v_jd] / ℓ_d."""
+    * g_Z (m x d) := ∂F/∂z_jd = [(Aᵀ U)_jd - s_j v_jd] / ℓ_d.
+
+    V, G and K float: A and the products Aᵀ U, A V in single precision (the section's note)."""
     cdef Py_ssize_t k = X.shape[0], m = V.shape[0], d = V.shape[1], i, j, c
-    if V.shape[0] < 1 or d < 1:
-        raise ValueError(f"V must be a non-empty m x d array, got {V.shape[0]} x {d}")
-    if X.shape[1] != d:
-        raise ValueError(f"X has {X.shape[1]} features but the inducing inputs have {d}")
-    if shift.shape[0] != d or length_scale.shape[0] != d:
-        raise ValueError(f"shift and length_scale need {d} entries, got {shift.shape[0]} and "
-                         f"{length_scale.shape[0]}")
+    _check_scaled(X.shape[1], shift, length_scale, m, d, None)
     if G.shape[0] != k or G.shape[1] != m:
         raise ValueError(f"G must be {k} x {m}, got {G.shape[0]} x {G.shape[1]}")
     if K.shape[0] != k or K.shape[1] != m:
@@ -454,18 +459,20 @@ def squared_exponential_gradient(const double[:, ::1] X, const double[::1] shift
     cdef bint diagonal = w is not None
     if diagonal and w.shape[0] != k:
         raise ValueError(f"w needs {k} entries, got {w.shape[0]}")
-    # scratch: U (k x d), uu (k), A V (k x d), r (k), s (m)
-    cdef double* U = <double*> malloc((2 * k * d + 2 * k + m) * sizeof(double))
-    if U == NULL:
+    # scratch: U and A V (k x d each), Aᵀ U (m x d) in G's type; uu, r (k) and s (m) in double
+    cdef real* U = <real*> malloc((2 * k * d + m * d) * sizeof(real))
+    cdef double* uu = <double*> malloc((2 * k + m) * sizeof(double))
+    if U == NULL or uu == NULL:
+        free(U)
+        free(uu)
         raise MemoryError()
-    cdef double* uu = U + k * d
-    cdef double* AV = uu + k
-    cdef double* rows = AV + k * d
+    cdef real* AV = U + k * d
+    cdef real* AtU = AV + k * d
+    cdef double* rows = uu + k
     cdef double* cols = rows + k
     cdef double value = 0.0, acc, a, t
     cdef int mi = <int> m, ki = <int> k, di = <int> d
     cdef char tn = b'N', tt = b'T'
-    cdef double one = 1.0, zero = 0.0
     with nogil:
         _scale_rows(X, shift, length_scale, U, uu)
         for j in range(m):
@@ -473,8 +480,8 @@ def squared_exponential_gradient(const double[:, ::1] X, const double[::1] shift
         for i in range(k):
             acc = 0.0
             for j in range(m):
-                a = G[i, j] * K[i, j]
-                G[i, j] = a
+                a = <double> G[i, j] * K[i, j]
+                G[i, j] = <real> a
                 acc = acc + a
                 cols[j] += a
             rows[i] = acc
@@ -485,15 +492,14 @@ def squared_exponential_gradient(const double[:, ::1] X, const double[::1] shift
                 acc = acc + w[i]
             value += scale * acc
         if k > 0:
-            # Fortran: (Uᵀ A) (d x m) := (U as d x k)(A as m x k)ᵀ, the C-ordered Aᵀ U in g_Z
-            dgemm(&tn, &tt, &di, &mi, &ki, &one, U, &di, &G[0, 0], &mi, &zero, &g_Z[0, 0], &di)
+            # Fortran: (Uᵀ A) (d x m) := (U as d x k)(A as m x k)ᵀ, the C-ordered Aᵀ U
+            gemm(&tn, &tt, di, mi, ki, U, di, &G[0, 0], mi, AtU, di)
         else:
-            for j in range(m):
-                for c in range(d):
-                    g_Z[j, c] = 0.0
+            for j in range(m * d):
+                AtU[j] = 0.0
         for j in range(m):
             for c in range(d):
-                g_Z[j, c] = (g_Z[j, c] - cols[j] * V[j, c]) / length_scale[c]
+                g_Z[j, c] = (AtU[j * d + c] - cols[j] * V[j, c]) / length_scale[c]
         if length_scales:
             for c in range(d):
                 acc = 0.0
@@ -502,11 +508,11 @@ def squared_exponential_gradient(const double[:, ::1] X, const double[::1] shift
                 per_feature[c] = acc
             if k > 0:
                 # Fortran: (A V)ᵀ (d x k) := (V as d x m)(A as m x k)
-                dgemm(&tn, &tn, &di, &ki, &mi, &one, <double*> &V[0, 0], &di, &G[0, 0], &mi,
-                      &zero, AV, &di)
+                gemm(&tn, &tn, di, ki, mi, &V[0, 0], di, &G[0, 0], mi, AV, di)
             for i in range(k):
                 for c in range(d):
                     t = U[i * d + c]
                     per_feature[c] += t * (rows[i] * t - 2.0 * AV[i * d + c])
     free(U)
+    free(uu)
     return value

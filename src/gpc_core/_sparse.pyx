@@ -353,13 +353,13 @@ cdef int _check_block(Py_ssize_t k, Py_ssize_t m, str name, Py_ssize_t rows,
     return 0
 
 
-def whiten_block(const real[:, ::1] Li, const double[:, ::1] K, real[:, ::1] A,
+def whiten_block(const real[:, ::1] Li, const real[:, ::1] K, real[:, ::1] A,
                  const double[::1] kdiag, double[::1] s):
     """A (k x m) := rows L^-1 k_i of K (A may be K itself) and s_i := max(kdiag_i - |a_i|², 0):
-    the whitened rows and FITC variances of SEP eq. (1) (gpc.sparse.core.inducing).  Float Li and
-    A: K rounded to float and multiplied in single precision, |a_i|² summed in double."""
+    the whitened rows and FITC variances of SEP eq. (1) (gpc.sparse.core.inducing).  Float Li, K
+    and A: the product in single precision, |a_i|² summed in double."""
     check_square(Li.shape[0], Li.shape[1], "Li")
-    cdef Py_ssize_t k = K.shape[0], m = Li.shape[0], i, j
+    cdef Py_ssize_t k = K.shape[0], m = Li.shape[0], i
     _check_block(k, m, "K", K.shape[0], K.shape[1])
     _check_block(k, m, "A", A.shape[0], A.shape[1])
     _check_rows(k, (kdiag.shape[0], s.shape[0]))
@@ -367,13 +367,8 @@ def whiten_block(const real[:, ::1] Li, const double[:, ::1] K, real[:, ::1] A,
         return
     cdef double acc
     with nogil:
-        if real is double:
-            if &A[0, 0] != &K[0, 0]:
-                memcpy(&A[0, 0], &K[0, 0], <size_t> k * m * sizeof(double))
-        else:
-            for i in range(k):
-                for j in range(m):
-                    A[i, j] = <float> K[i, j]
+        if &A[0, 0] != &K[0, 0]:
+            memcpy(&A[0, 0], &K[0, 0], <size_t> k * m * sizeof(real))
         times_lower(&Li[0, 0], &A[0, 0], <int> k, <int> m, False)
         for i in range(k):
             acc = kdiag[i] - row_dot(&A[i, 0], &A[i, 0], <int> m)

@@ -217,6 +217,10 @@ class _SquaredExponentialBound(BoundKernel):
     out as the bound kernel's θ: ∂F/∂log c = F (the constant's slot, ``constant`` "first" or
     "last", None when c is fixed or absent) and ∂F/∂log ℓ (ARD: per feature, isotropic: their
     sum; none when ℓ is fixed).
+
+    A float32 ``out`` of :meth:`cross` (and a float32 block with its G in :meth:`gradient`) runs
+    the b x d x m products in single precision against a float32 copy of V (the sparse models'
+    mixed precision; the compiled functions' note on precision).
     """
 
     nogil = True
@@ -232,6 +236,7 @@ class _SquaredExponentialBound(BoundKernel):
         self.shift = Z.mean(axis=0)     # translation invariance: |u|², |v|² small, no cancelling
         self.V, self.vv = np.empty((m, d)), np.empty(m)
         _kernels.scaled_inputs(Z, self.shift, self.length_scale, self.V, self.vv)
+        self._V32 = None
         self.row_work = m * (2 * d + _EXP_WORK)
         self._ard = n_ls > 1
         self._n_ls = n_ls if length_scale_free else 0
@@ -244,11 +249,20 @@ class _SquaredExponentialBound(BoundKernel):
         np.fill_diagonal(K, self.scale)             # k(z, z) = c exactly
         return K
 
+    def _inputs_like(self, dtype):
+        """V in ``dtype``: float64 itself, or its float32 copy (made once)."""
+        if dtype == np.float64:
+            return self.V
+        if self._V32 is None:
+            self._V32 = self.V.astype(np.float32)
+        return self._V32
+
     def cross(self, X, out=None):
         X = np.ascontiguousarray(X, dtype=np.float64)
         if out is None:
             out = np.empty((X.shape[0], self.V.shape[0]))
-        _kernels.squared_exponential_exponents(X, self.shift, self.length_scale, self.V, self.vv,
+        _kernels.squared_exponential_exponents(X, self.shift, self.length_scale,
+                                               self._inputs_like(out.dtype), self.vv,
                                                self._log_scale, out)
         return np.exp(out, out=out)
 
@@ -256,18 +270,22 @@ class _SquaredExponentialBound(BoundKernel):
         return np.full(X.shape[0], self.scale)
 
     def gradient(self, X, G, w=None, K=None):
-        """(∂F/∂θ, ∂F/∂Z, F) for F = Σ G ∘ K(X, Z) + Σ w ∘ diag K(X, X); G (C-ordered float64)
-        is scratch, ``K`` the block K(X, Z) when the caller holds it.  The diagonal k(x, x) = c
+        """(∂F/∂θ, ∂F/∂Z, F) for F = Σ G ∘ K(X, Z) + Σ w ∘ diag K(X, X); G (C-ordered) is
+        scratch, ``K`` the block K(X, Z) when the caller holds it (float32 with a float32 G: the
+        products in single precision; otherwise both in float64).  The diagonal k(x, x) = c
         depends on log c only (∂/∂log c = c)."""
         X = np.ascontiguousarray(X, dtype=np.float64)
         if K is None:
             K = self.cross(X)
+        if K.dtype != G.dtype:
+            K = K.astype(np.float64)
+            G = np.ascontiguousarray(G, dtype=np.float64)
         if w is not None:
             w = np.ascontiguousarray(w, dtype=np.float64)
         per_feature, g_Z = np.empty(self.V.shape[1]), np.empty_like(self.V)
         value = _kernels.squared_exponential_gradient(
-            X, self.shift, self.length_scale, self.V, G, K, w, self.scale, self._n_ls > 0,
-            per_feature, g_Z)
+            X, self.shift, self.length_scale, self._inputs_like(K.dtype), G, K, w, self.scale,
+            self._n_ls > 0, per_feature, g_Z)
         g_theta = np.empty(self._p)
         if self._n_ls:
             at = self._ls_at

@@ -257,8 +257,9 @@ def block_evidence(likelihood, y, A, s, q, tau, nu, gradient=True, held="sites",
 
     Float32 rows A (and ``directions``; the mixed precision of minibatch SEP,
     gpc.sparse._train) run these products in single precision with float32 copies of the m x m
-    factors (gpc._sparse.evidence_block); log Z, g_s and AtG are float64 and G_A comes back
-    (and goes to ``per_block``) as float64.
+    factors (gpc._sparse.evidence_block); log Z, g_s and AtG are float64, G_A comes back as
+    float64, and ``per_block`` takes its rows in float32 (the kernel's contraction against a
+    float32 K_bu, :meth:`InducingFactor.whiten`).
     """
     if held not in ("sites", "cavity"):
         raise ValueError(f"held must be 'sites' or 'cavity', got {held!r}")
@@ -293,7 +294,7 @@ def block_evidence(likelihood, y, A, s, q, tau, nu, gradient=True, held="sites",
         if per_block is None:
             return part, None
         G_rows, g_rows = rows_of(blocks[j], G, g_s)
-        return part, per_block(*blocks[j], G_rows.astype(np.float64, copy=False), g_rows)
+        return part, per_block(*blocks[j], G_rows, g_rows)
     parts = _parallel.over_blocks(block, len(blocks))
     total = 0.0
     for (part, _), _ in parts:

@@ -334,3 +334,16 @@ cdef inline void cross_rows(double* C, const real* X, const real* Y, int k, int 
               C32, &m)
         for i in range(<Py_ssize_t> m * m):
             C[i] = C32[i]
+
+
+cdef inline void gemm(char* transa, char* transb, int m, int n, int k, const real* A, int lda,
+                      const real* B, int ldb, real* C, int ldc) noexcept nogil:
+    """The Fortran C := op(A) op(B) (m x n; dgemm, or sgemm for float arrays), alpha 1, beta 0."""
+    cdef double one = 1.0, zero = 0.0
+    cdef float one32 = 1.0, zero32 = 0.0
+    if real is double:
+        dgemm(transa, transb, &m, &n, &k, &one, <double*> A, &lda, <double*> B, &ldb, &zero, C,
+              &ldc)
+    else:
+        sgemm(transa, transb, &m, &n, &k, &one32, <float*> A, &lda, <float*> B, &ldb, &zero32, C,
+              &ldc)

@@ -137,8 +137,10 @@ class InducingFactor:
 
         With ``keep_cross`` also K_bu, which :meth:`block_gradient` can reuse, and A_b goes into
         ``out`` (b x m, C-contiguous) when given; a float32 ``out`` takes A_b in single
-        precision (K_bu rounded to float32, the product with L⁻ᵀ in float32, s_b summed in
-        float64: the mixed precision of gpc.sparse._train).
+        precision (the product with L⁻ᵀ in float32, s_b summed in float64: the mixed precision
+        of gpc.sparse._train), and K_bu is float32 too where the bound kernel's chunks release
+        the GIL (their b x d x m products and exponentials in single precision), else K_bu
+        rounded to float32.
 
         Where the bound kernel's chunks release the GIL, each block of rows makes its own K_bu
         rows and whitens them in one task (one pass over the threads instead of two; a row's
@@ -156,17 +158,24 @@ class InducingFactor:
         b, m = Xb.shape[0], self.m
         kdiag = np.ascontiguousarray(self.diag(Xb), dtype=np.float64)
         fused = self.bound.nogil
-        Kbu = np.empty((b, m)) if fused else np.ascontiguousarray(self.cross(Xb), dtype=np.float64)
+        dtype = np.float64 if out is None or not keep_cross else out.dtype
+        Kbu = (np.empty((b, m), dtype=dtype) if fused
+               else np.ascontiguousarray(self.cross(Xb), dtype=np.float64))
         A = (np.empty_like(Kbu) if out is None else out) if keep_cross else Kbu
         s = np.empty(b)
         blocks = _parallel.row_blocks(b, m * m)
         cross, (Li,) = self.bound.cross, like_rows(A, self.Li)
+        rounded = Kbu.dtype != A.dtype                  # a GIL-holding kernel's K_bu, float32 A
 
         def block(j):
             a, c = blocks[j]
             if fused:
                 cross(Xb[a:c], Kbu[a:c])
-            _sparse.whiten_block(Li, Kbu[a:c], A[a:c], kdiag[a:c], s[a:c])
+            K = Kbu[a:c]
+            if rounded:
+                A[a:c] = K
+                K = A[a:c]
+            _sparse.whiten_block(Li, K, A[a:c], kdiag[a:c], s[a:c])
         return block, len(blocks), ((A, s, Kbu) if keep_cross else (A, s))
 
     def block_gradient(self, Xb, G_A, g_s, Kbu=None, overwrite=False):
