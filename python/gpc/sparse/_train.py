@@ -330,8 +330,8 @@ class LocalBatch(Rows):
         with rows_named(self.rows):
             t_new, n_new, V_new, n_fresh, self.n_fixed = swap_block_sites(
                 self.likelihood, self.yb, A, s, q, state.tau[self.rows], state.nu[self.rows],
-                state.V[self.rows], factor, damping, P, h, state.workspace, state.rule,
-                self._first_row(), before=whiten)
+                state.V, factor, damping, P, h, state.workspace, state.rule,
+                self._first_row(), before=whiten, old_rows=self.rows)
         self._pending = t_new, n_new, V_new
         self._directions = V_new
         return (P, h), n_fresh
@@ -420,11 +420,13 @@ def run_ep(likelihood, X, y, factor, tau, nu, damping=0.5, max_iter=200, tol=1e-
 
 
 def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P, h, workspace,
-                     rule=EP, first_row=0, before=None):
+                     rule=EP, first_row=0, before=None, old_rows=None):
     """A minibatch block's sites refined along SEP eq. (6) and swapped into (P, h), in place.
 
     ``A`` (b x m) holds the rows' current directions a_i = L⁻¹k_i, ``V_old`` their kept u-space
-    directions v_i (float32, zero rows for rows without a site).  The old site lies along
+    directions v_i (float32, zero rows for rows without a site); with ``old_rows`` (a slice or an
+    index array) ``V_old`` holds every row's and the block's are ``V_old[old_rows]``, gathered
+    by each sub-block on the threads.  The old site lies along
     a'_i = Lᵀv_i; the cavity removes it there (:func:`gpc._sparse.refine_rows` with the old
     directions' marginals; a block without old sites refines against q itself), the site rule
     ``rule`` refits it, and (P, h) gains Σ τ_new a aᵀ - Σ τ_old a'a'ᵀ, Σ ν_new a - Σ ν_old a'
@@ -455,6 +457,8 @@ def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P
         check_filled(A, s, single=True)
     yb, s, tau, nu = as_vector(yb), as_vector(s), as_vector(tau), as_vector(nu)
     V_old = np.ascontiguousarray(V_old, dtype=np.float32)
+    if isinstance(old_rows, slice):
+        V_old, old_rows = V_old[old_rows], None
     n_fresh = int(np.count_nonzero((tau == 0.0) & (nu == 0.0)))
     t_new, n_new = np.empty(b), np.empty(b)
     V_new = (workspace("directions", (b, m)) if A.dtype == np.float64
@@ -463,15 +467,21 @@ def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P
     spec, codes = likelihood.compiled_spec(), rule.codes
     blocks = row_blocks(b, m)
     dPs, dhs = partials("sums", len(blocks), m), np.empty((len(blocks), m))
+    gathered = (None if old_rows is None
+                else workspace("old directions", (b, m), dtype=np.float32))
 
     def block(j):
         if before is not None:
             before(j)
+        if gathered is None:
+            old = rows_of(blocks[j], V_old)[0]
+        else:
+            a, c = blocks[j]
+            old = np.take(V_old, old_rows[a:c], axis=0, out=gathered[a:c])
         return _sparse.refine_block(*spec, *codes, float(damping), _sparse.SUMS_SWAP,
                                     *rows_of(blocks[j], yb, A, s), Ri, q.mean,
                                     *rows_of(blocks[j], tau, nu, t_new, n_new), dPs[j], dhs[j],
-                                    rows_of(blocks[j], V_old)[0], L, Li,
-                                    rows_of(blocks[j], V_new)[0])
+                                    old, L, Li, rows_of(blocks[j], V_new)[0])
     results = _parallel.over_blocks(block, len(blocks))
     _, n_fixed = check_refined(results, blocks, first_row)
     # P + Σ τ_new a aᵀ - Σ τ_old a'a'ᵀ, h + Σ ν_new a - Σ ν_old a'

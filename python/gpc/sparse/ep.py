@@ -187,7 +187,8 @@ class BlockEvidence:
 
     log_z: float          # Σ_b log Z̃_i
     G_A: np.ndarray       # the K_bu part, ∂/∂A_b (b x m), for InducingFactor.block_gradient
-                          # (with block_evidence's to_kernel: ∂/∂K_bu, for kernel_gradient)
+                          # (with block_evidence's to_kernel: ∂/∂K_bu, for kernel_gradient;
+                          # None when its per_block took the rows)
     g_s: np.ndarray       # ∂/∂s_b
     AtG: np.ndarray       # the K_uu part (m x m), summed over blocks: w-space, or u-space
                           # for "cavity" with the rows' directions (see block_evidence)
@@ -303,6 +304,7 @@ def block_evidence(likelihood, y, A, s, q, tau, nu, gradient=True, held="sites",
     if not gradient:
         return BlockEvidence(total, None, None, None, n_bad)
     extra = None if per_block is None else [out for _, out in parts]
-    return BlockEvidence(total, G.astype(np.float64, copy=False), g_s,
-                         add_blocks(AtGs, np.zeros((m, m))), n_bad, extra)
+    # G_A's rows went to per_block when it was given; else G_A is the caller's, in float64
+    G_A = None if per_block is not None else G.astype(np.float64, copy=False)
+    return BlockEvidence(total, G_A, g_s, add_blocks(AtGs, np.zeros((m, m))), n_bad, extra)
 
