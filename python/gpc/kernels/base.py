@@ -112,6 +112,30 @@ def _check_bounds(bounds, name, n):
     return np.log(b)
 
 
+def _snapshot(value):
+    """What a hyperparameter's or bounds' current value is, comparable with ``==``: an immutable
+    value (a number, a string, a tuple of numbers) itself, an array its type, dtype, shape and
+    bytes (so that an in-place write shows); None for anything else (a list, an object)."""
+    kind = type(value)
+    if kind is float or kind is int or kind is str or kind is np.float64:
+        return (kind, value)
+    if kind is np.ndarray:
+        return (kind, value.dtype.str, value.shape, value.tobytes())
+    if kind is tuple and all(type(v) is float or type(v) is int for v in value):
+        return (kind, value)
+    return None
+
+
+def _read_only(arr):
+    """A read-only view of ``arr`` (None stays None): entries kept between reads must not be
+    written by their readers."""
+    if arr is None:
+        return None
+    view = arr.view()
+    view.flags.writeable = False
+    return view
+
+
 def _params_equal(a, b):
     if isinstance(a, Kernel) or isinstance(b, Kernel):
         return a == b
@@ -258,12 +282,39 @@ class Kernel:
     # -- hyperparameters in log space ----------------------------------------------------------
 
     def _hyper_entries(self):
-        """List of (name, values 1-D, log-bounds (n,2) or None) for each leaf hyperparameter."""
+        """List of (name, values 1-D, log-bounds (n,2) or None) for each leaf hyperparameter
+        (read-only arrays).
+
+        Validated once per value: the entries are kept with a snapshot of the attributes they
+        came from (:func:`_snapshot`: the value itself, or an array's bytes) and made again when
+        any attribute differs from its snapshot, however it was changed (``set_params``, plain
+        assignment, an in-place write to an array).  A fit reads θ and its bounds many times
+        per step between changes."""
+        key = self._hyper_key()
+        cached = self.__dict__.get("_hyper_cache")
+        if key is not None and cached is not None and cached[0] == key:
+            return cached[1]
         out = []
         for h in self._hyper:
             vals = _check_positive_values(getattr(self, h), h)
-            out.append((h, vals, _check_bounds(getattr(self, h + "_bounds"), h + "_bounds", vals.size)))
+            out.append((h, _read_only(vals),
+                        _read_only(_check_bounds(getattr(self, h + "_bounds"), h + "_bounds",
+                                                 vals.size))))
+        if key is not None:
+            self.__dict__["_hyper_cache"] = (key, out)
         return out
+
+    def _hyper_key(self):
+        """The snapshots of every hyperparameter and its bounds (:func:`_snapshot`), or None when
+        one cannot be taken cheaply (then nothing is kept)."""
+        key = []
+        for h in self._hyper:
+            for value in (getattr(self, h), getattr(self, h + "_bounds")):
+                snap = _snapshot(value)
+                if snap is None:
+                    return None
+                key.append(snap)
+        return tuple(key)
 
     @property
     def theta(self):
