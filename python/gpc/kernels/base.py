@@ -537,6 +537,12 @@ class Kernel:
         K_bb and their gradients.  Kernels with a compiled path return their own bound object."""
         return BoundKernel(self, Z)
 
+    def _noise_split(self, Z):
+        """(the compiled bound object of k bound to Z, a :class:`gpc.kernels.WhiteKernel`, whether
+        the noise is the first term) when this kernel is k + white noise and k has a compiled
+        bound (:class:`BoundKernel` then takes k's blocks from it); None otherwise."""
+        return None
+
     def _bound_scaled(self, Z, scale, constant):
         """The compiled bound object of scale · k, this kernel times a product's constant factor
         (``constant``: where a free log c of that factor sits in the product's θ, "first" or
@@ -649,7 +655,10 @@ class BoundKernel:
     step asks for, each call on one chunk of rows.
 
     This generic form forwards to the kernel's own methods (``_cross``, ``_diag``,
-    ``_cross_gradient``, ``_gram_gradient``), whose Python holds the GIL; kernels with a compiled
+    ``_cross_gradient``, ``_gram_gradient``), whose Python holds the GIL, except that for k +
+    white noise where k has a compiled bound (:meth:`Kernel._noise_split`) it takes k's blocks
+    from that bound, bound once, and adds the noise on the diagonal: the same operations in the
+    same order as the kernel's methods, without their dispatch; kernels with a compiled
     path (:class:`gpc.kernels.RBF`, alone or times a constant) return their own subclass from
     :meth:`Kernel._bound_to`, which prepares what depends on Z and θ once and runs each chunk in
     one call without the GIL (``nogil``).
@@ -669,6 +678,12 @@ class BoundKernel:
     def __init__(self, kernel, Z):
         self.kernel = kernel
         self.Z = Z
+        split = kernel._noise_split(Z)
+        self._inner = None if split is None else split[0]
+        if split is not None:
+            noise = split[1]
+            self._noise, self._noise_first = float(noise.noise_level), split[2]
+            self._noise_free = noise._free()
 
     def gram(self):
         """K_uu = K(Z) (m x m, C-ordered), with its diagonal exact (``k(z, z)``, not the
@@ -679,10 +694,14 @@ class BoundKernel:
             K = kernel._cross(Z, Z)
             np.fill_diagonal(K, kernel._diag(Z))
             return K
+        if self._inner is not None:         # Z is checked: the kernel's own K(Z) at once
+            return np.array(kernel._call(Z, None, False), dtype=np.float64, order="C")
         return np.array(kernel(Z), dtype=np.float64, order="C")
 
     def cross(self, X, out=None):
         """K(X, Z) (k x m) for a chunk of rows X (k x d), written into ``out`` when given."""
+        if self._inner is not None:         # white noise is zero between distinct draws
+            return self._inner.cross(X, out)
         K = self.kernel._cross(X, self.Z)
         if out is None:
             return K
@@ -691,19 +710,39 @@ class BoundKernel:
 
     def diag(self, X):
         """diag K(X, X), shape (k,)."""
+        if self._inner is not None:
+            return self._inner.diag(X) + np.full(X.shape[0], self._noise)
         return self.kernel._diag(X)
 
     def cross_gradient(self, X, G, w=None, K=None):
         """(∂F/∂θ, ∂F/∂Z or None) of F = Σ G ∘ K(X, Z) + Σ w ∘ diag K(X, X) for a chunk of rows
         (:meth:`Kernel.cross_gradient`); G (k x m, C-ordered float64) is scratch, ``K`` is
         K(X, Z) when the caller holds it."""
+        if self._inner is not None:
+            # k's compiled contraction, and the noise's ∂/∂log σ₀² = σ₀² Σ w (diagonal only)
+            g_inner, g_Z, _ = self._inner.gradient(X, np.ascontiguousarray(G, dtype=np.float64),
+                                                   w, K)
+            return self._with_noise(g_inner, self._noise * (0.0 if w is None
+                                                            else float(np.sum(w)))), g_Z
         g_theta, g_Z, _ = self.kernel._cross_gradient(X, self.Z, G, w, K, overwrite=True)
         return g_theta, g_Z
 
     def gram_gradient(self, G, K):
         """(∂F/∂θ, ∂F/∂Z or None) of F = Σ G ∘ K(Z) for a symmetric G (m x m, C-ordered float64,
         scratch) and ``K`` = :meth:`gram`'s K_uu."""
+        if self._inner is not None:
+            # θ: the kernel's contraction of K(Z) (noise on its diagonal); Z: twice the second
+            # argument's part of k's cross block K(Z, Z), recomputed (:meth:`Kernel._gram_gradient`)
+            g_theta = self.kernel._contract(self.Z, G, K=K, symmetric=True)
+            _, g_Z, _ = self._inner.gradient(self.Z, np.array(G, dtype=np.float64), None, None)
+            g_Z *= 2.0
+            return g_theta, g_Z
         return self.kernel._gram_gradient(self.Z, G, K)
+
+    def _with_noise(self, g_inner, g_noise):
+        """k's θ gradient and the noise's, in the sum's order of θ."""
+        noise = np.array([g_noise]) if self._noise_free else np.empty(0)
+        return np.concatenate([noise, g_inner] if self._noise_first else [g_inner, noise])
 
 
 def _fmt(v):

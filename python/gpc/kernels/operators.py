@@ -4,7 +4,7 @@ import copy
 
 import numpy as np
 
-from .base import BoundKernel, Kernel, _is_kernel_like
+from .base import Kernel, _is_kernel_like
 from .simple import WhiteKernel
 from .sklearn import as_kernel
 
@@ -123,66 +123,20 @@ class Sum(_Binary):
         g_b, z_b, v_b = b._cross_gradient(X, Z, G, w, Kb, scale, overwrite)
         return np.concatenate([g_a, g_b]), _joined(z_a, z_b), v_a + v_b
 
-    def _bound_to(self, Z):
-        # k + white noise with a compiled bound k: that bound, the noise on the diagonal
+    def _noise_split(self, Z):
+        # k + white noise where k has a compiled bound: (k's bound, the noise kernel, its side)
         a, b = self._a, self._b
-        if a._diagonal() != b._diagonal():
-            noise, other = (a, b) if a._diagonal() else (b, a)
-            inner = other._bound_to(Z)
-            if inner.nogil and isinstance(noise, WhiteKernel):
-                return _PlusNoiseBound(self, Z, inner, noise, noise is a)
-        return super()._bound_to(Z)
+        if a._diagonal() == b._diagonal():
+            return None
+        noise, other = (a, b) if a._diagonal() else (b, a)
+        if not isinstance(noise, WhiteKernel):
+            return None
+        inner = other._bound_to(Z)
+        return (inner, noise, noise is a) if inner.nogil else None
 
     def __repr__(self):
         return f"{self.k1!r} + {self.k2!r}"
 
-
-class _PlusNoiseBound(BoundKernel):
-    r"""k + σ₀² δ bound to inducing inputs Z: a kernel with a compiled bound object (``inner``:
-    c · RBF) plus white noise, which is on the diagonal of K(Z) and of diag K(X, X) only, never
-    on a cross block K(X, Z) (distinct draws).
-
-    It gives what the generic :class:`gpc.kernels.base.BoundKernel` of the sum gives, the same
-    operations in the same order (the same bits), without the sum's and the product's dispatch
-    and without binding the compiled kernel to Z afresh on every call: K_bu and its contraction
-    are ``inner``'s, diag K_bb and its contraction add σ₀² and ∂/∂log σ₀² = σ₀² Σ w, and K_uu
-    and its θ contraction are the sum's own.  Chunks keep the generic bound's sizes (``nogil``
-    False), so the sums over them are those of the generic path.
-    """
-
-    def __init__(self, kernel, Z, inner, noise, noise_first):
-        super().__init__(kernel, Z)
-        self.inner = inner
-        self.noise = float(noise.noise_level)
-        self.noise_first = noise_first
-        self.noise_free = noise._free()
-
-    def gram(self):
-        return np.array(self.kernel._call(self.Z, None, False), dtype=np.float64, order="C")
-
-    def cross(self, X, out=None):
-        return self.inner.cross(X, out)
-
-    def diag(self, X):
-        return self.inner.diag(X) + np.full(X.shape[0], self.noise)
-
-    def _joined_theta(self, g_inner, noise_part):
-        g_noise = np.array([noise_part]) if self.noise_free else np.empty(0)
-        return np.concatenate([g_noise, g_inner] if self.noise_first else [g_inner, g_noise])
-
-    def cross_gradient(self, X, G, w=None, K=None):
-        # the generic path hands the compiled kernel a copy of G: G is scratch here
-        g_inner, g_Z, _ = self.inner.gradient(X, G, w, K)
-        noise_part = self.noise * (0.0 if w is None else float(np.sum(w)))
-        return self._joined_theta(g_inner, noise_part), g_Z
-
-    def gram_gradient(self, G, K):
-        # θ: the sum's contraction of K(Z) (white noise on its diagonal); Z: twice the second
-        # argument's part of the cross block K(Z, Z) recomputed, which has no noise
-        g_theta = self.kernel._contract(self.Z, G, K=K, symmetric=True)
-        _, g_Z, _ = self.inner.gradient(self.Z, np.array(G, dtype=np.float64), None, None)
-        g_Z *= 2.0
-        return g_theta, g_Z
 
 
 class Product(_Binary):
