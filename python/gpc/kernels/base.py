@@ -112,17 +112,21 @@ def _check_bounds(bounds, name, n):
     return np.log(b)
 
 
+#: number types whose values cannot change in place
+_IMMUTABLE_NUMBERS = frozenset((float, int, np.float64, np.float32, np.int64, np.int32))
+
+
 def _snapshot(value):
     """What a hyperparameter's or bounds' current value is, comparable with ``==``: an immutable
     value (a number, a string, a tuple of numbers) itself, an array its type, dtype, shape and
     bytes (so that an in-place write shows); None for anything else (a list, an object)."""
     kind = type(value)
-    if kind is float or kind is int or kind is str or kind is np.float64:
+    if kind in _IMMUTABLE_NUMBERS or kind is str:
         return (kind, value)
     if kind is np.ndarray:
         return (kind, value.dtype.str, value.shape, value.tobytes())
-    if kind is tuple and all(type(v) is float or type(v) is int for v in value):
-        return (kind, value)
+    if kind is tuple and all(type(v) in _IMMUTABLE_NUMBERS for v in value):
+        return (kind, tuple(map(type, value)), value)
     return None
 
 
@@ -613,6 +617,14 @@ class Kernel:
             part = values[i:i + size]
             i += size
             setattr(new, h, float(part[0]) if np.ndim(getattr(self, h)) == 0 else part.copy())
+        new.__dict__.pop("_hyper_cache", None)
+        if values.size and 0.0 < values.min() and values.max() < math.inf:
+            # the same bounds, and values that pass the checks: the entries without them
+            old, key = self._hyper_entries(), new._hyper_key()
+            if key is not None:
+                entries = [(h, _read_only(np.array(getattr(new, h), dtype=np.float64).reshape(-1))
+                            if b is not None else vals, b) for h, vals, b in old]
+                new.__dict__["_hyper_cache"] = (key, entries)
         return new
 
     # -- algebra, comparison, display --------------------------------------------------------
