@@ -543,7 +543,7 @@ class Kernel:
 
     def _noise_split(self, Z):
         """(the compiled bound object of k bound to Z, a :class:`gpc.kernels.WhiteKernel`, whether
-        the noise is the first term) when this kernel is k + white noise and k has a compiled
+        the noise is the first term, k) when this kernel is k + white noise and k has a compiled
         bound (:class:`BoundKernel` then takes k's blocks from it); None otherwise."""
         return None
 
@@ -693,7 +693,7 @@ class BoundKernel:
         split = kernel._noise_split(Z)
         self._inner = None if split is None else split[0]
         if split is not None:
-            noise = split[1]
+            noise, self._split_term = split[1], split[3]
             self._noise, self._noise_first = float(noise.noise_level), split[2]
             self._noise_free = noise._free()
 
@@ -706,8 +706,12 @@ class BoundKernel:
             K = kernel._cross(Z, Z)
             np.fill_diagonal(K, kernel._diag(Z))
             return K
-        if self._inner is not None:         # Z is checked: the kernel's own K(Z) at once
-            return np.array(kernel._call(Z, None, False), dtype=np.float64, order="C")
+        if self._inner is not None:
+            # k's own K(Z) (Z is checked), the noise added on the diagonal: what the sum's
+            # K(Z) + σ₀² I gives (its zeros off the diagonal add nothing)
+            K = np.array(self._split_term._call(Z, None, False), dtype=np.float64, order="C")
+            K.flat[:: K.shape[0] + 1] += self._noise
+            return K
         return np.array(kernel(Z), dtype=np.float64, order="C")
 
     def cross(self, X, out=None):

@@ -132,7 +132,7 @@ class Sum(_Binary):
         if not isinstance(noise, WhiteKernel):
             return None
         inner = other._bound_to(Z)
-        return (inner, noise, noise is a) if inner.nogil else None
+        return (inner, noise, noise is a, other) if inner.nogil else None
 
     def __repr__(self):
         return f"{self.k1!r} + {self.k2!r}"
