@@ -112,6 +112,34 @@ def _check_bounds(bounds, name, n):
     return np.log(b)
 
 
+#: number types whose values cannot change in place
+_IMMUTABLE_NUMBERS = frozenset((float, int, np.float64, np.float32, np.int64, np.int32))
+
+
+def _snapshot(value):
+    """What a hyperparameter's or bounds' current value is, comparable with ``==``: an immutable
+    value (a number, a string, a tuple of numbers) itself, an array its type, dtype, shape and
+    bytes (so that an in-place write shows); None for anything else (a list, an object)."""
+    kind = type(value)
+    if kind in _IMMUTABLE_NUMBERS or kind is str:
+        return (kind, value)
+    if kind is np.ndarray:
+        return (kind, value.dtype.str, value.shape, value.tobytes())
+    if kind is tuple and all(type(v) in _IMMUTABLE_NUMBERS for v in value):
+        return (kind, tuple(map(type, value)), value)
+    return None
+
+
+def _read_only(arr):
+    """A read-only view of ``arr`` (None stays None): entries kept between reads must not be
+    written by their readers."""
+    if arr is None:
+        return None
+    view = arr.view()
+    view.flags.writeable = False
+    return view
+
+
 def _params_equal(a, b):
     if isinstance(a, Kernel) or isinstance(b, Kernel):
         return a == b
@@ -258,12 +286,39 @@ class Kernel:
     # -- hyperparameters in log space ----------------------------------------------------------
 
     def _hyper_entries(self):
-        """List of (name, values 1-D, log-bounds (n,2) or None) for each leaf hyperparameter."""
+        """List of (name, values 1-D, log-bounds (n,2) or None) for each leaf hyperparameter
+        (read-only arrays).
+
+        Validated once per value: the entries are kept with a snapshot of the attributes they
+        came from (:func:`_snapshot`: the value itself, or an array's bytes) and made again when
+        any attribute differs from its snapshot, however it was changed (``set_params``, plain
+        assignment, an in-place write to an array).  A fit reads θ and its bounds many times
+        per step between changes."""
+        key = self._hyper_key()
+        cached = self.__dict__.get("_hyper_cache")
+        if key is not None and cached is not None and cached[0] == key:
+            return cached[1]
         out = []
         for h in self._hyper:
             vals = _check_positive_values(getattr(self, h), h)
-            out.append((h, vals, _check_bounds(getattr(self, h + "_bounds"), h + "_bounds", vals.size)))
+            out.append((h, _read_only(vals),
+                        _read_only(_check_bounds(getattr(self, h + "_bounds"), h + "_bounds",
+                                                 vals.size))))
+        if key is not None:
+            self.__dict__["_hyper_cache"] = (key, out)
         return out
+
+    def _hyper_key(self):
+        """The snapshots of every hyperparameter and its bounds (:func:`_snapshot`), or None when
+        one cannot be taken cheaply (then nothing is kept)."""
+        key = []
+        for h in self._hyper:
+            for value in (getattr(self, h), getattr(self, h + "_bounds")):
+                snap = _snapshot(value)
+                if snap is None:
+                    return None
+                key.append(snap)
+        return tuple(key)
 
     @property
     def theta(self):
@@ -486,6 +541,12 @@ class Kernel:
         K_bb and their gradients.  Kernels with a compiled path return their own bound object."""
         return BoundKernel(self, Z)
 
+    def _noise_split(self, Z):
+        """(the compiled bound object of k bound to Z, a :class:`gpc.kernels.WhiteKernel`, whether
+        the noise is the first term, k) when this kernel is k + white noise and k has a compiled
+        bound (:class:`BoundKernel` then takes k's blocks from it); None otherwise."""
+        return None
+
     def _bound_scaled(self, Z, scale, constant):
         """The compiled bound object of scale · k, this kernel times a product's constant factor
         (``constant``: where a free log c of that factor sits in the product's θ, "first" or
@@ -556,6 +617,14 @@ class Kernel:
             part = values[i:i + size]
             i += size
             setattr(new, h, float(part[0]) if np.ndim(getattr(self, h)) == 0 else part.copy())
+        new.__dict__.pop("_hyper_cache", None)
+        if values.size and 0.0 < values.min() and values.max() < math.inf:
+            # the same bounds, and values that pass the checks: the entries without them
+            old, key = self._hyper_entries(), new._hyper_key()
+            if key is not None:
+                entries = [(h, _read_only(np.array(getattr(new, h), dtype=np.float64).reshape(-1))
+                            if b is not None else vals, b) for h, vals, b in old]
+                new.__dict__["_hyper_cache"] = (key, entries)
         return new
 
     # -- algebra, comparison, display --------------------------------------------------------
@@ -598,7 +667,10 @@ class BoundKernel:
     step asks for, each call on one chunk of rows.
 
     This generic form forwards to the kernel's own methods (``_cross``, ``_diag``,
-    ``_cross_gradient``, ``_gram_gradient``), whose Python holds the GIL; kernels with a compiled
+    ``_cross_gradient``, ``_gram_gradient``), whose Python holds the GIL, except that for k +
+    white noise where k has a compiled bound (:meth:`Kernel._noise_split`) it takes k's blocks
+    from that bound, bound once, and adds the noise on the diagonal: the same operations in the
+    same order as the kernel's methods, without their dispatch; kernels with a compiled
     path (:class:`gpc.kernels.RBF`, alone or times a constant) return their own subclass from
     :meth:`Kernel._bound_to`, which prepares what depends on Z and θ once and runs each chunk in
     one call without the GIL (``nogil``).
@@ -618,6 +690,12 @@ class BoundKernel:
     def __init__(self, kernel, Z):
         self.kernel = kernel
         self.Z = Z
+        split = kernel._noise_split(Z)
+        self._inner = None if split is None else split[0]
+        if split is not None:
+            noise, self._split_term = split[1], split[3]
+            self._noise, self._noise_first = float(noise.noise_level), split[2]
+            self._noise_free = noise._free()
 
     def gram(self):
         """K_uu = K(Z) (m x m, C-ordered), with its diagonal exact (``k(z, z)``, not the
@@ -628,10 +706,18 @@ class BoundKernel:
             K = kernel._cross(Z, Z)
             np.fill_diagonal(K, kernel._diag(Z))
             return K
+        if self._inner is not None:
+            # k's own K(Z) (Z is checked), the noise added on the diagonal: what the sum's
+            # K(Z) + σ₀² I gives (its zeros off the diagonal add nothing)
+            K = np.array(self._split_term._call(Z, None, False), dtype=np.float64, order="C")
+            K.flat[:: K.shape[0] + 1] += self._noise
+            return K
         return np.array(kernel(Z), dtype=np.float64, order="C")
 
     def cross(self, X, out=None):
         """K(X, Z) (k x m) for a chunk of rows X (k x d), written into ``out`` when given."""
+        if self._inner is not None:         # white noise is zero between distinct draws
+            return self._inner.cross(X, out)
         K = self.kernel._cross(X, self.Z)
         if out is None:
             return K
@@ -640,19 +726,39 @@ class BoundKernel:
 
     def diag(self, X):
         """diag K(X, X), shape (k,)."""
+        if self._inner is not None:
+            return self._inner.diag(X) + np.full(X.shape[0], self._noise)
         return self.kernel._diag(X)
 
     def cross_gradient(self, X, G, w=None, K=None):
         """(∂F/∂θ, ∂F/∂Z or None) of F = Σ G ∘ K(X, Z) + Σ w ∘ diag K(X, X) for a chunk of rows
         (:meth:`Kernel.cross_gradient`); G (k x m, C-ordered float64) is scratch, ``K`` is
         K(X, Z) when the caller holds it."""
+        if self._inner is not None:
+            # k's compiled contraction, and the noise's ∂/∂log σ₀² = σ₀² Σ w (diagonal only)
+            g_inner, g_Z, _ = self._inner.gradient(X, np.ascontiguousarray(G, dtype=np.float64),
+                                                   w, K)
+            return self._with_noise(g_inner, self._noise * (0.0 if w is None
+                                                            else float(np.sum(w)))), g_Z
         g_theta, g_Z, _ = self.kernel._cross_gradient(X, self.Z, G, w, K, overwrite=True)
         return g_theta, g_Z
 
     def gram_gradient(self, G, K):
         """(∂F/∂θ, ∂F/∂Z or None) of F = Σ G ∘ K(Z) for a symmetric G (m x m, C-ordered float64,
         scratch) and ``K`` = :meth:`gram`'s K_uu."""
+        if self._inner is not None:
+            # θ: the kernel's contraction of K(Z) (noise on its diagonal); Z: twice the second
+            # argument's part of k's cross block K(Z, Z), recomputed (:meth:`Kernel._gram_gradient`)
+            g_theta = self.kernel._contract(self.Z, G, K=K, symmetric=True)
+            _, g_Z, _ = self._inner.gradient(self.Z, np.array(G, dtype=np.float64), None, None)
+            g_Z *= 2.0
+            return g_theta, g_Z
         return self.kernel._gram_gradient(self.Z, G, K)
+
+    def _with_noise(self, g_inner, g_noise):
+        """k's θ gradient and the noise's, in the sum's order of θ."""
+        noise = np.array([g_noise]) if self._noise_free else np.empty(0)
+        return np.concatenate([noise, g_inner] if self._noise_first else [g_inner, noise])
 
 
 def _fmt(v):

@@ -5,6 +5,7 @@ import copy
 import numpy as np
 
 from .base import Kernel, _is_kernel_like
+from .simple import WhiteKernel
 from .sklearn import as_kernel
 
 
@@ -122,8 +123,20 @@ class Sum(_Binary):
         g_b, z_b, v_b = b._cross_gradient(X, Z, G, w, Kb, scale, overwrite)
         return np.concatenate([g_a, g_b]), _joined(z_a, z_b), v_a + v_b
 
+    def _noise_split(self, Z):
+        # k + white noise where k has a compiled bound: (k's bound, the noise kernel, its side)
+        a, b = self._a, self._b
+        if a._diagonal() == b._diagonal():
+            return None
+        noise, other = (a, b) if a._diagonal() else (b, a)
+        if not isinstance(noise, WhiteKernel):
+            return None
+        inner = other._bound_to(Z)
+        return (inner, noise, noise is a, other) if inner.nogil else None
+
     def __repr__(self):
         return f"{self.k1!r} + {self.k2!r}"
+
 
 
 class Product(_Binary):
