@@ -1,6 +1,7 @@
 """gpc's SEP on Fashion-MNIST in the set-up of the authors' stochastic SEP (``run_mnist.R``).
 
     OPENBLAS_NUM_THREADS=1 python bench/authors_r/fashion_gpc.py IDX_DIR OUT_JSONL EPOCHS [--damping D]
+    python bench/authors_r/fashion_gpc.py --table SEP_JSONL GPC_JSONL
 
 IDX_DIR holds the four gzipped IDX files of Fashion-MNIST (Debian package
 ``dataset-fashion-mnist``).  One JSON line per epoch is appended to OUT_JSONL: the test error and
@@ -26,6 +27,11 @@ The set-up is the authors' ``simulate_SEP_MNIST_Stochastic.R`` as far as the est
 
 The epochs are ``partial_fit`` calls, each one pass over a fresh permutation of the rows, so the
 model can be scored between them outside the timed part.
+
+``--table`` prints the markdown table of docs/reproduction-smgpc.md from the two record files: per
+epoch the authors' and gpc's test error, NLL and training CPU seconds.  The authors' loop scores
+after minibatches 1, 1 + P, 1 + 2P, … (``run_mnist.R``), so its point for epoch k < E is the one
+after minibatch 300k + 1, one minibatch into the next epoch; epoch E is its final scoring.
 """
 
 import argparse
@@ -65,7 +71,46 @@ def length_scale(X, seed):
     return l, float(np.sqrt(l))
 
 
+def read_jsonl(path):
+    with open(path) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def authors_by_epoch(records):
+    """{epoch k: the authors' record of epoch k}: the final scoring, and the in-loop scorings that
+    fall one minibatch after an epoch's end."""
+    out = {}
+    for r in records:
+        per_epoch = r["n_train"] // r["minibatch"]
+        if r["final"]:
+            out[r["epochs"]] = r
+        elif r["minibatches"] > 1 and (r["minibatches"] - 1) % per_epoch == 0:
+            out.setdefault((r["minibatches"] - 1) // per_epoch, r)
+    return out
+
+
+def table(sep_path, gpc_path):
+    """The markdown table of the two runs, one row per epoch that both have."""
+    theirs = authors_by_epoch(read_jsonl(sep_path))
+    ours = {r["epoch"]: r for r in read_jsonl(gpc_path)}
+    lines = ["| epoch | error authors | error gpc | NLL authors | NLL gpc | CPU s authors | "
+             "CPU s gpc | CPU ratio gpc / authors |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for k in sorted(set(theirs) & set(ours)):
+        a, g = theirs[k], ours[k]
+        lines.append(f"| {k} | {100 * a['error']:.2f} % | {100 * g['error']:.2f} % | "
+                     f"{a['nll']:.4f} | {g['nll']:.4f} | {a['cpu_s']:.0f} | {g['cpu_s']:.0f} | "
+                     f"{g['cpu_s'] / a['cpu_s']:.2f} |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--table"]:
+        if len(argv) != 3:
+            sys.exit(__doc__)
+        print(table(argv[1], argv[2]))
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("idx_dir")
     parser.add_argument("out")
