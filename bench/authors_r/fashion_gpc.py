@@ -90,17 +90,20 @@ def authors_by_epoch(records):
 
 
 def table(sep_path, gpc_path):
-    """The markdown table of the two runs, one row per epoch that both have."""
+    """The markdown table of the two runs, one row per epoch that either has ("—" where the
+    other has none yet)."""
     theirs = authors_by_epoch(read_jsonl(sep_path))
     ours = {r["epoch"]: r for r in read_jsonl(gpc_path)}
     lines = ["| epoch | error authors | error gpc | NLL authors | NLL gpc | CPU s authors | "
              "CPU s gpc | CPU ratio gpc / authors |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for k in sorted(set(theirs) & set(ours)):
-        a, g = theirs[k], ours[k]
-        lines.append(f"| {k} | {100 * a['error']:.2f} % | {100 * g['error']:.2f} % | "
-                     f"{a['nll']:.4f} | {g['nll']:.4f} | {a['cpu_s']:.0f} | {g['cpu_s']:.0f} | "
-                     f"{g['cpu_s'] / a['cpu_s']:.2f} |")
+    for k in sorted(set(theirs) | set(ours)):
+        a, g = theirs.get(k), ours.get(k)
+        cells = [f"{100 * r['error']:.2f} %" if r else "—" for r in (a, g)]
+        cells += [f"{r['nll']:.4f}" if r else "—" for r in (a, g)]
+        cells += [f"{r['cpu_s']:.0f}" if r else "—" for r in (a, g)]
+        cells.append(f"{g['cpu_s'] / a['cpu_s']:.2f}" if a and g else "—")
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
