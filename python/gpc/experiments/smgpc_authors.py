@@ -142,12 +142,13 @@ def run(names=SETS, methods=METHODS, splits=range(1, 21), m=M, iterations=ITERAT
 
 
 def read_authors(directory=RECORDS_DIR):
-    """The authors' records: every JSON line of ``directory/*.jsonl`` (bench/authors_r)."""
+    """The authors' records: every JSON line of ``directory/<set>.jsonl`` for the eight sets
+    (bench/authors_r; its other records, such as Fashion-MNIST's, are not this table's)."""
     out = []
     if not os.path.isdir(directory):
         return out
     for fname in sorted(os.listdir(directory)):
-        if fname.endswith(".jsonl"):
+        if fname.endswith(".jsonl") and fname[:-len(".jsonl")] in SETS:
             with open(os.path.join(directory, fname), encoding="utf-8") as fh:
                 out += [json.loads(line) for line in fh if line.strip()]
     return out
