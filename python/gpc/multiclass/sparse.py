@@ -389,7 +389,7 @@ class SparseMultiClassState(SparseState):
     noise_bounds : (low, high) of ε when it is learnt, or None to hold it
     step_rule : the parameters' optimiser, a key of gpc.sparse.core.steps.STEP_RULES
 
-    The parameters the optimiser moves are, in this order, every group's log θ, every group's Z (with
+    The parameters the optimiser moves are, in order, every group's log θ, every group's Z (with
     ``optimize_inducing``) and log ε (when learnt).  Per point the sites are the exact engine's
     (:class:`gpc.multiclass.ep._Sites`, 5 C + 3 numbers); minibatch training also keeps each
     (point, class) row's u-space direction, ``V[k]`` (n x m_k float32), along which q holds that

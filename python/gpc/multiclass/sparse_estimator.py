@@ -55,10 +55,11 @@ class SparseMultiClassGPC(SparseEstimator):
     k ≠ yᵢ, a pair site rank one in u_yᵢ and in u_k (RMGPC eq. (14) in u-space); the FITC variances
     widen each pair's argmax step.  The evidence is a sum over the data (SEP eq. (3)), so
     hyperparameters, Z and ε follow its gradient (SEP eq. (4), minibatch eq. (6)) by Adadelta
-    (or per-parameter adaptive rates, ``step_rule``) after each site pass or minibatch (SEP §2.3).  This is the method of Villacampa-Calvo and
-    Hernández-Lobato, "Scalable Multi-Class Gaussian Process Classification using Expectation
-    Propagation" (ICML 2017), with RMGPC's Beta-distributed outlier rate as a further choice; the
-    maths is docs/derivations-sparse-multiclass.md.  With Z = X (m = n) and no jitter it is
+    (or per-parameter adaptive rates, ``step_rule``) after each site pass or minibatch (SEP
+    §2.3).  This is the method of Villacampa-Calvo and Hernández-Lobato, "Scalable Multi-Class
+    Gaussian Process Classification using Expectation Propagation" (ICML 2017), with RMGPC's
+    Beta-distributed outlier rate as a further choice; the maths is
+    docs/derivations-sparse-multiclass.md.  With Z = X (m = n) and no jitter it is
     :class:`gpc.MultiClassGPC` (model="robust") exactly.
 
     Time O(n C m²) per epoch; memory 5 C + 3 numbers per row and O(C m²), for minibatch training
@@ -261,7 +262,8 @@ class SparseMultiClassGPC(SparseEstimator):
             raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
         self._check_training_params()
         if not (isinstance(self.step_rule, str) and self.step_rule in STEP_RULES):
-            raise ValueError(f"step_rule must be one of {tuple(STEP_RULES)}, got {self.step_rule!r}")
+            raise ValueError(f"step_rule must be one of {tuple(STEP_RULES)}, "
+                             f"got {self.step_rule!r}")
         decay = check_positive_float(self.damping_decay, "damping_decay")
         if decay > 1:
             raise ValueError(f"damping_decay must be in (0, 1], got {self.damping_decay!r}")
