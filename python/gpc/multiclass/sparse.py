@@ -387,8 +387,9 @@ class SparseMultiClassState(SparseState):
     tied : bool, one shared average site per class (stochastic EP, derivation §7)
     label_noise : float ε for ``model.noise == "fixed"``
     noise_bounds : (low, high) of ε when it is learnt, or None to hold it
+    step_rule : the parameters' optimiser, a key of gpc.sparse.core.steps.STEP_RULES
 
-    The parameters Adadelta moves are, in this order, every group's log θ, every group's Z (with
+    The parameters the optimiser moves are, in order, every group's log θ, every group's Z (with
     ``optimize_inducing``) and log ε (when learnt).  Per point the sites are the exact engine's
     (:class:`gpc.multiclass.ep._Sites`, 5 C + 3 numbers); minibatch training also keeps each
     (point, class) row's u-space direction, ``V[k]`` (n x m_k float32), along which q holds that
@@ -396,7 +397,7 @@ class SparseMultiClassState(SparseState):
     """
 
     def __init__(self, kernels, Zs, y, n, model, jitter, optimize_inducing, lr, tied=False,
-                 label_noise=None, noise_bounds=None):
+                 label_noise=None, noise_bounds=None, step_rule="adadelta"):
         C = model.n_classes
         if len(kernels) not in (1, C) or len(Zs) not in (1, C):
             raise ValueError(f"kernels and Zs must hold 1 or {C} entries")
@@ -423,7 +424,7 @@ class SparseMultiClassState(SparseState):
         self.remote_beta = None     # Q's Beta while the sites are on an engine's shards
         super().__init__(self.n, (sum(len(k.theta) for k in self.kernels)
                                   + (sum(Z.size for Z in self.Zs) if self.optimize_inducing else 0)
-                                  + (1 if self.eps_bounds is not None else 0)), lr)
+                                  + (1 if self.eps_bounds is not None else 0)), lr, step_rule)
 
     # -- the classes' geometry ------------------------------------------------------------------
     def kernel_of(self, k):

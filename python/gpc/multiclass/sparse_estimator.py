@@ -10,6 +10,7 @@ from .._parallel import BLOCK_ROWS
 from .._validation import check_positive_float
 from ..kernels import as_kernel, user_kernel
 from ..sparse.base import SparseEstimator
+from ..sparse.core.steps import STEP_RULES
 from ..sparse.core.trainers import SEPBatch, SEPMinibatch, SEPTied
 from ..sparse.estimator import default_kernel, initial_inducing
 from ._sparse_distributed import EngineClassRows, MultiClassShards
@@ -54,10 +55,11 @@ class SparseMultiClassGPC(SparseEstimator):
     k ≠ yᵢ, a pair site rank one in u_yᵢ and in u_k (RMGPC eq. (14) in u-space); the FITC variances
     widen each pair's argmax step.  The evidence is a sum over the data (SEP eq. (3)), so
     hyperparameters, Z and ε follow its gradient (SEP eq. (4), minibatch eq. (6)) by Adadelta
-    after each site pass or minibatch (SEP §2.3).  This is the method of Villacampa-Calvo and
-    Hernández-Lobato, "Scalable Multi-Class Gaussian Process Classification using Expectation
-    Propagation" (ICML 2017), with RMGPC's Beta-distributed outlier rate as a further choice; the
-    maths is docs/derivations-sparse-multiclass.md.  With Z = X (m = n) and no jitter it is
+    (or per-parameter adaptive rates, ``step_rule``) after each site pass or minibatch (SEP
+    §2.3).  This is the method of Villacampa-Calvo and Hernández-Lobato, "Scalable Multi-Class
+    Gaussian Process Classification using Expectation Propagation" (ICML 2017), with RMGPC's
+    Beta-distributed outlier rate as a further choice; the maths is
+    docs/derivations-sparse-multiclass.md.  With Z = X (m = n) and no jitter it is
     :class:`gpc.MultiClassGPC` (model="robust") exactly.
 
     Time O(n C m²) per epoch; memory 5 C + 3 numbers per row and O(C m²), for minibatch training
@@ -115,12 +117,22 @@ class SparseMultiClassGPC(SparseEstimator):
         Epochs; "auto" as in :class:`gpc.SparseGaussianProcessClassifier` (batch EP: until no
         pass moves a site by more than 1e-8, within 1000 passes at fixed parameters, else 100).
     learning_rate : float, default 1.0
-        Adadelta's step multiplier; a step that fails is undone and this is halved.
+        The step multiplier of ``step_rule``; a step that fails is undone and this is halved.
+    step_rule : "adadelta" or "adaptive", default "adadelta"
+        method="ep": how the parameters step after each site pass or minibatch.  "adadelta":
+        Adadelta (Zeiler 2012), whose steps do not scale with the gradient.  "adaptive": one rate
+        per parameter, step η_j g_j, η_j from 0.01 multiplied by 1.02 (at most 1) while g_j keeps
+        its sign and by 0.5 when it flips (:class:`gpc.sparse.core.steps.AdaptiveRates`, the
+        ICML 2017 authors' batch code): in batch the gradient sums over the rows, so its steps
+        grow with n.  method="vi" trains by L-BFGS-B in batch and Adadelta on minibatches.
     damping : float in (0, 1] or None, default None
         New site = damping · matched + (1 − damping) · old; None: 0.5 (RMGPC §3's value) in every
         schedule (undamped minibatch updates with per-row sites oscillated on ten classes,
         docs/reproduction-smgpc.md).  A site update that leaves some q_k without a factor is
         dropped and the damping of later ones halved.
+    damping_decay : float in (0, 1], default 1.0
+        method="ep": the damping is multiplied by this after every epoch (the ICML 2017 authors'
+        batch code anneals it by 0.99 a pass); 1 keeps it constant.
     optimize_inducing : bool, default True
         Move Z along the gradient too.
     tied_sites : bool, default False
@@ -200,9 +212,10 @@ class SparseMultiClassGPC(SparseEstimator):
     def __init__(self, kernel=None, n_inducing=100, inducing_points="kmeans", method="ep",
                  shared_kernel=False, shared_inducing=False, model="robust", label_noise="beta",
                  label_noise_bounds=LABEL_NOISE_BOUNDS, a0=1.0, b0=9.0, batch_size="auto",
-                 max_iter="auto", learning_rate=1.0, damping=None, optimize_inducing=True,
-                 tied_sites=False, jitter=1e-8, validation_data=None, progress=True,
-                 random_state=None, verbose=False, client=None, n_jobs=None):
+                 max_iter="auto", learning_rate=1.0, step_rule="adadelta", damping=None,
+                 damping_decay=1.0, optimize_inducing=True, tied_sites=False, jitter=1e-8,
+                 validation_data=None, progress=True, random_state=None, verbose=False,
+                 client=None, n_jobs=None):
         self.kernel = kernel
         self.n_inducing = n_inducing
         self.inducing_points = inducing_points
@@ -217,7 +230,9 @@ class SparseMultiClassGPC(SparseEstimator):
         self.batch_size = batch_size
         self.max_iter = max_iter
         self.learning_rate = learning_rate
+        self.step_rule = step_rule
         self.damping = damping
+        self.damping_decay = damping_decay
         self.optimize_inducing = optimize_inducing
         self.tied_sites = tied_sites
         self.jitter = jitter
@@ -246,6 +261,12 @@ class SparseMultiClassGPC(SparseEstimator):
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
         self._check_training_params()
+        if not (isinstance(self.step_rule, str) and self.step_rule in STEP_RULES):
+            raise ValueError(f"step_rule must be one of {tuple(STEP_RULES)}, "
+                             f"got {self.step_rule!r}")
+        decay = check_positive_float(self.damping_decay, "damping_decay")
+        if decay > 1:
+            raise ValueError(f"damping_decay must be in (0, 1], got {self.damping_decay!r}")
         check_positive_float(self.a0, "a0")
         check_positive_float(self.b0, "b0")
         check_label_noise(self.label_noise, self.label_noise_bounds, self.model)
@@ -355,14 +376,17 @@ class SparseMultiClassGPC(SparseEstimator):
         self._state = SparseMultiClassState(
             kernels, Zs, None if self.tied_sites else self._class_index(y), n, model, self.jitter,
             self.optimize_inducing, self.learning_rate, tied=bool(self.tied_sites),
-            label_noise=eps, noise_bounds=bounds)
+            label_noise=eps, noise_bounds=bounds, step_rule=self.step_rule)
         states = [self._state]
         if self.tied_sites:
-            return SEPTied(states, model, rng, self._batch or BLOCK_ROWS, self._damping(False))
-        if self._batch is None:
-            return SEPBatch(states, model, rng, self._damping(False))
-        # damped as in batch: undamped per-row minibatch updates oscillated on ten classes
-        return SEPMinibatch(states, model, rng, self._batch, self._damping(False))
+            trainer = SEPTied(states, model, rng, self._batch or BLOCK_ROWS, self._damping(False))
+        elif self._batch is None:
+            trainer = SEPBatch(states, model, rng, self._damping(False))
+        else:
+            # damped as in batch: undamped per-row minibatch updates oscillated on ten classes
+            trainer = SEPMinibatch(states, model, rng, self._batch, self._damping(False))
+        trainer.damping_decay = float(self.damping_decay)
+        return trainer
 
     def _training_rows(self, X, y):
         """The rows with their labels as class indices, in process or on ``client``."""

@@ -5,7 +5,7 @@ A model is a state (:class:`SparseState`: θ, Z, the sites' q, the optimiser) an
 (gpc.multiclass.sparse) are two tenants.  Each step updates sites first, then q, and then moves
 the free log hyperparameters and Z (and whatever else the state learns) along the gradient of
 log Z_q (eq. (4); for a minibatch M its stochastic form eq. (6), data terms scaled by the rows q
-holds over |M|) with Adadelta:
+holds over |M|) with Adadelta (or :class:`AdaptiveRates`):
 
 * :func:`iteration`: all n rows (a parallel pass, q rebuilt from the new sites) or a minibatch
   (its sites swapped in q along their kept directions), then :func:`_inner_step`;
@@ -30,8 +30,8 @@ The failure rule, one for every model:
   inner step after it; when the damping would fall below ``MIN_DAMPING_SCALE`` it raises a
   DivergenceError.  The binary rows do not undo: under PL their log Z is a density's and may
   exceed 0;
-* an Adadelta step that leaves q without a factor or a non-finite value is undone and the
-  learning rate halved (``reverted``).
+* a parameter step (Adadelta or AdaptiveRates) that leaves q without a factor or a non-finite
+  value is undone and the learning rate halved (``reverted``).
 """
 
 import numpy as np
@@ -67,12 +67,40 @@ class Adadelta:
         return self.lr * delta
 
 
+class AdaptiveRates:
+    """Gradient ascent with one adaptive rate per parameter (Tollenaere's SuperSAB, Neural
+    Networks 3 (1990), as the batch code of Villacampa-Calvo & Hernández-Lobato, ICML 2017, moves
+    its hyperparameters and inducing inputs): Δ_j = η_j g_j, where η_j starts at ``rate`` and,
+    from the second step on, is multiplied by ``up`` (at most ``max_rate``) when g_j has the sign
+    of the previous step's and by ``down`` when it has not; ``lr`` scales every step.  Unlike
+    Adadelta's, the steps scale with the gradient, a sum over the rows in batch."""
+
+    def __init__(self, size, lr=1.0, rate=1e-2, up=1.02, down=0.5, max_rate=1.0):
+        self.lr, self.up, self.down, self.max_rate = lr, up, down, max_rate
+        self.rates = np.full(size, rate)
+        self.signs = None
+
+    def step(self, grad):
+        signs = np.sign(grad)
+        if self.signs is not None:
+            self.rates = np.where(signs == self.signs, np.minimum(self.up * self.rates,
+                                                                  self.max_rate),
+                                  self.down * self.rates)
+        self.signs = signs
+        return self.lr * self.rates * grad
+
+
+#: the parameter steps a SparseState can take (its ``step_rule``)
+STEP_RULES = {"adadelta": Adadelta, "adaptive": AdaptiveRates}
+
+
 class SparseState:
     """What the step loop keeps of a fit between steps, whatever the model: the counters, the
     optimiser over the packed parameters, and the step's side tasks.
 
     A model's state sets its own q, sites and parameters, then calls this ``__init__`` with the
-    number of parameters Adadelta moves, and gives the loop:
+    number of parameters the optimiser moves (``step_rule``: a key of STEP_RULES, Adadelta by
+    default), and gives the loop:
 
     * ``_params()`` / ``_set_params(p)``: the packed parameters, and the move to p (q carried over
       in u-space, SEP §2.3), raising when a factor or q has none;
@@ -87,10 +115,10 @@ class SparseState:
       u_space)``, log Z's gradient in ``_params()``' order, data terms scaled by ``scale``.
     """
 
-    def __init__(self, n, n_params, lr):
+    def __init__(self, n, n_params, lr, step_rule="adadelta"):
         self.n = n
         self.n_params = n_params
-        self.optimizer = Adadelta(n_params, lr=lr)
+        self.optimizer = STEP_RULES[step_rule](n_params, lr=lr)
         self.V = None               # the sites' u-space directions (minibatch training)
         self.n_sited = 0            # rows whose sites q holds
         self.log_z = np.nan
@@ -123,8 +151,8 @@ class SparseState:
             task.result()
 
     def gradient_step(self, grad):
-        """One Adadelta ascent step on the packed parameters; reverted with the rate halved if the
-        gradient is not finite or the new point has no factor."""
+        """One ascent step of the optimiser on the packed parameters; reverted with the rate
+        halved if the gradient is not finite or the new point has no factor."""
         if not self.learns:
             return True
         if not np.isfinite(grad).all():

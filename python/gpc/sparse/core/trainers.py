@@ -148,13 +148,28 @@ class StepTrainer(Trainer):
         with self.threads():
             for _ in range(epochs):
                 record(sum(self.epoch(rows, k, state, tick) for k, state in enumerate(self.states)))
+                self.end_epoch()
 
     @abstractmethod
     def epoch(self, rows, k, state, tick):
         """One epoch of problem k; returns its objective."""
 
+    def end_epoch(self):
+        """After every epoch of all problems."""
 
-class SEPBatch(StepTrainer):
+
+class _Damped:
+    """A SEP trainer's ``damping``, multiplied by ``damping_decay`` after every epoch: 1 keeps it
+    constant; the batch code of Villacampa-Calvo & Hernández-Lobato (ICML 2017) anneals it by
+    0.99 a pass.  The estimators set it after construction."""
+
+    damping_decay = 1.0
+
+    def end_epoch(self):
+        self.damping *= self.damping_decay
+
+
+class SEPBatch(_Damped, StepTrainer):
     """Batch SEP: every site refined from the same q, then one inner step (SEP §2.3); at fixed
     parameters the passes are Anderson-accelerated (gpc.sparse.core.steps.SiteAnderson).
 
@@ -173,6 +188,7 @@ class SEPBatch(StepTrainer):
         with self.threads():
             for _ in range(epochs):
                 record(sum(self.epoch(rows, k, state, tick) for k, state in enumerate(self.states)))
+                self.end_epoch()
                 if self.tol is not None and all(s.mismatch < self.tol for s in self.states):
                     return
 
@@ -224,7 +240,7 @@ class _Minibatches(StepTrainer):
         """One minibatch step; returns its estimate of the objective over all n rows."""
 
 
-class SEPMinibatch(_Minibatches):
+class SEPMinibatch(_Damped, _Minibatches):
     """Minibatch SEP (SEP eq. (6)): each site kept with its direction, swapped in q along it."""
 
     def __init__(self, states, likelihood, rng, batch_size, damping, n_jobs=1):
@@ -240,7 +256,7 @@ class SEPMinibatch(_Minibatches):
         return self.iterate(state, rows.batch_rows(k, state, self.likelihood, batch), self.damping)
 
 
-class SEPTied(_Minibatches):
+class SEPTied(_Damped, _Minibatches):
     """Stochastic EP: one shared average site, refreshed by every block of rows."""
 
     streams = True
