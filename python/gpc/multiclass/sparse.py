@@ -807,9 +807,9 @@ def local_ep(block, y, cavities, model, prior_log_odds, tasks=SERIAL, moments=Fa
 
 
 def tied_block(block, y, cavities, qs, model, state, gradient, tasks=SERIAL):
-    """A block's points under tied sites: their local EPs against ``cavities``, per class the sums
-    (Σ τ a aᵀ, Σ η a) of their row sites, and (with ``qs``, the current q) the block's
-    :class:`EvidenceParts` of the tied evidence (derivation §7):
+    """A block's points under tied sites: their local EPs against ``cavities``, then without
+    ``qs`` (sums, None), per class the sums (Σ τ a aᵀ, Σ η a) of their row sites, and with ``qs``
+    (the current q) (None, the block's :class:`EvidenceParts` of the tied evidence, derivation §7):
 
         ℓᵢ = log Z_loc,i + Σ_k (G_k(cavity) − G_k(q)),   G(P, h) = ½ hᵀP⁻¹h − ½ log|P|,
 
@@ -822,9 +822,8 @@ def tied_block(block, y, cavities, qs, model, state, gradient, tasks=SERIAL):
     loc = local_ep(block, y, cavities, model, state.prior_log_odds if model.robust else 0.0,
                    tasks, moments=gradient)
     C = len(cavities)
-    sums = whitened_class_sums(block, loc["site_tau"], loc["site_eta"])
     if qs is None:
-        return sums, None
+        return whitened_class_sums(block, loc["site_tau"], loc["site_eta"]), None
     b = len(y)
     excess_g = sum(c.log_normaliser_ratio() - q.log_normaliser_ratio()
                    for c, q in zip(cavities, qs))
@@ -832,7 +831,7 @@ def tied_block(block, y, cavities, qs, model, state, gradient, tasks=SERIAL):
     rho = state.rho if model.noise == "fixed" else 0.0
     excess = float(np.sum(loc["p_outlier"] - rho)) if model.noise == "fixed" else 0.0
     if not gradient:
-        return sums, EvidenceParts(log_terms, None, excess, loc["n_bad"])
+        return None, EvidenceParts(log_terms, None, excess, loc["n_bad"])
 
     def grad(k):
         cav, q, f, A = cavities[k], qs[k], state.factors[k], block.A[k]
@@ -860,7 +859,7 @@ def tied_block(block, y, cavities, qs, model, state, gradient, tasks=SERIAL):
         g_theta, g_Z = f.block_gradient(block.Xb, G, d_s, block.Kbu[k], overwrite=True)
         return g_theta, g_Z, AtG
 
-    return sums, EvidenceParts(log_terms, tasks.map(grad, range(C)), excess, loc["n_bad"])
+    return None, EvidenceParts(log_terms, tasks.map(grad, range(C)), excess, loc["n_bad"])
 
 
 # -- the rows the trainers train on ----------------------------------------------------------------
