@@ -637,8 +637,12 @@ class Kernel:
         """The length of θ, from the attributes as they are (no validation)."""
         if type(self).theta is not Kernel.theta:
             return self.n_dims
-        return sum(int(np.size(getattr(self, h))) for h in self._hyper
-                   if not isinstance(getattr(self, h + "_bounds"), str))
+        n = 0
+        for h in self._hyper:
+            if not isinstance(getattr(self, h + "_bounds"), str):
+                value = getattr(self, h)
+                n += value.size if type(value) is np.ndarray else int(np.size(value))
+        return n
 
     def _with_theta(self, theta):
         """``clone_with_theta(theta)`` for a θ that comes from this kernel's own (moved by an
