@@ -846,9 +846,18 @@ def tied_block(block, y, cavities, qs, model, state, gradient, tasks=SERIAL):
         _lapack.mirror_lower(avg)
         w = np.zeros(f.m)
         _lapack.add_transpose_dot(U, delta, w)
-        second_c = cav.cov + np.outer(cav.mean, cav.mean)
-        second_q = q.cov + np.outer(q.mean, q.mean)
-        avg += np.outer(cav.mean, w) + np.outer(w, cav.mean) + b * (second_c - second_q)
+        # b (E_c[wwᵀ] − E_q[wwᵀ]) + μ_c wᵀ + w μ_cᵀ, in place (cov is a new array per read)
+        outer = np.empty((f.m, f.m))
+        second_c = cav.cov
+        second_c += np.multiply(cav.mean[:, None], cav.mean[None, :], out=outer)
+        second_q = q.cov
+        second_q += np.multiply(q.mean[:, None], q.mean[None, :], out=outer)
+        second_c -= second_q
+        second_c *= b
+        cross = np.multiply(cav.mean[:, None], w[None, :], out=second_q)
+        cross += np.multiply(w[:, None], cav.mean[None, :], out=outer)
+        cross += second_c
+        avg += cross
         avg *= 0.5
         # the rows' cavity-held terms (binary "cavity" form with d1 = d_m, e = 2 d_v, g_s = d_s)
         G = np.array(U)
