@@ -641,7 +641,8 @@ class Kernel:
         for h in self._hyper:
             if not isinstance(getattr(self, h + "_bounds"), str):
                 value = getattr(self, h)
-                n += value.size if type(value) is np.ndarray else int(np.size(value))
+                n += (value.size if type(value) is np.ndarray else 1 if type(value) is float
+                      else int(np.size(value)))
         return n
 
     def _with_theta(self, theta):
@@ -657,12 +658,15 @@ class Kernel:
             if isinstance(getattr(self, h + "_bounds"), str):       # "fixed"
                 continue
             value = getattr(self, h)
-            array = type(value) is np.ndarray
-            size = value.size if array else int(np.size(value))
+            if type(value) is float:
+                size, ndim = 1, 0
+            elif type(value) is np.ndarray:
+                size, ndim = value.size, value.ndim
+            else:
+                size, ndim = int(np.size(value)), np.ndim(value)
             part = values[i:i + size]
             i += size
-            setattr(new, h, float(part[0]) if (value.ndim if array else np.ndim(value)) == 0
-                    else part.copy())
+            setattr(new, h, float(part[0]) if ndim == 0 else part.copy())
         new.__dict__.pop("_hyper_cache", None)
         if values.size and 0.0 < values.min() and values.max() < math.inf:
             # the same bounds, and values that pass the checks: the entries without them
