@@ -369,3 +369,32 @@ def add_transpose_dot(const double[:, ::1] A, const double[::1] v, double[::1] o
     if A.shape[0] > 0:
         with nogil:
             gemv_rows(&A[0, 0], &v[0], &out[0], <int> A.shape[0], <int> A.shape[1], True, 1.0)
+
+
+def natural_factor(double[:, ::1] R, const double[::1] h, double[::1] diag, double[::1] work,
+                   double[::1] mean):
+    """A Gaussian's moments from its natural parameters (P, h) in one call: R (P on entry, m x m)
+    := R⁻¹ with P = R Rᵀ (R lower, dpotrf; its strict upper triangle zeroed, then dtrtri), ``diag``
+    := diag R (before the inverse: log|P| = 2 Σ log Rᵢᵢ) and ``mean`` := P⁻¹h = R⁻ᵀ(R⁻¹h) (two
+    dgemv, ``work`` holding R⁻¹h).  The calls are those of cholesky_in_place,
+    lower_inverse_in_place, rows_dot and add_transpose_dot in turn.  Returns dpotrf's info; when
+    it is not 0 only R has been written."""
+    check_square(R.shape[0], R.shape[1], "R")
+    cdef Py_ssize_t i, m = R.shape[0]
+    if h.shape[0] != m or diag.shape[0] != m or work.shape[0] != m or mean.shape[0] != m:
+        raise ValueError(f"h, diag, work and mean must have {m} entries")
+    cdef int n = <int> m, info = 0
+    cdef char uplo = b'U'
+    if m == 0:
+        return 0
+    with nogil:
+        dpotrf(&uplo, &n, &R[0, 0], &n, &info)
+        if info == 0:
+            _zero_upper(&R[0, 0], n)
+            for i in range(m):
+                diag[i] = R[i, i]
+            upper_inverse(&R[0, 0], n, n)       # L has a positive diagonal: never singular
+            gemv_rows(&R[0, 0], &h[0], &work[0], n, n, False, 0.0)
+            memset(&mean[0], 0, m * sizeof(double))
+            gemv_rows(&R[0, 0], &work[0], &mean[0], n, n, True, 1.0)
+    return info

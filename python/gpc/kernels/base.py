@@ -130,6 +130,30 @@ def _snapshot(value):
     return None
 
 
+#: kernel classes whose shallow copy is a new instance with the same __dict__ (no __copy__,
+#: __reduce__, __getstate__ or __setstate__ of their own, no __slots__)
+_PLAIN_COPY = {}
+
+
+def _shallow_copy(obj):
+    """``copy.copy(obj)`` for a kernel: for a class that copies as a plain object (checked once
+    per class), its instance made with ``__new__`` and given a copy of ``obj.__dict__``, which is
+    what ``copy.copy`` does for it, without the copy protocol's lookups."""
+    cls = type(obj)
+    plain = _PLAIN_COPY.get(cls)
+    if plain is None:
+        plain = (cls.__reduce_ex__ is object.__reduce_ex__ and cls.__reduce__ is object.__reduce__
+                 and getattr(cls, "__getstate__", object.__getstate__) is object.__getstate__
+                 and not hasattr(cls, "__copy__") and not hasattr(cls, "__setstate__")
+                 and not any("__slots__" in vars(c) for c in cls.__mro__))
+        _PLAIN_COPY[cls] = plain
+    if not plain:
+        return copy.copy(obj)
+    new = cls.__new__(cls)
+    new.__dict__.update(obj.__dict__)
+    return new
+
+
 def _read_only(arr):
     """A read-only view of ``arr`` (None stays None): entries kept between reads must not be
     written by their readers."""
@@ -293,32 +317,47 @@ class Kernel:
         came from (:func:`_snapshot`: the value itself, or an array's bytes) and made again when
         any attribute differs from its snapshot, however it was changed (``set_params``, plain
         assignment, an in-place write to an array).  A fit reads θ and its bounds many times
-        per step between changes."""
-        key = self._hyper_key()
+        per step between changes.  An attribute that is still the very object the snapshot was
+        taken of, and not an array, is unchanged without a new snapshot (the values that
+        :func:`_snapshot` keeps by value cannot change in place)."""
         cached = self.__dict__.get("_hyper_cache")
-        if key is not None and cached is not None and cached[0] == key:
+        if cached is not None and self._hyper_unchanged(*cached[0]):
             return cached[1]
+        state = self._hyper_key()
         out = []
         for h in self._hyper:
             vals = _check_positive_values(getattr(self, h), h)
             out.append((h, _read_only(vals),
                         _read_only(_check_bounds(getattr(self, h + "_bounds"), h + "_bounds",
                                                  vals.size))))
-        if key is not None:
-            self.__dict__["_hyper_cache"] = (key, out)
+        if state is not None:
+            self.__dict__["_hyper_cache"] = (state, out)
         return out
 
     def _hyper_key(self):
-        """The snapshots of every hyperparameter and its bounds (:func:`_snapshot`), or None when
-        one cannot be taken cheaply (then nothing is kept)."""
-        key = []
+        """(the snapshots of every hyperparameter and its bounds (:func:`_snapshot`), the
+        attribute objects they were taken of), or None when one cannot be taken cheaply (then
+        nothing is kept)."""
+        key, objects = [], []
         for h in self._hyper:
             for value in (getattr(self, h), getattr(self, h + "_bounds")):
                 snap = _snapshot(value)
                 if snap is None:
                     return None
                 key.append(snap)
-        return tuple(key)
+                objects.append(value)
+        return tuple(key), tuple(objects)
+
+    def _hyper_unchanged(self, key, objects):
+        """Whether every hyperparameter and its bounds still match ``key`` (:meth:`_hyper_key`)."""
+        i = 0
+        for h in self._hyper:
+            for value in (getattr(self, h), getattr(self, h + "_bounds")):
+                if (value is not objects[i] or type(value) is np.ndarray) and \
+                        _snapshot(value) != key[i]:
+                    return False
+                i += 1
+        return True
 
     @property
     def theta(self):
@@ -598,8 +637,13 @@ class Kernel:
         """The length of θ, from the attributes as they are (no validation)."""
         if type(self).theta is not Kernel.theta:
             return self.n_dims
-        return sum(int(np.size(getattr(self, h))) for h in self._hyper
-                   if not isinstance(getattr(self, h + "_bounds"), str))
+        n = 0
+        for h in self._hyper:
+            if not isinstance(getattr(self, h + "_bounds"), str):
+                value = getattr(self, h)
+                n += (value.size if type(value) is np.ndarray else 1 if type(value) is float
+                      else int(np.size(value)))
+        return n
 
     def _with_theta(self, theta):
         """``clone_with_theta(theta)`` for a θ that comes from this kernel's own (moved by an
@@ -607,24 +651,30 @@ class Kernel:
         a full clone, which a θ step after every minibatch would pay each time."""
         if type(self).theta is not Kernel.theta or type(self).clone_with_theta is not Kernel.clone_with_theta:
             return self.clone_with_theta(theta)
-        new = copy.copy(self)
+        new = _shallow_copy(self)
         values = np.exp(np.asarray(theta, dtype=np.float64))
         i = 0
         for h in self._hyper:
             if isinstance(getattr(self, h + "_bounds"), str):       # "fixed"
                 continue
-            size = int(np.size(getattr(self, h)))
+            value = getattr(self, h)
+            if type(value) is float:
+                size, ndim = 1, 0
+            elif type(value) is np.ndarray:
+                size, ndim = value.size, value.ndim
+            else:
+                size, ndim = int(np.size(value)), np.ndim(value)
             part = values[i:i + size]
             i += size
-            setattr(new, h, float(part[0]) if np.ndim(getattr(self, h)) == 0 else part.copy())
+            setattr(new, h, float(part[0]) if ndim == 0 else part.copy())
         new.__dict__.pop("_hyper_cache", None)
         if values.size and 0.0 < values.min() and values.max() < math.inf:
             # the same bounds, and values that pass the checks: the entries without them
-            old, key = self._hyper_entries(), new._hyper_key()
-            if key is not None:
+            old, state = self._hyper_entries(), new._hyper_key()
+            if state is not None:
                 entries = [(h, _read_only(np.array(getattr(new, h), dtype=np.float64).reshape(-1))
                             if b is not None else vals, b) for h, vals, b in old]
-                new.__dict__["_hyper_cache"] = (key, entries)
+                new.__dict__["_hyper_cache"] = (state, entries)
         return new
 
     # -- algebra, comparison, display --------------------------------------------------------

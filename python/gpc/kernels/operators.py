@@ -1,10 +1,9 @@
 """Kernels made of kernels: sums, products and powers (scikit-learn's Exponentiation)."""
 
-import copy
 
 import numpy as np
 
-from .base import Kernel, _is_kernel_like
+from .base import Kernel, _is_kernel_like, _shallow_copy
 from .simple import WhiteKernel
 from .sklearn import as_kernel
 
@@ -63,7 +62,7 @@ class _Binary(Kernel):
         return self._a._gram_is_cross() and self._b._gram_is_cross()
 
     def _with_theta(self, theta):
-        new = copy.copy(self)
+        new = _shallow_copy(self)
         p = self._a._n_free()
         new.k1, new.k2 = _part_with_theta(self.k1, theta[:p]), _part_with_theta(self.k2, theta[p:])
         return new

@@ -8,7 +8,7 @@ from scipy.linalg.blas import dgemm as _dgemm
 from .. import _kernels
 from .._parallel import over_rows
 from . import matrices
-from .base import BoundKernel, Kernel, _check_positive_values
+from .base import BoundKernel, Kernel
 from .matrices import _gram, _gram_lower, _sqdist, _sum_parts
 
 
@@ -32,7 +32,8 @@ class _Stationary(Kernel):
         return True
 
     def _length_scales(self, n_features):
-        ls = _check_positive_values(self.length_scale, "length_scale")
+        # the validated values (read-only), kept between changes of the attributes
+        ls = self._hyper_entries()[0][1]
         if ls.size != 1 and ls.size != n_features:
             raise ValueError(f"length_scale has {ls.size} entries (ARD) but X has "
                              f"{n_features} features")

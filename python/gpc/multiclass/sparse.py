@@ -808,9 +808,9 @@ def local_ep(block, y, cavities, model, prior_log_odds, tasks=SERIAL, moments=Fa
 
 
 def tied_block(block, y, cavities, qs, model, state, gradient, tasks=SERIAL):
-    """A block's points under tied sites: their local EPs against ``cavities``, per class the sums
-    (Σ τ a aᵀ, Σ η a) of their row sites, and (with ``qs``, the current q) the block's
-    :class:`EvidenceParts` of the tied evidence (derivation §7):
+    """A block's points under tied sites: their local EPs against ``cavities``, then without
+    ``qs`` (sums, None), per class the sums (Σ τ a aᵀ, Σ η a) of their row sites, and with ``qs``
+    (the current q) (None, the block's :class:`EvidenceParts` of the tied evidence, derivation §7):
 
         ℓᵢ = log Z_loc,i + Σ_k (G_k(cavity) − G_k(q)),   G(P, h) = ½ hᵀP⁻¹h − ½ log|P|,
 
@@ -823,9 +823,8 @@ def tied_block(block, y, cavities, qs, model, state, gradient, tasks=SERIAL):
     loc = local_ep(block, y, cavities, model, state.prior_log_odds if model.robust else 0.0,
                    tasks, moments=gradient)
     C = len(cavities)
-    sums = whitened_class_sums(block, loc["site_tau"], loc["site_eta"])
     if qs is None:
-        return sums, None
+        return whitened_class_sums(block, loc["site_tau"], loc["site_eta"]), None
     b = len(y)
     excess_g = sum(c.log_normaliser_ratio() - q.log_normaliser_ratio()
                    for c, q in zip(cavities, qs))
@@ -833,7 +832,7 @@ def tied_block(block, y, cavities, qs, model, state, gradient, tasks=SERIAL):
     rho = state.rho if model.noise == "fixed" else 0.0
     excess = float(np.sum(loc["p_outlier"] - rho)) if model.noise == "fixed" else 0.0
     if not gradient:
-        return sums, EvidenceParts(log_terms, None, excess, loc["n_bad"])
+        return None, EvidenceParts(log_terms, None, excess, loc["n_bad"])
 
     def grad(k):
         cav, q, f, A = cavities[k], qs[k], state.factors[k], block.A[k]
@@ -848,9 +847,18 @@ def tied_block(block, y, cavities, qs, model, state, gradient, tasks=SERIAL):
         _lapack.mirror_lower(avg)
         w = np.zeros(f.m)
         _lapack.add_transpose_dot(U, delta, w)
-        second_c = cav.cov + np.outer(cav.mean, cav.mean)
-        second_q = q.cov + np.outer(q.mean, q.mean)
-        avg += np.outer(cav.mean, w) + np.outer(w, cav.mean) + b * (second_c - second_q)
+        # b (E_c[wwᵀ] − E_q[wwᵀ]) + μ_c wᵀ + w μ_cᵀ, in place (cov is a new array per read)
+        outer = np.empty((f.m, f.m))
+        second_c = cav.cov
+        second_c += np.multiply(cav.mean[:, None], cav.mean[None, :], out=outer)
+        second_q = q.cov
+        second_q += np.multiply(q.mean[:, None], q.mean[None, :], out=outer)
+        second_c -= second_q
+        second_c *= b
+        cross = np.multiply(cav.mean[:, None], w[None, :], out=second_q)
+        cross += np.multiply(w[:, None], cav.mean[None, :], out=outer)
+        cross += second_c
+        avg += cross
         avg *= 0.5
         # the rows' cavity-held terms (binary "cavity" form with d1 = d_m, e = 2 d_v, g_s = d_s)
         G = np.array(U)
@@ -861,7 +869,7 @@ def tied_block(block, y, cavities, qs, model, state, gradient, tasks=SERIAL):
         g_theta, g_Z = f.block_gradient(block.Xb, G, d_s, block.Kbu[k], overwrite=True)
         return g_theta, g_Z, AtG
 
-    return sums, EvidenceParts(log_terms, tasks.map(grad, range(C)), excess, loc["n_bad"])
+    return None, EvidenceParts(log_terms, tasks.map(grad, range(C)), excess, loc["n_bad"])
 
 
 # -- the rows the trainers train on ----------------------------------------------------------------

@@ -84,14 +84,13 @@ class NaturalPosterior:
 
     def __init__(self, P, h):
         Ri = np.array(P, dtype=np.float64, order="C")
-        if _lapack.cholesky_in_place(Ri) != 0:
+        m = len(Ri)
+        diag, mean = np.empty(m), np.empty(m)
+        # R := R⁻¹ and P⁻¹ h = R⁻ᵀ R⁻¹ h in one nogil call
+        if _lapack.natural_factor(Ri, as_vector(h), diag, np.empty(m), mean) != 0:
             raise NotPositiveDefiniteError("q(u)'s precision I + Σ τ_i a_i a_iᵀ is not positive "
                                            "definite")
-        self.logdet = 2.0 * float(np.sum(np.log(np.diag(Ri))))
-        _lapack.lower_inverse_in_place(Ri)                         # R := R⁻¹
-        v, mean = np.empty(len(Ri)), np.zeros(len(Ri))
-        _lapack.rows_dot(Ri, as_vector(h), v)
-        _lapack.add_transpose_dot(Ri, v, mean)                     # P⁻¹ h = R⁻ᵀ R⁻¹ h
+        self.logdet = 2.0 * float(np.sum(np.log(diag)))
         # a non-finite P or h leaves its trace in the factor's diagonal or in the mean
         if not (np.isfinite(self.logdet) and np.isfinite(mean).all()):
             raise NotPositiveDefiniteError("the site sums are not finite")
