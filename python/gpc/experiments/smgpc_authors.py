@@ -31,6 +31,9 @@ The set-up is the authors' satellite scripts' (``experiments/satellite/*_batch``
   ``model="standard"``: no label noise); VI adds the authors' fixed ε = 10⁻³, which puts
   (1 − ε) + ε/C on the argmax class and ε/C on each other class: gpc's ``label_noise`` is the
   total mass on the wrong classes, ε (C − 1)/C, held fixed.
+* VI's q is whitened in gpc (q(w_k), u_k = L_K w_k) and in u-space in theirs (mean and Cholesky
+  factor of q(u_k)'s covariance): the same bound and start, but another gradient in the
+  hyperparameters, so L-BFGS-B ends at other optima (docs/reproduction-smgpc.md, smgpc-authors).
 
 GFITC is the authors' EP on the same FITC model with the hyperparameters fitted by L-BFGS-B
 around an EP run to convergence (Hernández-Lobato & Hernández-Lobato 2016, §4): the same model and
