@@ -132,7 +132,7 @@ def _snapshot(value):
 
 #: kernel classes whose shallow copy is a new instance with the same __dict__ (no __copy__,
 #: __reduce__, __getstate__ or __setstate__ of their own, no __slots__)
-_PLAIN_COPY = {}
+_PLAIN_COPY: dict[type, bool] = {}
 
 
 def _shallow_copy(obj):
