@@ -33,7 +33,7 @@ class _Stationary(Kernel):
 
     def _length_scales(self, n_features):
         # the validated values (read-only), kept between changes of the attributes
-        ls = self._hyper_entries()[0][1]
+        ls = next(vals for h, vals, _ in self._hyper_entries() if h == "length_scale")
         if ls.size != 1 and ls.size != n_features:
             raise ValueError(f"length_scale has {ls.size} entries (ARD) but X has "
                              f"{n_features} features")

@@ -741,14 +741,13 @@ class LocalClassRows(Rows):
         """Each point's sites fitted by its local EP against the tied ``cavities``: per class the
         sums (Σ τ a aᵀ, Σ η a) of the points' row sites."""
         self._tied = True
-        return tied_block(self._whitened(), self.y, cavities, None, self.model, self.state,
-                          False, self.tasks)[0]
+        return tied_sums(self._whitened(), self.y, cavities, self.model, self.state, self.tasks)
 
     def tied_parts(self, cavities, gradient):
         """:class:`EvidenceParts` of the tied evidence over these rows (derivation §7) at the
         state's q and its ``cavities``, and Σ of the points' cavity normalisers' excess."""
-        return tied_block(self._whitened(), self.y, cavities, self.state.qs, self.model,
-                          self.state, gradient, self.tasks)[1]
+        return tied_evidence(self._whitened(), self.y, cavities, self.state.qs, self.model,
+                             self.state, gradient, self.tasks)
 
 
 def evidence_and_gradient(state, parts, scale, held):
@@ -807,10 +806,22 @@ def local_ep(block, y, cavities, model, prior_log_odds, tasks=SERIAL, moments=Fa
     return out
 
 
-def tied_block(block, y, cavities, qs, model, state, gradient, tasks=SERIAL):
-    """A block's points under tied sites: their local EPs against ``cavities``, then without
-    ``qs`` (sums, None), per class the sums (Σ τ a aᵀ, Σ η a) of their row sites, and with ``qs``
-    (the current q) (None, the block's :class:`EvidenceParts` of the tied evidence, derivation §7):
+def _tied_local_ep(block, y, cavities, model, state, tasks, moments=False):
+    """The block's points' local EPs against the tied ``cavities`` (:func:`local_ep`)."""
+    return local_ep(block, y, cavities, model, state.prior_log_odds if model.robust else 0.0,
+                    tasks, moments=moments)
+
+
+def tied_sums(block, y, cavities, model, state, tasks=SERIAL):
+    """A block's points under tied sites: their local EPs against ``cavities``, and per class the
+    sums (Σ τ a aᵀ, Σ η a) of their row sites."""
+    loc = _tied_local_ep(block, y, cavities, model, state, tasks)
+    return whitened_class_sums(block, loc["site_tau"], loc["site_eta"])
+
+
+def tied_evidence(block, y, cavities, qs, model, state, gradient, tasks=SERIAL):
+    """A block's :class:`EvidenceParts` of the tied evidence (derivation §7) at the current q,
+    ``qs``, from its points' local EPs against ``cavities``:
 
         ℓᵢ = log Z_loc,i + Σ_k (G_k(cavity) − G_k(q)),   G(P, h) = ½ hᵀP⁻¹h − ½ log|P|,
 
@@ -820,11 +831,8 @@ def tied_block(block, y, cavities, qs, model, state, gradient, tasks=SERIAL):
     which is not zero for n > 1 (q is their natural-parameter average, not their moment average).
     By Sherman–Morrison along u = Σ_c a,
     E_i[wwᵀ] = Σ_c + μ_cμ_cᵀ + δ(μ_c uᵀ + u μ_cᵀ) + (δ² − κ) u uᵀ with κ = τ/(1 + τ v_c), δ = (η − τ m_c)/(1 + τ v_c)."""
-    loc = local_ep(block, y, cavities, model, state.prior_log_odds if model.robust else 0.0,
-                   tasks, moments=gradient)
+    loc = _tied_local_ep(block, y, cavities, model, state, tasks, moments=gradient)
     C = len(cavities)
-    if qs is None:
-        return whitened_class_sums(block, loc["site_tau"], loc["site_eta"]), None
     b = len(y)
     excess_g = sum(c.log_normaliser_ratio() - q.log_normaliser_ratio()
                    for c, q in zip(cavities, qs))
@@ -832,7 +840,7 @@ def tied_block(block, y, cavities, qs, model, state, gradient, tasks=SERIAL):
     rho = state.rho if model.noise == "fixed" else 0.0
     excess = float(np.sum(loc["p_outlier"] - rho)) if model.noise == "fixed" else 0.0
     if not gradient:
-        return None, EvidenceParts(log_terms, None, excess, loc["n_bad"])
+        return EvidenceParts(log_terms, None, excess, loc["n_bad"])
 
     def grad(k):
         cav, q, f, A = cavities[k], qs[k], state.factors[k], block.A[k]
@@ -869,7 +877,7 @@ def tied_block(block, y, cavities, qs, model, state, gradient, tasks=SERIAL):
         g_theta, g_Z = f.block_gradient(block.Xb, G, d_s, block.Kbu[k], overwrite=True)
         return g_theta, g_Z, AtG
 
-    return None, EvidenceParts(log_terms, tasks.map(grad, range(C)), excess, loc["n_bad"])
+    return EvidenceParts(log_terms, tasks.map(grad, range(C)), excess, loc["n_bad"])
 
 
 # -- the rows the trainers train on ----------------------------------------------------------------
