@@ -719,8 +719,9 @@ class BoundKernel:
     This generic form forwards to the kernel's own methods (``_cross``, ``_diag``,
     ``_cross_gradient``, ``_gram_gradient``), whose Python holds the GIL, except that for k +
     white noise where k has a compiled bound (:meth:`Kernel._noise_split`) it takes k's blocks
-    from that bound, bound once, and adds the noise on the diagonal: the same operations in the
-    same order as the kernel's methods, without their dispatch; kernels with a compiled
+    and their contractions from that bound, bound once, and adds the noise on the diagonal: the
+    same operations in the same order as the kernel's methods, without their dispatch; kernels
+    with a compiled
     path (:class:`gpc.kernels.RBF`, alone or times a constant) return their own subclass from
     :meth:`Kernel._bound_to`, which prepares what depends on Z and θ once and runs each chunk in
     one call without the GIL (``nogil``).
