@@ -95,7 +95,7 @@ class NaturalPosterior:
         if not (np.isfinite(self.logdet) and np.isfinite(mean).all()):
             raise NotPositiveDefiniteError("the site sums are not finite")
         self.P, self.h, self.Ri, self.mean = P, h, Ri, mean
-        self._cov = self._to_u = None
+        self._cov = self._to_u = self._sigma = None
 
     def solve_rows(self, A, out=None):
         """B = A R⁻ᵀ (b x m): rows R⁻¹ a_i, so that |B[i]|² = a_iᵀ P⁻¹ a_i (``out``: scratch for
@@ -132,9 +132,13 @@ class NaturalPosterior:
         return calls, (mean, var, B)
     @property
     def cov(self):
-        """Σ_w = P⁻¹ = R⁻ᵀ R⁻¹ (formed on demand, a new array: the prior term of the gradient;
-        the one :meth:`prefetch_cov` started, if any, goes to the first reader)."""
-        return self._take_gram(None)
+        """Σ_w = P⁻¹ = R⁻ᵀ R⁻¹ (read-only, formed on the first read and kept: the prior term of
+        the gradient and the tied evidence both read it; the one :meth:`prefetch_cov` started,
+        if any, is it)."""
+        if self._sigma is None:
+            self._sigma = self._take_gram(None)
+            self._sigma.flags.writeable = False
+        return self._sigma
 
     def cov_u(self, Li):
         """Σ_w seen in u-space, L⁻ᵀ Σ_w L⁻¹ = (R⁻¹L⁻¹)ᵀ(R⁻¹L⁻¹) for the factor's L⁻¹ ``Li`` (a
@@ -315,8 +319,7 @@ def rows_gradient(A, q, G_A, mean, tau, nu, g_s, d1, e, held):
 def prior_term(q):
     """The prior term of SEP eq. (4), (η - η_prior)ᵀ ∂θ_prior/∂ξ, as a w-space K_uu derivative:
     ∂/∂K_uu = L⁻ᵀ G L⁻¹ with G = ½(Σ_w + μ_w μ_wᵀ - I), the u-space ½ K⁻¹(E_q[uuᵀ] - K)K⁻¹."""
-    G = q.cov
-    G += np.outer(q.mean, q.mean)
+    G = q.cov + np.outer(q.mean, q.mean)
     G.flat[:: len(G) + 1] -= 1.0
     G *= 0.5
     return G
