@@ -344,10 +344,15 @@ def evidence_pass(X, y, sites, factors, qs, model, ab, rho, block_rows, gradient
         part = block_evidence(rb, block_sites(sites, y[start:stop], slice(start, stop)), factors, qs,
                               model, ab, rho, gradient, held, tasks, q_sites)
         total = part if total is None else total + part
-    if q_sites:
-        total.classes = [(g_theta, g_Z, AtG + sites_term(q))
-                         for (g_theta, g_Z, AtG), q in zip(total.classes, qs)]
-    return total
+    return add_q_share(total, qs) if q_sites else total
+
+
+def add_q_share(parts, qs):
+    """``parts`` of every row (:func:`block_evidence` with ``q_sites``) with q's share of each
+    class's K_uu part added (gpc.sparse.core.natural.sites_term)."""
+    parts.classes = [(g_theta, g_Z, AtG + sites_term(q))
+                     for (g_theta, g_Z, AtG), q in zip(parts.classes, qs)]
+    return parts
 
 
 # -- the state -------------------------------------------------------------------------------------
@@ -745,13 +750,16 @@ class LocalClassRows(Rows):
         st = self.state
         if self._tied:
             return self.tied_parts(st.tied_cavity(), gradient)
+        # q rebuilt from these sites by a batch step (all rows, in order or as one minibatch)
+        q_sites = st.q_of_sites and gradient and held == "sites" and self.size == st.n
         if self.rows is None:
             return evidence_pass(self.X, self.y, st.sites, st.factors, st.qs, self.model,
                                  st.beta_posterior(), st.rho, self.block_rows, gradient, held,
-                                 self.tasks, self._block, st.q_of_sites)
-        return block_evidence(self._whitened(), block_sites(st.sites, self.y, self.rows),
-                              st.factors, st.qs, self.model, st.beta_posterior(), st.rho,
-                              gradient, held, self.tasks)
+                                 self.tasks, self._block, q_sites)
+        parts = block_evidence(self._whitened(), block_sites(st.sites, self.y, self.rows),
+                               st.factors, st.qs, self.model, st.beta_posterior(), st.rho,
+                               gradient, held, self.tasks, q_sites)
+        return add_q_share(parts, st.qs) if q_sites else parts
 
     # -- tied sites --------------------------------------------------------------------------------
     def match_sites(self, cavities):
