@@ -880,11 +880,12 @@ def tied_evidence(block, y, cavities, qs, model, state, gradient, tasks=SERIAL):
         _lapack.mirror_lower(avg)
         w = np.zeros(f.m)
         _lapack.add_transpose_dot(U, delta, w)
-        # b (E_c[wwᵀ] − E_q[wwᵀ]) + μ_c wᵀ + w μ_cᵀ (cov is read-only: the second moments are
-        # new arrays, the rest in place)
+        # b (E_c[wwᵀ] − E_q[wwᵀ]) + μ_c wᵀ + w μ_cᵀ (q's Σ_w is the prior term's too, kept and
+        # read-only: the second moments are new arrays, the rest in place)
         outer = np.empty((f.m, f.m))
-        second_c = cav.cov + np.multiply(cav.mean[:, None], cav.mean[None, :], out=outer)
-        second_q = q.cov + np.multiply(q.mean[:, None], q.mean[None, :], out=outer)
+        second_c = cav.cov
+        second_c += np.multiply(cav.mean[:, None], cav.mean[None, :], out=outer)
+        second_q = q.kept_cov + np.multiply(q.mean[:, None], q.mean[None, :], out=outer)
         second_c -= second_q
         second_c *= b
         cross = np.multiply(cav.mean[:, None], w[None, :], out=second_q)

@@ -132,9 +132,14 @@ class NaturalPosterior:
         return calls, (mean, var, B)
     @property
     def cov(self):
-        """Σ_w = P⁻¹ = R⁻ᵀ R⁻¹ (read-only, formed on the first read and kept: the prior term of
-        the gradient and the tied evidence both read it; the one :meth:`prefetch_cov` started,
-        if any, is it)."""
+        """Σ_w = P⁻¹ = R⁻ᵀ R⁻¹ (formed on demand, a new array; the one :meth:`prefetch_cov`
+        started, if any, goes to the first reader)."""
+        return self._take_gram(None)
+
+    @property
+    def kept_cov(self):
+        """Σ_w as :attr:`cov` gives it, formed once and kept, read-only: for readers that do not
+        write to it (the prior term of the gradient and the tied evidence read it in one step)."""
         if self._sigma is None:
             self._sigma = self._take_gram(None)
             self._sigma.flags.writeable = False
@@ -330,7 +335,7 @@ def rows_gradient(A, q, G_A, mean, tau, nu, g_s, d1, e, held, q_sites=False):
 def sites_term(q):
     """Σ_w + μ_w μ_wᵀ - I: q's share of Σ_rows Aᵀ G_A in the form "sites" when q is the sum of
     the rows' sites (:func:`rows_gradient` with ``q_sites``; twice :func:`prior_term`)."""
-    G = q.cov + np.outer(q.mean, q.mean)
+    G = q.kept_cov + np.outer(q.mean, q.mean)
     G.flat[:: len(G) + 1] -= 1.0
     return G
 
@@ -338,7 +343,7 @@ def sites_term(q):
 def prior_term(q):
     """The prior term of SEP eq. (4), (η - η_prior)ᵀ ∂θ_prior/∂ξ, as a w-space K_uu derivative:
     ∂/∂K_uu = L⁻ᵀ G L⁻¹ with G = ½(Σ_w + μ_w μ_wᵀ - I), the u-space ½ K⁻¹(E_q[uuᵀ] - K)K⁻¹."""
-    G = q.cov + np.outer(q.mean, q.mean)
+    G = q.kept_cov + np.outer(q.mean, q.mean)
     G.flat[:: len(G) + 1] -= 1.0
     G *= 0.5
     return G
