@@ -719,8 +719,9 @@ class BoundKernel:
     This generic form forwards to the kernel's own methods (``_cross``, ``_diag``,
     ``_cross_gradient``, ``_gram_gradient``), whose Python holds the GIL, except that for k +
     white noise where k has a compiled bound (:meth:`Kernel._noise_split`) it takes k's blocks
-    from that bound, bound once, and adds the noise on the diagonal: the same operations in the
-    same order as the kernel's methods, without their dispatch; kernels with a compiled
+    and their contractions from that bound, bound once, and adds the noise on the diagonal: the
+    same operations in the same order as the kernel's methods, without their dispatch; kernels
+    with a compiled
     path (:class:`gpc.kernels.RBF`, alone or times a constant) return their own subclass from
     :meth:`Kernel._bound_to`, which prepares what depends on Z and θ once and runs each chunk in
     one call without the GIL (``nogil``).
@@ -797,12 +798,15 @@ class BoundKernel:
         """(∂F/∂θ, ∂F/∂Z or None) of F = Σ G ∘ K(Z) for a symmetric G (m x m, C-ordered float64,
         scratch) and ``K`` = :meth:`gram`'s K_uu."""
         if self._inner is not None:
-            # θ: the kernel's contraction of K(Z) (noise on its diagonal); Z: twice the second
-            # argument's part of k's cross block K(Z, Z), recomputed (:meth:`Kernel._gram_gradient`)
-            g_theta = self.kernel._contract(self.Z, G, K=K, symmetric=True)
-            _, g_Z, _ = self._inner.gradient(self.Z, np.array(G, dtype=np.float64), None, None)
+            # k's compiled contraction of its own K(Z) (K less the noise on its diagonal) gives
+            # θ and Z in one pass (Z: twice the second argument's part, G being symmetric), and
+            # the noise's ∂/∂log σ₀² = σ₀² tr G
+            g_noise = self._noise * float(np.trace(G))
+            K_inner = np.array(K, dtype=np.float64, order="C")
+            K_inner.flat[:: K_inner.shape[0] + 1] -= self._noise
+            g_inner, g_Z, _ = self._inner.gradient(self.Z, G, None, K_inner)
             g_Z *= 2.0
-            return g_theta, g_Z
+            return self._with_noise(g_inner, g_noise), g_Z
         return self.kernel._gram_gradient(self.Z, G, K)
 
     def _with_noise(self, g_inner, g_noise):

@@ -122,6 +122,23 @@ class Sum(_Binary):
         g_b, z_b, v_b = b._cross_gradient(X, Z, G, w, Kb, scale, overwrite)
         return np.concatenate([g_a, g_b]), _joined(z_a, z_b), v_a + v_b
 
+    def _gram_gradient(self, Z, G, K):
+        # k + D with D diagonal (white noise) and K_k(Z) the cross block K_k(Z, Z): one cross
+        # contraction of k against K less D gives θ_k and Z (twice the second argument's part, G
+        # being symmetric), D's own contraction its θ
+        a, b = self._a, self._b
+        if a._diagonal() == b._diagonal():
+            return super()._gram_gradient(Z, G, K)
+        noise, other = (a, b) if a._diagonal() else (b, a)
+        if not other._gram_is_cross():
+            return super()._gram_gradient(Z, G, K)
+        g_noise = noise._contract(Z, G)
+        K_other = np.array(K, dtype=np.float64, order="C")
+        K_other.flat[:: K_other.shape[0] + 1] -= noise._diag(Z)
+        g_other, g_Z, _ = other._cross_gradient(Z, Z, G, None, K_other, overwrite=True)
+        g_theta = np.concatenate([g_noise, g_other] if noise is a else [g_other, g_noise])
+        return g_theta, None if g_Z is None else 2.0 * g_Z
+
     def _noise_split(self, Z):
         # k + white noise where k has a compiled bound: (k's bound, the noise kernel, its side)
         a, b = self._a, self._b
