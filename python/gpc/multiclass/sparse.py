@@ -54,8 +54,8 @@ from .._multiclass import refine_outlier_prior
 from .._sparse_multiclass import evidence_block, local_ep_block, refine_block
 from ..exceptions import NotPositiveDefiniteError
 from ..sparse.core.inducing import InducingFactor
-from ..sparse.core.natural import (NaturalPosterior, rows_gradient, sites_term,
-                                   transform_natural, whitened_sums_blocks)
+from ..sparse.core.natural import (NaturalPosterior, rows_gradient, transform_natural,
+                                   whitened_sums_blocks)
 from ..sparse.core.passes import as_block, block_ranges, finish_evidence
 from ..sparse.core.rows import Rows
 from ..sparse.core.steps import SparseState, batch_index, site_directions, take_rows, tied_cavity
@@ -256,16 +256,12 @@ class EvidenceParts:
         return (self.log_terms, self.classes, self.outlier_excess, self.n_bad)
 
 
-def block_evidence(block, bs, factors, qs, model, ab, rho, gradient, held, tasks=SERIAL,
-                   q_sites=False):
+def block_evidence(block, bs, factors, qs, model, ab, rho, gradient, held, tasks=SERIAL):
     """One block's :class:`EvidenceParts` at q (sites along the current rows).
 
     ``held`` is the gradient's form (gpc.sparse.ep.block_evidence): "sites" (each site follows
     its row, a batch pass) or "cavity" (each site's cavity held in u-space, SEP eq. (4): the
-    minibatches).  ``ab`` is Q's Beta (a, b) (``noise="beta"``), ``rho`` the fixed rate.
-    ``q_sites`` (form "sites"): q is the sum of every row's sites along these rows, so each
-    class's K_uu part leaves out q's share, which the caller adds once
-    (gpc.sparse.core.natural.rows_gradient, :func:`evidence_pass`)."""
+    minibatches).  ``ab`` is Q's Beta (a, b) (``noise="beta"``), ``rho`` the fixed rate."""
     C = len(qs)
     if gradient:
         means, varis, sigma_rows = class_marginals(block, qs, tasks, moments=True)
@@ -291,7 +287,7 @@ def block_evidence(block, bs, factors, qs, model, ab, rho, gradient, held, tasks
     def grad(k):
         G = sigma_rows[k]
         AtG = rows_gradient(block.A[k], qs[k], G, means[:, k].copy(), tau[:, k].copy(),
-                            eta[:, k].copy(), g_s[k], d1[k], e[k], held, q_sites)
+                            eta[:, k].copy(), g_s[k], d1[k], e[k], held)
         g_theta, g_Z = factors[k].block_gradient(block.Xb, G, g_s[k], block.Kbu[k],
                                                  overwrite=True)
         return g_theta, g_Z, AtG
@@ -330,29 +326,17 @@ def site_pass(X, y, sites, factors, qs, model, ab, damping, block_rows, tasks=SE
 
 
 def evidence_pass(X, y, sites, factors, qs, model, ab, rho, block_rows, gradient, held,
-                  tasks=SERIAL, block=None, q_sites=False):
+                  tasks=SERIAL, block=None):
     """:class:`EvidenceParts` over all rows of X, block by block, added in row order (``block``:
-    the whitened rows of a one-block X, if kept).  ``q_sites``: q_k is I + Σ τ a aᵀ, Σ ν a of
-    these sites along these rows (a kept batch pass), so the rows' K_uu part in the form "sites"
-    is q's share, added here once per class (gpc.sparse.core.natural.sites_term), and the
-    blocks' −2 Σ g_s a aᵀ (gpc.sparse.core.natural.rows_gradient)."""
-    q_sites = q_sites and gradient and held == "sites"
+    the whitened rows of a one-block X, if kept)."""
     total = None
     for start, stop in block_ranges(len(y), block_rows):
         rb = block if block is not None else RowBlock(as_block(X, start, stop), factors, tasks,
                                                       keep_cross=True)
         part = block_evidence(rb, block_sites(sites, y[start:stop], slice(start, stop)), factors, qs,
-                              model, ab, rho, gradient, held, tasks, q_sites)
+                              model, ab, rho, gradient, held, tasks)
         total = part if total is None else total + part
-    return add_q_share(total, qs) if q_sites else total
-
-
-def add_q_share(parts, qs):
-    """``parts`` of every row (:func:`block_evidence` with ``q_sites``) with q's share of each
-    class's K_uu part added (gpc.sparse.core.natural.sites_term)."""
-    parts.classes = [(g_theta, g_Z, AtG + sites_term(q))
-                     for (g_theta, g_Z, AtG), q in zip(parts.classes, qs)]
-    return parts
+    return total
 
 
 # -- the state -------------------------------------------------------------------------------------
@@ -438,7 +422,6 @@ class SparseMultiClassState(SparseState):
                 refine_outlier_prior(self.sites.lam.sum(axis=1), self.sites.alpha,
                                      self.sites.beta, self.sites.lam_i, model.a0, model.b0, 1.0)
         self.remote_beta = None     # Q's Beta while the sites are on an engine's shards
-        self.q_of_sites = False     # q_k = I + Σ τ a aᵀ, Σ ν a of the sites with these factors
         super().__init__(self.n, (sum(len(k.theta) for k in self.kernels)
                                   + (sum(Z.size for Z in self.Zs) if self.optimize_inducing else 0)
                                   + (1 if self.eps_bounds is not None else 0)), lr, step_rule)
@@ -511,7 +494,6 @@ class SparseMultiClassState(SparseState):
         qs = [NaturalPosterior(*transform_natural(q.P, q.h, old.Li, new.L))
               for q, old, new in zip(self.qs, self.factors, factors)]
         self.kernels, self.Zs, self.factors, self.qs, self.eps = kernels, Zs, factors, qs, eps
-        self.q_of_sites = False
         if self.sites is not None and self.model.noise == "fixed":
             self.sites.lam_i[:] = self.prior_log_odds
 
@@ -538,7 +520,6 @@ class SparseMultiClassState(SparseState):
         except NotPositiveDefiniteError:
             return False
         self.qs = qs
-        self.q_of_sites = False
         return True
 
     def swap(self, naturals, u_space):
@@ -564,7 +545,6 @@ class SparseMultiClassState(SparseState):
 
     def restore(self, before):
         self.sites, self.qs, self.V, self.n_sited = before
-        self.q_of_sites = False
 
     def site_vector(self):
         """Every site parameter as one vector (:meth:`gpc.multiclass.ep._Sites.vector`; the core's
@@ -577,7 +557,6 @@ class SparseMultiClassState(SparseState):
         if self.model.beta and not min(self.beta_posterior(sites)) > 0:
             return False
         self.sites = sites
-        self.q_of_sites = False
         return True
 
     def data_terms(self, parts):
@@ -595,7 +574,6 @@ class SparseMultiClassState(SparseState):
             naturals.append((P, dh))
         if self.set_qs(naturals):
             self.V = None           # sites rebuilt with the current factors: no kept directions
-            self.q_of_sites = True
             return True
         return False
 
@@ -750,16 +728,13 @@ class LocalClassRows(Rows):
         st = self.state
         if self._tied:
             return self.tied_parts(st.tied_cavity(), gradient)
-        # q rebuilt from these sites by a batch step (all rows, in order or as one minibatch)
-        q_sites = st.q_of_sites and gradient and held == "sites" and self.size == st.n
         if self.rows is None:
             return evidence_pass(self.X, self.y, st.sites, st.factors, st.qs, self.model,
                                  st.beta_posterior(), st.rho, self.block_rows, gradient, held,
-                                 self.tasks, self._block, q_sites)
-        parts = block_evidence(self._whitened(), block_sites(st.sites, self.y, self.rows),
-                               st.factors, st.qs, self.model, st.beta_posterior(), st.rho,
-                               gradient, held, self.tasks, q_sites)
-        return add_q_share(parts, st.qs) if q_sites else parts
+                                 self.tasks, self._block)
+        return block_evidence(self._whitened(), block_sites(st.sites, self.y, self.rows),
+                              st.factors, st.qs, self.model, st.beta_posterior(), st.rho,
+                              gradient, held, self.tasks)
 
     # -- tied sites --------------------------------------------------------------------------------
     def match_sites(self, cavities):

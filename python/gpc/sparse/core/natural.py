@@ -299,7 +299,7 @@ def as_vector(v):
     return np.ascontiguousarray(v, dtype=np.float64)
 
 
-def rows_gradient(A, q, G_A, mean, tau, nu, g_s, d1, e, held, q_sites=False):
+def rows_gradient(A, q, G_A, mean, tau, nu, g_s, d1, e, held):
     """The rows' parts of the evidence gradient (:func:`block_evidence`, either ``held`` form)
     from their coefficients: G_A (holding A Σ_w on entry) := ∂F/∂A for
     :meth:`InducingFactor.block_gradient`, and the returned AtG (m x m), the rows' K_uu part.
@@ -308,36 +308,17 @@ def rows_gradient(A, q, G_A, mean, tau, nu, g_s, d1, e, held, q_sites=False):
     totals τ, ν and marginal means), AtG = Aᵀ G_A.  "cavity": G_A = d1 μ_wᵀ + diag(e) A Σ_w -
     2 diag(g_s) A, AtG = -Σ_b (γ_i - g_s a_i) a_iᵀ.  A multi-class row (several sites on one row,
     gpc.multiclass.sparse) passes its sites' sums (docs/derivations-sparse-multiclass.md §6).
-
-    With ``q_sites`` ("sites" form, q's natural parameters the sums of every row's sites along
-    these rows, P = I + Σ τ a aᵀ and h = Σ ν a) the first two terms of Σ_all rows Aᵀ G_A are q's:
-    Σ Aᵀβ = h - (P - I)μ_w = μ_w and Σ Aᵀ diag(τ) A Σ_w = (P - I)P⁻¹ = I - Σ_w, so AtG is
-    only -2 Aᵀ diag(g_s) A (one syrk where Aᵀ G_A takes a gemm), and the caller adds
-    :func:`sites_term` once over all the rows.
     """
     AtG = np.empty((A.shape[1], A.shape[1]))
     if held == "sites":
         _sparse.site_rows_gradient(G_A, A, nu - tau * mean, q.mean, tau, g_s)
-        if q_sites:
-            AtG[...] = 0.0
-            _lapack.add_weighted_gram(AtG, A, -2.0 * g_s, np.empty_like(A))
-            _lapack.mirror_lower(AtG)
-        else:
-            _lapack.transpose_times(A, G_A, AtG)
+        _lapack.transpose_times(A, G_A, AtG)
     else:
         Y = np.empty_like(G_A)
         _sparse.cavity_rows_gradient(G_A, Y, A, d1, q.mean, e, g_s)
         _lapack.transpose_times(Y, A, AtG)                   # Σ_b (γ_i - g_s a_i) a_iᵀ
         AtG *= -1.0
     return AtG
-
-
-def sites_term(q):
-    """Σ_w + μ_w μ_wᵀ - I: q's share of Σ_rows Aᵀ G_A in the form "sites" when q is the sum of
-    the rows' sites (:func:`rows_gradient` with ``q_sites``; twice :func:`prior_term`)."""
-    G = q.kept_cov + np.outer(q.mean, q.mean)
-    G.flat[:: len(G) + 1] -= 1.0
-    return G
 
 
 def prior_term(q):
