@@ -38,9 +38,10 @@ of positive mass under any Gaussian q.  So the method needs ε > 0 (fixed or lea
 import math
 
 import numpy as np
+from .. import _lapack, _sparse
 from .._sparse_multiclass import argmax_quadrature
 from ..exceptions import NotPositiveDefiniteError
-from ..sparse.core.natural import Posterior
+from ..sparse.core.natural import Posterior, times_lower_rows
 from ..sparse.core.passes import add_parts, as_block, block_ranges
 from ..sparse.core.trainers import LBFGSTrainer, SVIMinibatch
 from ..sparse.core.variational import (VariationalState, svi_block, svi_finish, svi_finish_u,
@@ -166,15 +167,10 @@ class SparseMultiClassVIState(VariationalState):
         pairs = [whitened_q(f, m, L) for f, m, L in zip(self.factors, self.means, self.Lqs)]
         return [p[0] for p in pairs], [p[1] for p in pairs]
 
-    def _whitened_qs(self):
-        """(q(w_k) of every class as a Posterior, their covariances' Cholesky factors)."""
-        means, Lqs = self.whitened()
-        return [Posterior(mean=m, cov=L @ L.T) for m, L in zip(means, Lqs)], Lqs
-
     @property
     def qs(self):
         """q(w_k) of every class (means and covariances, whitened)."""
-        return self._whitened_qs()[0]
+        return [Posterior(mean=m, cov=L @ L.T) for m, L in zip(*self.whitened())]
 
     # -- parameters ------------------------------------------------------------------------------
     def params(self):
@@ -230,18 +226,20 @@ class SparseMultiClassVIState(VariationalState):
             self.failure = exc
             return -np.inf, np.zeros_like(p)
         y = np.ascontiguousarray(y, dtype=np.intp)
-        qs, Lqs = self._whitened_qs()
+        means, Lqs = self.whitened()
+        qs = [Posterior(mean=m, cov=L @ L.T) for m, L in zip(means, Lqs)] if self.whiten else None
         parts, e_sum, p_sum = None, 0.0, 0.0
         for start, stop in block_ranges(len(y), block_rows):
-            e, psum, block_parts = self._block(as_block(X, start, stop), y[start:stop], qs, Lqs)
+            e, psum, block_parts = self._block(as_block(X, start, stop), y[start:stop],
+                                               (means, Lqs, qs))
             e_sum += e
             p_sum += psum
             parts = block_parts if parts is None else [add_parts(a, b)
                                                        for a, b in zip(parts, block_parts)]
         value, class_grads, q_grads = scale * e_sum, [], []
         finish = svi_finish if self.whiten else svi_finish_u
-        for k, (factor, q, Lq) in enumerate(zip(self.factors, qs, Lqs)):
-            neg_kl, gt, gz, g_m, G_L = finish(factor, q.mean, Lq, (0.0, *parts[k]), scale)
+        for k, (factor, mean, Lq) in enumerate(zip(self.factors, means, Lqs)):
+            neg_kl, gt, gz, g_m, G_L = finish(factor, mean, Lq, (0.0, *parts[k]), scale)
             value += neg_kl
             class_grads.append((gt, gz))
             q_grads += [g_m, G_L[self._trils[k]]]
@@ -265,6 +263,22 @@ class SparseMultiClassVIState(VariationalState):
         return means, varis
 
     @staticmethod
+    def _factor_marginals(means, Lqs, block, tasks):
+        """:meth:`_marginals` from q(w_k)'s Cholesky factors: a_ikᵀμ_k and s_ik + |L_kᵀa_ik|², and
+        the rows A_k L_k (one triangular product per class, which the gradient reuses)."""
+        def one(k):
+            AL = np.array(block.A[k], dtype=np.float64, order="C")
+            times_lower_rows(Lqs[k], AL, True)                      # rows L_kᵀ a_ik
+            mean, var = np.empty(len(AL)), np.empty(len(AL))
+            _lapack.rows_dot(block.A[k], means[k], mean)
+            _sparse.row_dots(AL, AL, var)
+            return mean, var, AL
+        out = tasks.map(one, range(len(means)))
+        mean = np.ascontiguousarray(np.column_stack([o[0] for o in out]))
+        var = np.ascontiguousarray(np.column_stack([o[1] for o in out])) + block.s
+        return mean, var, [o[2] for o in out]
+
+    @staticmethod
     def _probabilities(means, varis, y, tasks):
         """:func:`argmax_probability` over fixed ranges of points (the threads' unit)."""
         out = tasks.map(lambda r: argmax_probability(means[r[0]:r[1]], varis[r[0]:r[1]],
@@ -272,16 +286,21 @@ class SparseMultiClassVIState(VariationalState):
                         block_ranges(len(y), RANGE_ROWS))
         return tuple(np.concatenate([o[i] for o in out]) for i in range(3))
 
-    def _block(self, Xb, y, qs=None, q_Lqs=None):
+    def _block(self, Xb, y, q=None):
         """A block's Σᵢ E_q[log p(yᵢ | fᵢ)], Σᵢ Pᵢ, and per class the summed data parts
         (g_θ, g_Z, AᵀG_A, ∂/∂μ, ∂/∂L_q) before :func:`gpc.sparse.core.variational.svi_finish`,
-        at the whitened q(w_k) ``qs[k]``, whose covariance's Cholesky factor is ``q_Lqs[k]``
-        (default: the state's, :meth:`whitened`)."""
-        if qs is None:
-            qs, q_Lqs = self._whitened_qs()
+        at the whitened q(w_k): ``q`` = (means, Cholesky factors, Posteriors or None) (default:
+        the state's, :meth:`whitened`).  The marginal variances are a_ikᵀ(L_kL_kᵀ)a_ik with
+        ``whiten`` and |L_kᵀa_ik|² without, where the rows A_k L_k serve the gradient too."""
+        q_means, q_Lqs, qs = (*self.whitened(), None) if q is None else q
         tasks = self.tasks
         block = RowBlock(Xb, self.factors, tasks, keep_cross=True)
-        means, varis = self._marginals(qs, block, tasks)
+        if self.whiten:
+            qs = qs or [Posterior(mean=m, cov=L @ L.T) for m, L in zip(q_means, q_Lqs)]
+            means, varis = self._marginals(qs, block, tasks)
+            rows_L = [None] * self.C
+        else:
+            means, varis, rows_L = self._factor_marginals(q_means, q_Lqs, block, tasks)
         P, d_mean, d_var = self._probabilities(means, varis, y, tasks)
         eps, C = self.eps, self.C
         log_other = math.log(eps / (C - 1))
@@ -292,7 +311,8 @@ class SparseMultiClassVIState(VariationalState):
         def grad(k):
             coefficients = _ClassCoefficients(kappa * d_mean[:, k], kappa * d_var[:, k])
             _, G_A, e_v, AtG, g_m, G_L = svi_block(coefficients, rows, block.A[k],
-                                                   block.s[:, k].copy(), qs[k].mean, q_Lqs[k])
+                                                   block.s[:, k].copy(), q_means[k], q_Lqs[k],
+                                                   rows_L[k])
             G_A = np.ascontiguousarray(G_A)
             g_theta, g_Z = self.factors[k].block_gradient(Xb, G_A, np.ascontiguousarray(e_v),
                                                           block.Kbu[k], overwrite=True)

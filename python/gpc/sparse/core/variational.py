@@ -72,13 +72,14 @@ class VariationalState(LBFGSState):
         return value
 
 
-def svi_block(likelihood, y, A, s, mean, Lq):
+def svi_block(likelihood, y, A, s, mean, Lq, AL=None):
     """One block's part of the bound (8) and of its gradient.
 
     With μ_i = a_iᵀμ, σ_i² = s_i + |L_qᵀ a_i|² and (e, e_μ, e_σ²) from ``expected_log_prob``:
     ∂/∂A = e_μ μᵀ + 2 e_σ² (A L_q L_qᵀ - A) (s_i = k_ii - |a_i|² included), ∂/∂k_ii = e_σ²,
     ∂/∂μ = Aᵀ e_μ and ∂/∂L_q = 2 Aᵀ diag(e_σ²) A L_q.
-    Returns (e_sum, G_A, e_var, AtG, g_mean, G_L).
+    Returns (e_sum, G_A, e_var, AtG, g_mean, G_L).  ``AL``: A L_q (b x m, C-contiguous, read
+    only) when the caller has formed it, else it is formed here.
 
     The rows and their m x k x m products run by fixed sub-blocks on the caller's threads, the
     sub-blocks' sums added in block order (gpc.sparse.core.natural); L_q is lower triangular, so A L_q and
@@ -88,7 +89,8 @@ def svi_block(likelihood, y, A, s, mean, Lq):
     b, m = A.shape
     y, s = np.ascontiguousarray(y, dtype=np.float64), np.ascontiguousarray(s, dtype=np.float64)
     Lq = np.ascontiguousarray(Lq, dtype=np.float64)
-    AL, G_A = np.empty((b, m)), np.empty((b, m))
+    given = AL is not None
+    AL, G_A = (AL if given else np.empty((b, m))), np.empty((b, m))
     e_m, e_v = np.empty(b), np.empty(b)
     mean = np.ascontiguousarray(mean, dtype=np.float64)
     blocks = row_blocks(b, m)
@@ -96,8 +98,9 @@ def svi_block(likelihood, y, A, s, mean, Lq):
 
     def block(j):
         Ab, ALb, Gb, yb, sb, em, ev = rows_of(blocks[j], A, AL, G_A, y, s, e_m, e_v)
-        np.copyto(ALb, Ab)
-        _lapack.multiply_triangular_rows(Lq, ALb, True)           # rows L_qᵀ a_i: A L_q
+        if not given:
+            np.copyto(ALb, Ab)
+            _lapack.multiply_triangular_rows(Lq, ALb, True)       # rows L_qᵀ a_i: A L_q
         var = np.empty(len(Ab))
         _sparse.row_dots(ALb, ALb, var)
         var += sb
