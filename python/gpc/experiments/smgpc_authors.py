@@ -31,9 +31,9 @@ The set-up is the authors' satellite scripts' (``experiments/satellite/*_batch``
   ``model="standard"``: no label noise); VI adds the authors' fixed ε = 10⁻³, which puts
   (1 − ε) + ε/C on the argmax class and ε/C on each other class: gpc's ``label_noise`` is the
   total mass on the wrong classes, ε (C − 1)/C, held fixed.
-* VI's q is whitened in gpc (q(w_k), u_k = L_K w_k) and in u-space in theirs (mean and Cholesky
-  factor of q(u_k)'s covariance): the same bound and start, but another gradient in the
-  hyperparameters, so L-BFGS-B ends at other optima (docs/reproduction-smgpc.md, smgpc-authors).
+* VI holds q in u-space as theirs does (mean and Cholesky factor of q(u_k)'s covariance, started
+  at the prior: gpc's ``whiten=False``); whitened, the same bound has another gradient in the
+  hyperparameters and L-BFGS-B ends at other optima (docs/reproduction-smgpc.md, smgpc-authors).
 
 GFITC is the authors' EP on the same FITC model with the hyperparameters fitted by L-BFGS-B
 around an EP run to convergence (Hernández-Lobato & Hernández-Lobato 2016, §4): the same model and
@@ -106,7 +106,7 @@ def make_classifier(method, Z, ell, n_classes, iterations, seed):
                   batch_size=None, max_iter=iterations, progress=False, random_state=seed, n_jobs=1)
     if method == "vi":
         return SparseMultiClassGPC(method="vi", model="robust", label_noise=vi_label_noise(n_classes),
-                                   label_noise_bounds="fixed", **common)
+                                   label_noise_bounds="fixed", whiten=False, **common)
     return SparseMultiClassGPC(model="standard", tied_sites=method == "sep", damping=0.5,
                                damping_decay=DAMPING_DECAY, step_rule="adaptive", **common)
 

@@ -166,6 +166,14 @@ class SparseMultiClassGPC(SparseEstimator):
         k).  BLAS runs on one thread per call while the estimator trains or predicts
         (gpc._parallel.block_threads), and every sum is taken in a fixed order, so the fitted
         model and its predictions are the same bits for every n_jobs.
+    whiten : bool, default True
+        method="vi": the coordinates of q, as GPflow's SVGP ``whiten``.  True: q(w_k) =
+        N(μ_k, L_kL_kᵀ) with u_k = L_K w_k (K_uu = L_K L_Kᵀ), started at N(0, I).  False: q(u_k) =
+        N(μ_k, L_kL_kᵀ) in u-space with KL[q(u_k) ‖ N(0, K_uu)] (Hensman, Matthews & Ghahramani
+        2015, §3; the ICML 2017 authors' VI), started at the prior.  The bound is the same at
+        corresponding q, but q stays put in w or in u while θ and Z move, so the gradient in θ and
+        Z differs and L-BFGS-B or Adadelta takes another path.  EP's fixed points do not depend on
+        coordinates: method="ep" ignores it.
 
     Attributes
     ----------
@@ -215,7 +223,7 @@ class SparseMultiClassGPC(SparseEstimator):
                  max_iter="auto", learning_rate=1.0, step_rule="adadelta", damping=None,
                  damping_decay=1.0, optimize_inducing=True, tied_sites=False, jitter=1e-8,
                  validation_data=None, progress=True, random_state=None, verbose=False,
-                 client=None, n_jobs=None):
+                 client=None, n_jobs=None, whiten=True):
         self.kernel = kernel
         self.n_inducing = n_inducing
         self.inducing_points = inducing_points
@@ -242,10 +250,11 @@ class SparseMultiClassGPC(SparseEstimator):
         self.verbose = verbose
         self.client = client
         self.n_jobs = n_jobs
+        self.whiten = whiten
 
     # -- the hooks of SparseEstimator ----------------------------------------------------------------
     _fitted_attribute = "_state"
-    _FLAGS = ("shared_kernel", "shared_inducing", "optimize_inducing", "tied_sites")
+    _FLAGS = ("shared_kernel", "shared_inducing", "optimize_inducing", "tied_sites", "whiten")
 
     # -- checks --------------------------------------------------------------------------------
     def _noise(self):
@@ -370,7 +379,7 @@ class SparseMultiClassGPC(SparseEstimator):
         bounds = self.label_noise_bounds if self._learns_noise() else None
         if self.method == "vi":
             self._state = SparseMultiClassVIState(kernels, Zs, n, C, eps, bounds, self.jitter,
-                                                  self.optimize_inducing)
+                                                  self.optimize_inducing, bool(self.whiten))
             return (VIBatch([self._state], model, rng) if self._batch is None else
                     VIMinibatch([self._state], model, rng, self._batch, self.learning_rate))
         self._state = SparseMultiClassState(

@@ -8,7 +8,9 @@ u_k = L_k w_k, and the likelihood
 
 the robust-max of Hensman, Matthews, Filippone & Ghahramani (2015, "MCMC for variationally sparse
 Gaussian processes").  The approximation is variational (Hensman, Matthews & Ghahramani 2015,
-SVGP, one per class): q(w_k) = N(μ_k, L_q,k L_q,kᵀ), independent across classes, and the bound
+SVGP, one per class): q(w_k) = N(μ_k, L_q,k L_q,kᵀ), independent across classes (or, with
+``whiten=False``, q(u_k) held in u-space and seen through its whitened image: the same bound,
+:func:`gpc.sparse.core.variational.svi_finish_u`), and the bound
 
     F = Σᵢ E_q[log p(yᵢ | fᵢ)] − Σ_k KL[q(w_k) ‖ N(0, I)]
 
@@ -36,12 +38,14 @@ of positive mass under any Gaussian q.  So the method needs ε > 0 (fixed or lea
 import math
 
 import numpy as np
+from .. import _lapack, _sparse
 from .._sparse_multiclass import argmax_quadrature
 from ..exceptions import NotPositiveDefiniteError
-from ..sparse.core.natural import Posterior
+from ..sparse.core.natural import Posterior, times_lower_rows
 from ..sparse.core.passes import add_parts, as_block, block_ranges
 from ..sparse.core.trainers import LBFGSTrainer, SVIMinibatch
-from ..sparse.core.variational import VariationalState, svi_block, svi_finish
+from ..sparse.core.variational import (VariationalState, svi_block, svi_finish, svi_finish_u,
+                                        whitened_q)
 from .predict import N_NODES
 from .sparse import (RANGE_ROWS, SERIAL, ArgmaxLikelihood, RowBlock, SparseMultiClassState,
                      theta_bounds, unpack_params)
@@ -101,6 +105,12 @@ class SparseMultiClassVIState(VariationalState):
     label_noise : float, ε in (0, (C − 1)/C)
     noise_bounds : (low, high) of ε when it is learnt, or None to hold it
     jitter, optimize_inducing : as in gpc.multiclass.sparse.SparseMultiClassState
+    whiten : bool, default True
+        True: q(w_k) = N(μ_k, L_kL_kᵀ) in whitened coordinates w_k = L_K⁻¹u_k, started at N(0, I).
+        False: q(u_k) = N(μ_k, L_kL_kᵀ) in u-space (SVGP without whitening,
+        :func:`gpc.sparse.core.variational.svi_finish_u`), started at the prior N(0, K_uu):
+        the same bound and start, another gradient in θ and Z (q stays put in u, not in w, when
+        K_uu moves).
 
     The parameters, in order: every group's log θ, every group's Z (with ``optimize_inducing``),
     log ε (when learnt), then per class μ_k and the lower triangle of L_k (row by row).  The state
@@ -115,7 +125,7 @@ class SparseMultiClassVIState(VariationalState):
     sites = None
 
     def __init__(self, kernels, Zs, n, n_classes, label_noise, noise_bounds, jitter,
-                 optimize_inducing):
+                 optimize_inducing, whiten=True):
         C = int(n_classes)
         if len(kernels) not in (1, C) or len(Zs) not in (1, C):
             raise ValueError(f"kernels and Zs must hold 1 or {C} entries")
@@ -131,8 +141,9 @@ class SparseMultiClassVIState(VariationalState):
         self.factors = self._factors(self.kernels, self.Zs)
         self.eps = float(label_noise)
         self.eps_bounds = None if noise_bounds is None else np.log(np.asarray(noise_bounds, float))
+        self.whiten = bool(whiten)
         self.means = [np.zeros(f.m) for f in self.factors]
-        self.Lqs = [np.eye(f.m) for f in self.factors]
+        self.Lqs = [np.eye(f.m) if self.whiten else f.L.copy() for f in self.factors]
         self._trils = [np.tril_indices(f.m) for f in self.factors]
         self.log_z = np.nan
         self.reverted = 0
@@ -147,10 +158,19 @@ class SparseMultiClassVIState(VariationalState):
     _hyperparameters = SparseMultiClassState._params
     assemble = SparseMultiClassState.assemble
 
+    def whitened(self):
+        """Every class's q(w_k) as (means, Cholesky factors) in the current factors' whitened
+        coordinates: the parameters themselves, or with ``whiten=False`` their image
+        (L_K⁻¹μ_k, L_K⁻¹L_k) (:func:`gpc.sparse.core.variational.whitened_q`)."""
+        if self.whiten:
+            return self.means, self.Lqs
+        pairs = [whitened_q(f, m, L) for f, m, L in zip(self.factors, self.means, self.Lqs)]
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+
     @property
     def qs(self):
-        """q(w_k) of every class (means and covariances)."""
-        return [Posterior(mean=m, cov=L @ L.T) for m, L in zip(self.means, self.Lqs)]
+        """q(w_k) of every class (means and covariances, whitened)."""
+        return [Posterior(mean=m, cov=L @ L.T) for m, L in zip(*self.whitened())]
 
     # -- parameters ------------------------------------------------------------------------------
     def params(self):
@@ -206,16 +226,20 @@ class SparseMultiClassVIState(VariationalState):
             self.failure = exc
             return -np.inf, np.zeros_like(p)
         y = np.ascontiguousarray(y, dtype=np.intp)
+        means, Lqs = self.whitened()
+        qs = [Posterior(mean=m, cov=L @ L.T) for m, L in zip(means, Lqs)] if self.whiten else None
         parts, e_sum, p_sum = None, 0.0, 0.0
         for start, stop in block_ranges(len(y), block_rows):
-            e, psum, block_parts = self._block(as_block(X, start, stop), y[start:stop])
+            e, psum, block_parts = self._block(as_block(X, start, stop), y[start:stop],
+                                               (means, Lqs, qs))
             e_sum += e
             p_sum += psum
             parts = block_parts if parts is None else [add_parts(a, b)
                                                        for a, b in zip(parts, block_parts)]
         value, class_grads, q_grads = scale * e_sum, [], []
-        for k, (factor, mean, Lq) in enumerate(zip(self.factors, self.means, self.Lqs)):
-            neg_kl, gt, gz, g_m, G_L = svi_finish(factor, mean, Lq, (0.0, *parts[k]), scale)
+        finish = svi_finish if self.whiten else svi_finish_u
+        for k, (factor, mean, Lq) in enumerate(zip(self.factors, means, Lqs)):
+            neg_kl, gt, gz, g_m, G_L = finish(factor, mean, Lq, (0.0, *parts[k]), scale)
             value += neg_kl
             class_grads.append((gt, gz))
             q_grads += [g_m, G_L[self._trils[k]]]
@@ -229,14 +253,30 @@ class SparseMultiClassVIState(VariationalState):
         self.log_z = value
         return value, grad
 
-    def _marginals(self, block, tasks):
-        """Every class's q-marginals at a :class:`RowBlock`, (b, C) means and variances
-        a_ikᵀμ_k and s_ik + a_ikᵀS_k a_ik (the binary SVI's ``Posterior.marginals``)."""
-        qs = self.qs
-        out = tasks.map(lambda k: qs[k].marginals(block.A[k]), range(self.C))
+    @staticmethod
+    def _marginals(qs, block, tasks):
+        """Every class's marginals under q(w_k) (``qs``) at a :class:`RowBlock`, (b, C) means and
+        variances a_ikᵀμ_k and s_ik + a_ikᵀS_k a_ik (the binary SVI's ``Posterior.marginals``)."""
+        out = tasks.map(lambda k: qs[k].marginals(block.A[k]), range(len(qs)))
         means = np.ascontiguousarray(np.column_stack([o[0] for o in out]))
         varis = np.ascontiguousarray(np.column_stack([o[1] for o in out])) + block.s
         return means, varis
+
+    @staticmethod
+    def _factor_marginals(means, Lqs, block, tasks):
+        """:meth:`_marginals` from q(w_k)'s Cholesky factors: a_ikᵀμ_k and s_ik + |L_kᵀa_ik|², and
+        the rows A_k L_k (one triangular product per class, which the gradient reuses)."""
+        def one(k):
+            AL = np.array(block.A[k], dtype=np.float64, order="C")
+            times_lower_rows(Lqs[k], AL, True)                      # rows L_kᵀ a_ik
+            mean, var = np.empty(len(AL)), np.empty(len(AL))
+            _lapack.rows_dot(block.A[k], means[k], mean)
+            _sparse.row_dots(AL, AL, var)
+            return mean, var, AL
+        out = tasks.map(one, range(len(means)))
+        mean = np.ascontiguousarray(np.column_stack([o[0] for o in out]))
+        var = np.ascontiguousarray(np.column_stack([o[1] for o in out])) + block.s
+        return mean, var, [o[2] for o in out]
 
     @staticmethod
     def _probabilities(means, varis, y, tasks):
@@ -246,12 +286,21 @@ class SparseMultiClassVIState(VariationalState):
                         block_ranges(len(y), RANGE_ROWS))
         return tuple(np.concatenate([o[i] for o in out]) for i in range(3))
 
-    def _block(self, Xb, y):
+    def _block(self, Xb, y, q=None):
         """A block's Σᵢ E_q[log p(yᵢ | fᵢ)], Σᵢ Pᵢ, and per class the summed data parts
-        (g_θ, g_Z, AᵀG_A, ∂/∂μ, ∂/∂L_q) before :func:`gpc.sparse.core.variational.svi_finish`."""
+        (g_θ, g_Z, AᵀG_A, ∂/∂μ, ∂/∂L_q) before :func:`gpc.sparse.core.variational.svi_finish`,
+        at the whitened q(w_k): ``q`` = (means, Cholesky factors, Posteriors or None) (default:
+        the state's, :meth:`whitened`).  The marginal variances are a_ikᵀ(L_kL_kᵀ)a_ik with
+        ``whiten`` and |L_kᵀa_ik|² without, where the rows A_k L_k serve the gradient too."""
+        q_means, q_Lqs, qs = (*self.whitened(), None) if q is None else q
         tasks = self.tasks
         block = RowBlock(Xb, self.factors, tasks, keep_cross=True)
-        means, varis = self._marginals(block, tasks)
+        if self.whiten:
+            qs = qs or [Posterior(mean=m, cov=L @ L.T) for m, L in zip(q_means, q_Lqs)]
+            means, varis = self._marginals(qs, block, tasks)
+            rows_L = [None] * self.C
+        else:
+            means, varis, rows_L = self._factor_marginals(q_means, q_Lqs, block, tasks)
         P, d_mean, d_var = self._probabilities(means, varis, y, tasks)
         eps, C = self.eps, self.C
         log_other = math.log(eps / (C - 1))
@@ -262,8 +311,8 @@ class SparseMultiClassVIState(VariationalState):
         def grad(k):
             coefficients = _ClassCoefficients(kappa * d_mean[:, k], kappa * d_var[:, k])
             _, G_A, e_v, AtG, g_m, G_L = svi_block(coefficients, rows, block.A[k],
-                                                   block.s[:, k].copy(), self.means[k],
-                                                   self.Lqs[k])
+                                                   block.s[:, k].copy(), q_means[k], q_Lqs[k],
+                                                   rows_L[k])
             G_A = np.ascontiguousarray(G_A)
             g_theta, g_Z = self.factors[k].block_gradient(Xb, G_A, np.ascontiguousarray(e_v),
                                                           block.Kbu[k], overwrite=True)
@@ -280,7 +329,7 @@ class SparseMultiClassVIState(VariationalState):
         """q's predictive moments of every f_k at rows Xb: means a_*ᵀμ_k and variances
         a_*ᵀS_k a_* + s_*k, (b, C) each (the SVGP predictive)."""
         block = RowBlock(np.ascontiguousarray(Xb, dtype=np.float64), self.factors, tasks)
-        return self._marginals(block, tasks)
+        return self._marginals(self.qs, block, tasks)
 
     def outlier_rows(self, Xb, y, tasks=SERIAL):
         """E_q[p(zᵢ = 1 | yᵢ, fᵢ)] of labelled rows: with ρ = Cε/(C − 1) the outlier indicator's
