@@ -27,7 +27,7 @@ import warnings
 from abc import ABC, abstractmethod
 
 import numpy as np
-from scipy.optimize import minimize
+from scipy.optimize import Bounds, minimize
 
 from ... import _parallel
 from ..._parallel import BLOCK_ROWS
@@ -363,7 +363,11 @@ class LBFGSTrainer(Trainer):
         if len(p0) == 0:          # everything fixed: GFITC's EP alone (SVI has μ, L_q, never empty)
             fun(p0)
             return
-        bounds = [b for s in self.states for b in s.bounds()]
+        # one (low, high) pair per parameter, None or ±inf where free; as two arrays, since a
+        # list of m(m+1)/2 pairs per class is converted by scipy one pair at a time
+        lo, hi = np.concatenate([np.array(s.bounds(), dtype=float).reshape(-1, 2)
+                                 for s in self.states]).T
+        bounds = Bounds(np.where(np.isnan(lo), -np.inf, lo), np.where(np.isnan(hi), np.inf, hi))
         res = minimize(fun, p0, jac=True, method="L-BFGS-B", bounds=bounds,
                        options={"maxfun": epochs, "maxiter": epochs})
         if res.status == 2:       # a failed line search (a spent budget ends in _BudgetSpent)
