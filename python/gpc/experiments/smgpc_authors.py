@@ -26,7 +26,10 @@ The set-up is the authors' satellite scripts' (``experiments/satellite/*_batch``
   most 1) while its gradient keeps its sign and by 0.5 when the sign flips (gpc's
   ``step_rule="adaptive"``: gpc's default, Adadelta, takes steps that do not grow with the
   gradient, a sum over the rows in batch, and climbs log Z far more slowly in 250 passes).
-  Their rates act on log l = 2 log ℓ, gpc's on log ℓ;
+  Two details of their ``optimize`` are the experiment's own :class:`AuthorsRates`: their
+  length-scale parameter is log l = 2 log ℓ, so that their step is a quarter of gpc's in log ℓ,
+  and each log l rate grows while its previous gradient has the sign of the *sum* of the current
+  log l gradients (over classes and dimensions), not its own;
 * EP, SEP and GFITC fit the noiseless argmax on the noisy latent functions (gpc's
   ``model="standard"``: no label noise); VI adds the authors' fixed ε = 10⁻³, which puts
   (1 − ε) + ε/C on the argmax class and ε/C on each other class: gpc's ``label_noise`` is the
@@ -53,6 +56,7 @@ from scipy.spatial.distance import pdist
 from .. import datasets
 from ..kernels import RBF, ConstantKernel, WhiteKernel
 from ..multiclass.sparse_estimator import SparseMultiClassGPC
+from ..sparse.core.steps import AdaptiveRates
 from ._common import count_convergence_warnings, map_tasks, multiclass_scores
 from .publish import add_doc_arguments, markdown_table, publish_doc_tables, read_records
 from .sep_common import random_rows, timed_fit
@@ -100,6 +104,51 @@ def vi_label_noise(n_classes):
     return EPS_AUTHORS * (n_classes - 1) / n_classes
 
 
+class AuthorsRates(AdaptiveRates):
+    """The authors' ``optimize`` (``*MGPC_batch.R``) in gpc's coordinates: gpc's
+    :class:`~gpc.sparse.core.steps.AdaptiveRates` with two changes on the length-scale entries
+    (``length_scales``, a boolean mask over the packed parameters).
+
+    * Their parameter is log l = 2 log ℓ (their kernel divides the inputs by √l), so their step
+      η ∂log Z/∂log l is η/4 ∂log Z/∂log ℓ in gpc's log ℓ: the length-scale steps are scaled by 1/4.
+    * Their rate of every log l entry grows by ``up`` when that entry's previous gradient has the
+      sign of the *sum* of the current gradients over all classes and dimensions
+      (``sign$l == sign(sum(grad$gr_log_l))``), and shrinks by ``down`` otherwise; every other
+      rate compares its own two signs, as in AdaptiveRates.
+    """
+
+    def __init__(self, size, lr, length_scales):
+        super().__init__(size, lr=lr)
+        self.length_scales = np.asarray(length_scales, dtype=bool)
+        self.scale = np.where(self.length_scales, 0.25, 1.0)
+
+    def step(self, grad):
+        signs = np.sign(grad)
+        if self.signs is not None:
+            same = signs == self.signs
+            same[self.length_scales] = (self.signs[self.length_scales]
+                                        == np.sign(grad[self.length_scales].sum()))
+            self.rates = np.where(same, np.minimum(self.up * self.rates, self.max_rate),
+                                  self.down * self.rates)
+        self.signs = signs
+        return self.lr * self.rates * grad * self.scale
+
+
+class AuthorsSparseMultiClassGPC(SparseMultiClassGPC):
+    """:class:`gpc.SparseMultiClassGPC` whose ``step_rule="adaptive"`` is the authors' own
+    (:class:`AuthorsRates`) on the packed parameters of its state: every class's log θ, then Z."""
+
+    def _new_trainer(self, X, y, noise, Z, kernels, rng):
+        trainer = super()._new_trainer(X, y, noise, Z, kernels, rng)
+        state = self._state
+        if self.step_rule == "adaptive" and state.learns:
+            mask = np.zeros(state.n_params, dtype=bool)
+            names = [name for k in state.kernels for name in k.hyperparameter_names]
+            mask[:len(names)] = ["length_scale" in name for name in names]
+            state.optimizer = AuthorsRates(state.n_params, state.optimizer.lr, mask)
+        return trainer
+
+
 def make_classifier(method, Z, ell, n_classes, iterations, seed):
     """gpc's estimator for the authors' ``method`` (module docstring)."""
     common = dict(kernel=kernel(Z.shape[1], ell), n_inducing=len(Z), inducing_points=Z,
@@ -107,8 +156,8 @@ def make_classifier(method, Z, ell, n_classes, iterations, seed):
     if method == "vi":
         return SparseMultiClassGPC(method="vi", model="robust", label_noise=vi_label_noise(n_classes),
                                    label_noise_bounds="fixed", **common)
-    return SparseMultiClassGPC(model="standard", tied_sites=method == "sep", damping=0.5,
-                               damping_decay=DAMPING_DECAY, step_rule="adaptive", **common)
+    return AuthorsSparseMultiClassGPC(model="standard", tied_sites=method == "sep", damping=0.5,
+                                      damping_decay=DAMPING_DECAY, step_rule="adaptive", **common)
 
 
 def _fit(task):
