@@ -84,3 +84,30 @@ def test_every_set_has_its_rows_and_a_set_without_r_records_is_not_fitted(tmp_pa
     assert cells[("wine", "SEP")].count("—") == 8
     wine_ep = cells[("wine", "EP")]
     assert "—" not in wine_ep and "0.100 ± 0.000" in wine_ep
+
+
+def test_authors_rates_quarter_length_scale_steps_and_sum_sign():
+    # entries: [log sigma2, log ell_0, log ell_1, log sigma0^2]; theirs move log l = 2 log ell
+    from gpc.experiments.smgpc_authors import AuthorsRates
+    opt = AuthorsRates(4, 1.0, [False, True, True, False])
+    g1 = np.array([1.0, 2.0, -1.0, 1.0])
+    assert np.allclose(opt.step(g1), 0.01 * g1 * [1, 0.25, 0.25, 1])
+    # the l gradients now sum to +2: log ell_0's own sign flips (+ to -) but its previous sign
+    # has the sum's, so its rate grows (R: sign$l == sign(sum(grad$gr_log_l))); log ell_1's
+    # previous sign (-) has not, so its rate halves; the others compare their own two signs
+    opt.step(np.array([-1.0, -1.0, 3.0, 1.0]))
+    assert np.allclose(opt.rates, [0.005, 0.0102, 0.005, 0.0102])
+    opt.step(np.array([1.0, 1.0, 1.0, 1.0]))       # sum +: log ell_0's previous sign (-) has not
+    assert np.allclose(opt.rates, [0.0025, 0.0051, 0.0051, 0.0102 * 1.02])
+
+
+def test_authors_rates_mark_every_class_length_scales():
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(30, 2))
+    y = np.repeat([0, 1, 2], 10)
+    clf = make_classifier("ep", X[:4], 1.0, 3, 1, 0).fit(X, y)
+    opt = clf._state.optimizer
+    assert type(opt).__name__ == "AuthorsRates"
+    # per class [constant, ell_0, ell_1, noise], then the three Z's (4 x 2 each)
+    per_class = [False, True, True, False]
+    assert opt.length_scales.tolist() == per_class * 3 + [False] * 24

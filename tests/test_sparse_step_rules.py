@@ -6,7 +6,9 @@ authors' batch EP and SEP, which gpc's smgpc-authors comparison runs.
   its sign and ×0.5 when it flips;
 * the damping after k epochs is damping · decay^k in batch, tied and minibatch schedules, and the
   default decay 1 leaves a fit bit for bit as it was;
-* in batch on a small problem the adaptive rates reach a higher log Z in 30 passes than Adadelta.
+* in batch on a small problem the adaptive rates reach a higher log Z in 30 passes than Adadelta;
+* a callable ``step_rule`` makes the optimiser, which gets log Z's gradient over every packed
+  parameter once per pass and moves them by what it returns.
 """
 
 import numpy as np
@@ -14,6 +16,7 @@ import pytest
 
 from gpc import SparseMultiClassGPC
 from gpc.datasets import load_thyroid
+from gpc.kernels import RBF, ConstantKernel
 from gpc.sparse.core import steps
 
 
@@ -62,6 +65,41 @@ def test_adaptive_rates_climb_log_z_faster_than_adadelta_in_batch():
     rates = SparseMultiClassGPC(step_rule="adaptive", **common).fit(X, y)
     assert isinstance(rates._state.optimizer, steps.AdaptiveRates)
     assert rates.log_marginal_likelihood_value_ > ada.log_marginal_likelihood_value_ + 1.0
+
+
+class _Frozen:
+    """A step rule that records its gradients and never moves the parameters."""
+
+    made = []
+
+    def __init__(self, size, lr):
+        self.size, self.lr, self.grads = size, lr, []
+        _Frozen.made.append(self)
+
+    def step(self, grad):
+        self.grads.append(np.array(grad))
+        return np.zeros(self.size)
+
+
+def test_a_callable_step_rule_makes_the_optimiser_that_moves_the_parameters():
+    X, y = _thyroid()
+    _Frozen.made.clear()
+    kernel = ConstantKernel(2.0) * RBF(1.5)
+    Z = X[::36]                                     # 6 rows, each class's starting Z
+    common = dict(kernel=kernel, n_inducing=len(Z), inducing_points=Z, batch_size=None,
+                  max_iter=4, random_state=0, progress=False)
+    clf = SparseMultiClassGPC(step_rule=_Frozen, learning_rate=0.3, **common).fit(X, y)
+    opt, = _Frozen.made
+    assert clf._state.optimizer is opt and opt.lr == 0.3
+    # every class's log θ (constant and length-scale: 3 x 2), then Z (3 x 6 x 5), each pass
+    assert len(opt.grads) == 4 and all(g.shape == (6 + 90,) for g in opt.grads)
+    assert np.all(np.isfinite(opt.grads[-1])) and np.any(opt.grads[-1] != 0)
+    # zero steps: the kernels and inducing points end where they started; Adadelta's do not
+    for k, Zk in zip(clf.kernels_, clf.inducing_points_):
+        np.testing.assert_array_equal(k.theta, kernel.theta)
+        np.testing.assert_array_equal(Zk, Z)
+    moved = SparseMultiClassGPC(learning_rate=0.3, **common).fit(X, y)
+    assert not np.array_equal(moved.kernels_[0].theta, kernel.theta)
 
 
 @pytest.mark.parametrize("kwargs", [dict(step_rule="rprop"), dict(step_rule=["adaptive"]),

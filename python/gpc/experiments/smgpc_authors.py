@@ -26,7 +26,10 @@ The set-up is the authors' satellite scripts' (``experiments/satellite/*_batch``
   most 1) while its gradient keeps its sign and by 0.5 when the sign flips (gpc's
   ``step_rule="adaptive"``: gpc's default, Adadelta, takes steps that do not grow with the
   gradient, a sum over the rows in batch, and climbs log Z far more slowly in 250 passes).
-  Their rates act on log l = 2 log ℓ, gpc's on log ℓ;
+  Two details of their ``optimize`` are the experiment's own :class:`AuthorsRates`: their
+  length-scale parameter is log l = 2 log ℓ, so that their step is a quarter of gpc's in log ℓ,
+  and each log l rate grows while its previous gradient has the sign of the *sum* of the current
+  log l gradients (over classes and dimensions), not its own;
 * EP, SEP and GFITC fit the noiseless argmax on the noisy latent functions (gpc's
   ``model="standard"``: no label noise); VI adds the authors' fixed ε = 10⁻³, which puts
   (1 − ε) + ε/C on the argmax class and ε/C on each other class: gpc's ``label_noise`` is the
@@ -44,6 +47,7 @@ CPU seconds are ``time.process_time`` of the fit on one BLAS thread for gpc and 
 ``proc.time`` (user + system) of the fit for the authors'.
 """
 
+import functools
 import json
 import os
 
@@ -53,6 +57,7 @@ from scipy.spatial.distance import pdist
 from .. import datasets
 from ..kernels import RBF, ConstantKernel, WhiteKernel
 from ..multiclass.sparse_estimator import SparseMultiClassGPC
+from ..sparse.core.steps import AdaptiveRates
 from ._common import count_convergence_warnings, map_tasks, multiclass_scores
 from .publish import add_doc_arguments, markdown_table, publish_doc_tables, read_records
 from .sep_common import random_rows, timed_fit
@@ -100,15 +105,61 @@ def vi_label_noise(n_classes):
     return EPS_AUTHORS * (n_classes - 1) / n_classes
 
 
+class AuthorsRates(AdaptiveRates):
+    """The authors' ``optimize`` (``*MGPC_batch.R``) in gpc's coordinates: gpc's
+    :class:`~gpc.sparse.core.steps.AdaptiveRates` with two changes on the length-scale entries
+    (``length_scales``, a boolean mask over the first entries of the packed parameters; the
+    rest, Z, are not length-scales).
+
+    * Their parameter is log l = 2 log ℓ (their kernel divides the inputs by √l), so their step
+      η ∂log Z/∂log l is η/4 ∂log Z/∂log ℓ in gpc's log ℓ: the length-scale steps are scaled by 1/4.
+    * Their rate of every log l entry grows by ``up`` when that entry's previous gradient has the
+      sign of the *sum* of the current gradients over all classes and dimensions
+      (``sign$l == sign(sum(grad$gr_log_l))``), and shrinks by ``down`` otherwise; every other
+      rate compares its own two signs, as in AdaptiveRates.
+
+    ``functools.partial(AuthorsRates, length_scales=mask)`` is a ``step_rule`` of
+    :class:`gpc.SparseMultiClassGPC` (:func:`authors_step_rule`).
+    """
+
+    def __init__(self, size, lr, length_scales):
+        super().__init__(size, lr=lr)
+        mask = np.asarray(length_scales, dtype=bool)
+        self.length_scales = np.zeros(size, dtype=bool)
+        self.length_scales[:mask.size] = mask
+        self.scale = np.where(self.length_scales, 0.25, 1.0)
+
+    def step(self, grad):
+        signs = np.sign(grad)
+        if self.signs is not None:
+            same = signs == self.signs
+            same[self.length_scales] = (self.signs[self.length_scales]
+                                        == np.sign(grad[self.length_scales].sum()))
+            self.rates = np.where(same, np.minimum(self.up * self.rates, self.max_rate),
+                                  self.down * self.rates)
+        self.signs = signs
+        return self.lr * self.rates * grad * self.scale
+
+
+def authors_step_rule(kern, n_classes):
+    """``step_rule`` of SparseMultiClassGPC for ``n_classes`` classes with their own copy of
+    ``kern``: :class:`AuthorsRates` with every class's length-scale entries of log θ marked (the
+    packed parameters start with every class's log θ in ``kern.theta`` order)."""
+    per_class = ["length_scale" in name for name in kern.hyperparameter_names]
+    return functools.partial(AuthorsRates, length_scales=np.tile(per_class, n_classes))
+
+
 def make_classifier(method, Z, ell, n_classes, iterations, seed):
     """gpc's estimator for the authors' ``method`` (module docstring)."""
-    common = dict(kernel=kernel(Z.shape[1], ell), n_inducing=len(Z), inducing_points=Z,
+    kern = kernel(Z.shape[1], ell)
+    common = dict(kernel=kern, n_inducing=len(Z), inducing_points=Z,
                   batch_size=None, max_iter=iterations, progress=False, random_state=seed, n_jobs=1)
     if method == "vi":
         return SparseMultiClassGPC(method="vi", model="robust", label_noise=vi_label_noise(n_classes),
                                    label_noise_bounds="fixed", whiten=False, **common)
     return SparseMultiClassGPC(model="standard", tied_sites=method == "sep", damping=0.5,
-                               damping_decay=DAMPING_DECAY, step_rule="adaptive", **common)
+                               damping_decay=DAMPING_DECAY,
+                               step_rule=authors_step_rule(kern, n_classes), **common)
 
 
 def _fit(task):

@@ -387,7 +387,8 @@ class SparseMultiClassState(SparseState):
     tied : bool, one shared average site per class (stochastic EP, derivation §7)
     label_noise : float ε for ``model.noise == "fixed"``
     noise_bounds : (low, high) of ε when it is learnt, or None to hold it
-    step_rule : the parameters' optimiser, a key of gpc.sparse.core.steps.STEP_RULES
+    step_rule : the parameters' optimiser, a key of gpc.sparse.core.steps.STEP_RULES or a
+        callable (n_params, lr=lr) that makes one
 
     The parameters the optimiser moves are, in order, every group's log θ, every group's Z (with
     ``optimize_inducing``) and log ε (when learnt).  Per point the sites are the exact engine's

@@ -118,13 +118,17 @@ class SparseMultiClassGPC(SparseEstimator):
         pass moves a site by more than 1e-8, within 1000 passes at fixed parameters, else 100).
     learning_rate : float, default 1.0
         The step multiplier of ``step_rule``; a step that fails is undone and this is halved.
-    step_rule : "adadelta" or "adaptive", default "adadelta"
+    step_rule : "adadelta", "adaptive" or callable, default "adadelta"
         method="ep": how the parameters step after each site pass or minibatch.  "adadelta":
         Adadelta (Zeiler 2012), whose steps do not scale with the gradient.  "adaptive": one rate
         per parameter, step η_j g_j, η_j from 0.01 multiplied by 1.02 (at most 1) while g_j keeps
         its sign and by 0.5 when it flips (:class:`gpc.sparse.core.steps.AdaptiveRates`, the
         ICML 2017 authors' batch code): in batch the gradient sums over the rows, so its steps
-        grow with n.  method="vi" trains by L-BFGS-B in batch and Adadelta on minibatches.
+        grow with n.  A callable is called as ``step_rule(n_params, lr=learning_rate)`` and
+        returns the optimiser: an object whose ``step(g)`` gives the step for the gradient g of
+        log Z over the packed parameters (every class's log θ in ``kernel.theta`` order, then
+        every class's Z, then log ε when it is learnt) and whose attribute ``lr`` is halved when a
+        step fails.  method="vi" trains by L-BFGS-B in batch and Adadelta on minibatches.
     damping : float in (0, 1] or None, default None
         New site = damping · matched + (1 − damping) · old; None: 0.5 (RMGPC §3's value) in every
         schedule (undamped minibatch updates with per-row sites oscillated on ten classes,
@@ -270,8 +274,9 @@ class SparseMultiClassGPC(SparseEstimator):
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
         self._check_training_params()
-        if not (isinstance(self.step_rule, str) and self.step_rule in STEP_RULES):
-            raise ValueError(f"step_rule must be one of {tuple(STEP_RULES)}, "
+        if not (callable(self.step_rule)
+                or isinstance(self.step_rule, str) and self.step_rule in STEP_RULES):
+            raise ValueError(f"step_rule must be one of {tuple(STEP_RULES)} or a callable, "
                              f"got {self.step_rule!r}")
         decay = check_positive_float(self.damping_decay, "damping_decay")
         if decay > 1:

@@ -100,7 +100,7 @@ class SparseState:
 
     A model's state sets its own q, sites and parameters, then calls this ``__init__`` with the
     number of parameters the optimiser moves (``step_rule``: a key of STEP_RULES, Adadelta by
-    default), and gives the loop:
+    default, or a callable (n_params, lr=lr) that makes the optimiser), and gives the loop:
 
     * ``_params()`` / ``_set_params(p)``: the packed parameters, and the move to p (q carried over
       in u-space, SEP §2.3), raising when a factor or q has none;
@@ -118,7 +118,8 @@ class SparseState:
     def __init__(self, n, n_params, lr, step_rule="adadelta"):
         self.n = n
         self.n_params = n_params
-        self.optimizer = STEP_RULES[step_rule](n_params, lr=lr)
+        make = STEP_RULES[step_rule] if isinstance(step_rule, str) else step_rule
+        self.optimizer = make(n_params, lr=lr)
         self.V = None               # the sites' u-space directions (minibatch training)
         self.n_sited = 0            # rows whose sites q holds
         self.log_z = np.nan
