@@ -653,7 +653,7 @@ class Kernel:
             return self.clone_with_theta(theta)
         new = _shallow_copy(self)
         values = np.exp(np.asarray(theta, dtype=np.float64))
-        i = 0
+        i, parts = 0, {}
         for h in self._hyper:
             if isinstance(getattr(self, h + "_bounds"), str):       # "fixed"
                 continue
@@ -667,13 +667,15 @@ class Kernel:
             part = values[i:i + size]
             i += size
             setattr(new, h, float(part[0]) if ndim == 0 else part.copy())
+            parts[h] = part
         new.__dict__.pop("_hyper_cache", None)
         if values.size and 0.0 < values.min() and values.max() < math.inf:
-            # the same bounds, and values that pass the checks: the entries without them
+            # the same bounds, and values that pass the checks: the entries without them (each
+            # free one the slice of exp θ it was set from, which only these entries see)
             old, state = self._hyper_entries(), new._hyper_key()
             if state is not None:
-                entries = [(h, _read_only(np.array(getattr(new, h), dtype=np.float64).reshape(-1))
-                            if b is not None else vals, b) for h, vals, b in old]
+                entries = [(h, _read_only(parts[h]) if b is not None else vals, b)
+                           for h, vals, b in old]
                 new.__dict__["_hyper_cache"] = (state, entries)
         return new
 
