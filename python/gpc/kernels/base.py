@@ -669,10 +669,13 @@ class Kernel:
             setattr(new, h, float(part[0]) if ndim == 0 else part.copy())
             parts[h] = part
         new.__dict__.pop("_hyper_cache", None)
-        if values.size and 0.0 < values.min() and values.max() < math.inf:
+        if values.size and all(0.0 < v < math.inf for v in values.tolist()):
             # the same bounds, and values that pass the checks: the entries without them (each
             # free one the slice of exp θ it was set from, which only these entries see)
-            old, state = self._hyper_entries(), new._hyper_key()
+            old = self._hyper_entries()
+            cached = self.__dict__.get("_hyper_cache")
+            state = (_moved_key(*cached[0], self._hyper, new, parts)
+                     if cached is not None and cached[1] is old else new._hyper_key())
             if state is not None:
                 entries = [(h, _read_only(parts[h]) if b is not None else vals, b)
                            for h, vals, b in old]
@@ -712,6 +715,18 @@ class Kernel:
     def __repr__(self):
         args = ", ".join(f"{k}={_fmt(v)}" for k, v in self.get_params(deep=False).items())
         return f"{type(self).__name__}({args})"
+
+
+def _moved_key(key, objects, hyper, new, moved):
+    """:meth:`Kernel._hyper_key` of ``new``, a shallow copy whose hyperparameters named in
+    ``moved`` were set anew, from its original's valid key (``key``, ``objects``): the other
+    attributes and every bounds are the original's own objects, whose snapshots it holds."""
+    key, objects = list(key), list(objects)
+    for j, h in enumerate(hyper):
+        if h in moved:
+            value = getattr(new, h)
+            key[2 * j], objects[2 * j] = _snapshot(value), value
+    return tuple(key), tuple(objects)
 
 
 class BoundKernel:
