@@ -777,10 +777,15 @@ class BoundKernel:
         if self._inner is not None:
             # k's own K(Z) (Z is checked), the noise added on the diagonal: what the sum's
             # K(Z) + σ₀² I gives (its zeros off the diagonal add nothing)
-            K = np.array(self._split_term._call(Z, None, False), dtype=np.float64, order="C")
+            K = self._inner.call_gram()
             K.flat[:: K.shape[0] + 1] += self._noise
             return K
         return np.array(kernel(Z), dtype=np.float64, order="C")
+
+    def call_gram(self):
+        """K(Z) in the rounding of the kernel's own K(Z) (``_call(Z, None, False)``, which may
+        differ from :meth:`gram`'s in the last bits), as a new C-ordered array."""
+        return np.array(self.kernel._call(self.Z, None, False), dtype=np.float64, order="C")
 
     def cross(self, X, out=None):
         """K(X, Z) (k x m) for a chunk of rows X (k x d), written into ``out`` when given."""
