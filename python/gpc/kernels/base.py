@@ -653,7 +653,7 @@ class Kernel:
             return self.clone_with_theta(theta)
         new = _shallow_copy(self)
         values = np.exp(np.asarray(theta, dtype=np.float64))
-        i = 0
+        i, parts = 0, {}
         for h in self._hyper:
             if isinstance(getattr(self, h + "_bounds"), str):       # "fixed"
                 continue
@@ -667,13 +667,18 @@ class Kernel:
             part = values[i:i + size]
             i += size
             setattr(new, h, float(part[0]) if ndim == 0 else part.copy())
+            parts[h] = part
         new.__dict__.pop("_hyper_cache", None)
-        if values.size and 0.0 < values.min() and values.max() < math.inf:
-            # the same bounds, and values that pass the checks: the entries without them
-            old, state = self._hyper_entries(), new._hyper_key()
+        if values.size and all(0.0 < v < math.inf for v in values.tolist()):
+            # the same bounds, and values that pass the checks: the entries without them (each
+            # free one the slice of exp θ it was set from, which only these entries see)
+            old = self._hyper_entries()
+            cached = self.__dict__.get("_hyper_cache")
+            state = (_moved_key(*cached[0], self._hyper, new, parts)
+                     if cached is not None and cached[1] is old else new._hyper_key())
             if state is not None:
-                entries = [(h, _read_only(np.array(getattr(new, h), dtype=np.float64).reshape(-1))
-                            if b is not None else vals, b) for h, vals, b in old]
+                entries = [(h, _read_only(parts[h]) if b is not None else vals, b)
+                           for h, vals, b in old]
                 new.__dict__["_hyper_cache"] = (state, entries)
         return new
 
@@ -710,6 +715,18 @@ class Kernel:
     def __repr__(self):
         args = ", ".join(f"{k}={_fmt(v)}" for k, v in self.get_params(deep=False).items())
         return f"{type(self).__name__}({args})"
+
+
+def _moved_key(key, objects, hyper, new, moved):
+    """:meth:`Kernel._hyper_key` of ``new``, a shallow copy whose hyperparameters named in
+    ``moved`` were set anew, from its original's valid key (``key``, ``objects``): the other
+    attributes and every bounds are the original's own objects, whose snapshots it holds."""
+    key, objects = list(key), list(objects)
+    for j, h in enumerate(hyper):
+        if h in moved:
+            value = getattr(new, h)
+            key[2 * j], objects[2 * j] = _snapshot(value), value
+    return tuple(key), tuple(objects)
 
 
 class BoundKernel:
@@ -760,10 +777,15 @@ class BoundKernel:
         if self._inner is not None:
             # k's own K(Z) (Z is checked), the noise added on the diagonal: what the sum's
             # K(Z) + σ₀² I gives (its zeros off the diagonal add nothing)
-            K = np.array(self._split_term._call(Z, None, False), dtype=np.float64, order="C")
+            K = self._inner.call_gram()
             K.flat[:: K.shape[0] + 1] += self._noise
             return K
         return np.array(kernel(Z), dtype=np.float64, order="C")
+
+    def call_gram(self):
+        """K(Z) in the rounding of the kernel's own K(Z) (``_call(Z, None, False)``, which may
+        differ from :meth:`gram`'s in the last bits), as a new C-ordered array."""
+        return np.array(self.kernel._call(self.Z, None, False), dtype=np.float64, order="C")
 
     def cross(self, X, out=None):
         """K(X, Z) (k x m) for a chunk of rows X (k x d), written into ``out`` when given."""

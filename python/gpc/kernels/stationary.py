@@ -250,6 +250,13 @@ class _SquaredExponentialBound(BoundKernel):
         np.fill_diagonal(K, self.scale)             # k(z, z) = c exactly
         return K
 
+    def call_gram(self):
+        """c K(Z) as the kernel's own ``_call(Z)`` makes it (RBF alone, or the product's
+        ``_call_times``): matrices._gram on V, which is :meth:`_Stationary._scaled`'s (Z - z̄)/ℓ to
+        the bit (the same mean z̄, one subtraction and one division an entry), without scaling Z
+        again."""
+        return _gram(self.V, None, _kernels.RBF, self.scale)
+
     def _inputs_like(self, dtype):
         """V in ``dtype``: float64 itself, or its float32 copy (made once)."""
         if dtype == np.float64:

@@ -286,7 +286,10 @@ def transform_natural(P, h, Li_old, L_new, beside=()):
     """
     m = P.shape[0]
     M = np.array(L_new, dtype=np.float64, order="C")
-    _parallel.over_calls([partial(_lapack.lower_lower_times, Li_old, M), *beside])   # M = L⁻¹ L'
+    if beside:
+        _parallel.over_calls([partial(_lapack.lower_lower_times, Li_old, M), *beside])
+    else:
+        _lapack.lower_lower_times(Li_old, M)                                 # M = L⁻¹ L'
     S = np.array(P, dtype=np.float64, order="C")
     S.flat[:: m + 1] -= 1.0
     P_new = _lapack.congruence(M, S, np.empty((m, m)))         # exactly symmetric
