@@ -46,3 +46,14 @@ def local_client(patience=300.0):
             distributed.Client(cluster, timeout=patience) as client:
         client.wait_for_workers(2, timeout=patience)
         yield client
+
+
+def central_differences(f, x, h=1e-6):
+    """∂f/∂x of a scalar function of a vector, entry by entry: (f(x + h e_j) - f(x - h e_j)) / 2h."""
+    g = np.empty_like(x)
+    for j in range(len(x)):
+        up, down = x.copy(), x.copy()
+        up[j] += h
+        down[j] -= h
+        g[j] = (f(up) - f(down)) / (2 * h)
+    return g

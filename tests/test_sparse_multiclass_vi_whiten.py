@@ -16,6 +16,7 @@ from scipy.optimize import minimize
 from gpc import SparseMultiClassGPC
 from gpc.kernels import RBF, ConstantKernel
 from gpc.multiclass.sparse_vi import SparseMultiClassVIState
+from helpers import central_differences
 from test_sparse_multiclass_vi import _thyroid
 
 
@@ -79,15 +80,8 @@ def test_unwhitened_bound_gradient_matches_central_differences(shared, scale):
     p = _random_q(state)
     value, grad = state.objective(None, X, y, p, 7, scale=scale)    # blocks of 7 rows: 4 blocks
     assert np.isfinite(value) and grad.shape == p.shape
-    h = 1e-6
-    fd = np.empty_like(p)
-    for j in range(len(p)):
-        dp = p.copy()
-        dp[j] += h
-        up = state.objective(None, X, y, dp, 7, scale=scale)[0]
-        dp[j] -= 2 * h
-        down = state.objective(None, X, y, dp, 7, scale=scale)[0]
-        fd[j] = (up - down) / (2 * h)
+    fd = central_differences(lambda q: state.objective(None, X, y, q, 7, scale=scale)[0], p,
+                             h=1e-6)
     # step h = 1e-6 on a bound of O(10²): central differences carry ~1e-8 of rounding and O(h²)
     # truncation; 1e-6 relative to each entry and to the gradient's largest entry covers both
     np.testing.assert_allclose(grad, fd, rtol=1e-6, atol=1e-6 * np.max(np.abs(fd)))
