@@ -471,6 +471,25 @@ def test_shared_and_per_class_parameters(kw):
         assert np.all(clf.outlier_probability_ == 0.0) and clf.outlier_rate_ == 0.0
 
 
+@pytest.mark.parametrize("method", ["ep", "vi"])
+def test_each_class_can_start_at_its_own_inducing_points(method):
+    """inducing_points (C, m, d): class k's factor starts at the k-th array (seen with Z fixed),
+    and a wrong count, shape or a shared Z is refused."""
+    X, y, _, _ = _thyroid(120)
+    starts = np.stack([X[k * 8:(k + 1) * 8] for k in range(3)])
+    kw = dict(n_inducing=8, max_iter=2, optimize_inducing=False, random_state=0, progress=False,
+              method=method, **({"label_noise": 0.02} if method == "vi" else {}))
+    clf = SparseMultiClassGPC(inducing_points=starts, **kw).fit(X, y)
+    for Z, start in zip(clf.inducing_points_, starts):
+        np.testing.assert_array_equal(Z, start)
+    assert not np.array_equal(starts[0], starts[1])
+    for bad in (starts[:2], starts[:, :, :2], np.where(starts == starts[0, 0, 0], np.nan, starts)):
+        with pytest.raises(ValueError, match="inducing_points must be"):
+            SparseMultiClassGPC(inducing_points=bad, **kw).fit(X, y)
+    with pytest.raises(ValueError, match="shared_inducing"):
+        SparseMultiClassGPC(inducing_points=starts, shared_inducing=True, **kw).fit(X, y)
+
+
 def test_partial_fit_continues_and_tied_sites_take_a_stream():
     X, y, Xt, yt = _thyroid(120)
     kw = dict(n_inducing=8, label_noise=0.02, random_state=0, progress=False)

@@ -5,8 +5,8 @@ docs/derivations-sparse-multiclass.md §11).
   differences; the bound's data terms against Monte Carlo of the model's latent values under q;
 * the bound's gradient in every class's θ, Z, q(w_k) and log ε against central differences, and
   the minibatch estimates' n/|M| scaling;
-* the estimator: a fit on new-thyroid comparable to EP's, n_jobs, partial_fit, bad parameters,
-  scikit-learn's conventions;
+* the estimator: a fit on new-thyroid comparable to EP's, n_jobs, partial_fit, a callable
+  optimizer, bad parameters, scikit-learn's conventions;
 * tied-site EP keeps no array of the training rows' length (the memory bench's claim, as structure).
 """
 
@@ -14,6 +14,7 @@ import warnings
 
 import numpy as np
 import pytest
+from scipy.optimize import minimize
 
 from gpc import SparseMultiClassGPC
 from gpc.datasets import load_thyroid
@@ -256,11 +257,50 @@ def test_partial_fit_continues():
     assert batch.n_iter_ == 7 and batch.log_marginal_likelihood_value_ >= before
 
 
+def _lbfgsb(obj_func, initial_theta, bounds):
+    """scikit-learn's optimizer convention, by scipy's L-BFGS-B on its defaults."""
+    res = minimize(obj_func, initial_theta, jac=True, method="L-BFGS-B", bounds=bounds)
+    return res.x, res.fun
+
+
+def test_a_callable_optimizer_maximises_the_bound_within_the_budget():
+    """optimizer=callable (scikit-learn's convention) in place of L-BFGS-B: the same optimiser
+    through it gives the same bits; it is stopped after max_iter evaluations; the fit keeps the
+    best point it evaluated, whatever the callable returns."""
+    X, y, Xt, _ = _thyroid(120)
+    kw = dict(method="vi", n_inducing=6, label_noise=0.05, random_state=0, progress=False,
+              batch_size=None, max_iter=12)
+    default = SparseMultiClassGPC(**kw).fit(X, y)
+    through = SparseMultiClassGPC(optimizer=_lbfgsb, **kw).fit(X, y)
+    assert through.log_marginal_likelihood_value_ == default.log_marginal_likelihood_value_
+    np.testing.assert_array_equal(through.predict_proba(Xt), default.predict_proba(Xt))
+    seen = []
+
+    def worse_last(obj_func, theta, bounds):
+        assert bounds.shape == (len(theta), 2) and np.all(bounds[:, 0] <= theta)
+        seen.append(-obj_func(theta, eval_gradient=False))
+        value, grad = obj_func(theta)
+        seen.append(-value)
+        seen.append(-obj_func(np.clip(theta + 3.0 * np.sign(grad), *bounds.T))[0])
+        while True:                   # stopped by the budget, not by returning
+            obj_func(theta)
+            seen.append(None)
+
+    fit = SparseMultiClassGPC(optimizer=worse_last, **kw).fit(X, y)
+    assert len(seen) == kw["max_iter"] and seen[0] == seen[1] > seen[2]
+    assert fit.log_marginal_likelihood_value_ == seen[0]
+    start = SparseMultiClassGPC(**{**kw, "max_iter": 1}).fit(X, y)
+    assert start.log_marginal_likelihood_value_ == seen[0]
+
+
 @pytest.mark.parametrize("params, match", [
     (dict(), "label_noise='beta'"), (dict(model="standard"), "model='standard'"),
     (dict(label_noise=0.1, tied_sites=True), "tied_sites"),
     (dict(label_noise=0.1, client=object()), "client"),
     (dict(label_noise=0.9), "label_noise"), (dict(method="svi"), "method"),
+    (dict(label_noise=0.1, optimizer="adam"), "optimizer must be"),
+    (dict(method="ep", label_noise=0.1, optimizer=_lbfgsb), "step_rule"),
+    (dict(label_noise=0.1, optimizer=_lbfgsb, batch_size=20), "batch_size=None"),
 ])
 def test_bad_parameters(params, match):
     X, y, _, _ = _thyroid(60)

@@ -82,8 +82,9 @@ class SparseMultiClassGPC(SparseEstimator):
     n_inducing : int, default 100
         m, the inducing points of each class.  With ``inducing_points`` "kmeans" or "random", an
         m above the n training rows warns and uses n (as scikit-learn's ``Nystroem`` does).
-    inducing_points : "kmeans", "random" or array (m, d), default "kmeans"
-        As for :class:`gpc.SparseGaussianProcessClassifier`; every class starts at the same points.
+    inducing_points : "kmeans", "random", array (m, d) or array (C, m, d), default "kmeans"
+        As for :class:`gpc.SparseGaussianProcessClassifier`: every class starts at the same points;
+        or, C arrays (m, d) (one per class, in ``classes_`` order), each class at its own.
     method : "ep" or "vi", default "ep"
         "ep": scalable EP (above).  "vi": the variational bound (above), which needs
         ``label_noise=ε``: the noiseless argmax (model="standard") has log p = −∞ on a set of
@@ -128,7 +129,8 @@ class SparseMultiClassGPC(SparseEstimator):
         returns the optimiser: an object whose ``step(g)`` gives the step for the gradient g of
         log Z over the packed parameters (every class's log θ in ``kernel.theta`` order, then
         every class's Z, then log ε when it is learnt) and whose attribute ``lr`` is halved when a
-        step fails.  method="vi" trains by L-BFGS-B in batch and Adadelta on minibatches.
+        step fails.  method="vi" trains by L-BFGS-B (or ``optimizer``) in batch and Adadelta on
+        minibatches.
     damping : float in (0, 1] or None, default None
         New site = damping · matched + (1 − damping) · old; None: 0.5 (RMGPC §3's value) in every
         schedule (undamped minibatch updates with per-row sites oscillated on ten classes,
@@ -178,6 +180,15 @@ class SparseMultiClassGPC(SparseEstimator):
         corresponding q, but q stays put in w or in u while θ and Z move, so the gradient in θ and
         Z differs and L-BFGS-B or Adadelta takes another path.  EP's fixed points do not depend on
         coordinates: method="ep" ignores it.
+    optimizer : "fmin_l_bfgs_b" or callable, default "fmin_l_bfgs_b"
+        method="vi" in batch: what maximises the bound, as in scikit-learn's
+        GaussianProcessClassifier.  A callable is called once as ``optimizer(obj_func,
+        initial_theta, bounds)`` with the packed parameters (:attr:`step_rule`'s order, then every
+        class's μ_k and the lower triangle of L_k by rows), their (p, 2) bounds (±inf where free)
+        and ``obj_func(theta, eval_gradient=True)``, which returns minus the bound and its
+        gradient; what it returns is not used: the fit stops it after ``max_iter`` evaluations
+        and keeps the best point evaluated.  EP takes its steps by ``step_rule`` and minibatch VI
+        by Adadelta: for them a callable is refused.
 
     Attributes
     ----------
@@ -227,7 +238,7 @@ class SparseMultiClassGPC(SparseEstimator):
                  max_iter="auto", learning_rate=1.0, step_rule="adadelta", damping=None,
                  damping_decay=1.0, optimize_inducing=True, tied_sites=False, jitter=1e-8,
                  validation_data=None, progress=True, random_state=None, verbose=False,
-                 client=None, n_jobs=None, whiten=True):
+                 client=None, n_jobs=None, whiten=True, optimizer="fmin_l_bfgs_b"):
         self.kernel = kernel
         self.n_inducing = n_inducing
         self.inducing_points = inducing_points
@@ -255,6 +266,7 @@ class SparseMultiClassGPC(SparseEstimator):
         self.client = client
         self.n_jobs = n_jobs
         self.whiten = whiten
+        self.optimizer = optimizer
 
     # -- the hooks of SparseEstimator ----------------------------------------------------------------
     _fitted_attribute = "_state"
@@ -278,6 +290,13 @@ class SparseMultiClassGPC(SparseEstimator):
                 or isinstance(self.step_rule, str) and self.step_rule in STEP_RULES):
             raise ValueError(f"step_rule must be one of {tuple(STEP_RULES)} or a callable, "
                              f"got {self.step_rule!r}")
+        if not (callable(self.optimizer) or isinstance(self.optimizer, str)
+                and self.optimizer == "fmin_l_bfgs_b"):
+            raise ValueError(f"optimizer must be 'fmin_l_bfgs_b' or a callable, got "
+                             f"{self.optimizer!r}")
+        if callable(self.optimizer) and self.method != "vi":
+            raise ValueError("optimizer= maximises method='vi''s bound in batch; method='ep' "
+                             "takes its steps by step_rule")
         decay = check_positive_float(self.damping_decay, "damping_decay")
         if decay > 1:
             raise ValueError(f"damping_decay must be in (0, 1], got {self.damping_decay!r}")
@@ -365,7 +384,7 @@ class SparseMultiClassGPC(SparseEstimator):
         """Z, and one kernel (shared) or C (one per class), as gpc kernels."""
         C = len(self.classes_)
         self._check_label_noise(C)
-        Z = initial_inducing(X, self.n_inducing, self.inducing_points, rng)
+        Z = self._initial_inducing(X, C, rng)
         if isinstance(self.kernel, (list, tuple)):
             if len(self.kernel) != C:
                 raise ValueError(f"kernel is a list of {len(self.kernel)} kernels for {C} classes")
@@ -373,20 +392,44 @@ class SparseMultiClassGPC(SparseEstimator):
         kernel = default_kernel(X, rng) if self.kernel is None else as_kernel(self.kernel)
         return Z, [kernel] if self.shared_kernel else [kernel] * C
 
+    def _initial_inducing(self, X, C, rng):
+        """Z (m, d) for every class, or (C, m, d): one start per class."""
+        how = self.inducing_points
+        if isinstance(how, str) or np.ndim(how) == 2:
+            return initial_inducing(X, self.n_inducing, how, rng)
+        Zs = np.asarray(how, dtype=np.float64)
+        if Zs.ndim != 3 or Zs.shape[0] != C or Zs.shape[2] != X.shape[1] or not Zs.size or (
+                not np.all(np.isfinite(Zs))):
+            raise ValueError(f"inducing_points must be a finite (m, {X.shape[1]}) array or "
+                             f"{C} of them, one per class, (C, m, d) = ({C}, m, {X.shape[1]}); "
+                             f"got shape {Zs.shape}")
+        if self.shared_inducing:
+            raise ValueError("shared_inducing=True takes one (m, d) array of inducing_points, "
+                             "not one per class")
+        return Zs.copy()
+
     def _new_trainer(self, X, y, noise, Z, kernels, rng):
         """The state (every class's Z and kernel, the argmax likelihood) and its trainer."""
         if self.client is not None and self._batch is not None:
             raise ValueError("client= trains in batch: use batch_size=None (or 'auto')")
         C, n = len(self.classes_), X.shape[0]
-        Zs = [Z] if self.shared_inducing else [Z.copy() for _ in range(C)]
+        Zs = ([Z] if self.shared_inducing else
+              list(Z) if Z.ndim == 3 else [Z.copy() for _ in range(C)])
         model = ArgmaxLikelihood(C, noise, self.a0, self.b0)
         eps = float(self.label_noise) if noise == "fixed" else None
         bounds = self.label_noise_bounds if self._learns_noise() else None
         if self.method == "vi":
             self._state = SparseMultiClassVIState(kernels, Zs, n, C, eps, bounds, self.jitter,
                                                   self.optimize_inducing, bool(self.whiten))
-            return (VIBatch([self._state], model, rng) if self._batch is None else
-                    VIMinibatch([self._state], model, rng, self._batch, self.learning_rate))
+            if self._batch is None:
+                trainer = VIBatch([self._state], model, rng)
+                trainer.optimizer = None if isinstance(self.optimizer, str) else self.optimizer
+                return trainer
+            if callable(self.optimizer):
+                raise ValueError(f"optimizer= maximises the bound in batch; these {n} rows train "
+                                 f"on minibatches of {self._batch} by Adadelta (learning_rate): "
+                                 f"pass batch_size=None")
+            return VIMinibatch([self._state], model, rng, self._batch, self.learning_rate)
         self._state = SparseMultiClassState(
             kernels, Zs, None if self.tied_sites else self._class_index(y), n, model, self.jitter,
             self.optimize_inducing, self.learning_rate, tied=bool(self.tied_sites),

@@ -102,8 +102,9 @@ class SparseEstimator(GPCEstimator):
         Checks the parameters that are the subclass's own (calling :meth:`_check_training_params`
         for the shared ones) and returns what its ``_new_trainer`` needs of them (the likelihood).
     ``_initial_model(X, rng)``
-        The starting inducing points Z (m, d) and the list of starting gpc kernels, drawn from
-        ``rng`` in a fixed order; each kernel is checked by :func:`check_kernel_start`.
+        The starting inducing points Z, (m, d) or one start per class (C, m, d), and the list of
+        starting gpc kernels, drawn from ``rng`` in a fixed order; each kernel is checked by
+        :func:`check_kernel_start`.
     ``_new_trainer(X, y, setup, Z, kernels, rng)``
         Sets the model attribute (``_fitted_attribute``) and returns its trainer (a
         gpc.sparse.core.trainers.Trainer whose ``states`` are the model's states); ``setup`` is what
@@ -283,7 +284,7 @@ class SparseEstimator(GPCEstimator):
         n = X.shape[0]
         self._batch = self._minibatch_rows(n)
         #: one problem's pass over a step's rows (the thread policy's "blocks" size)
-        self._step_work = (self._batch or n) * len(Z) ** 2
+        self._step_work = (self._batch or n) * Z.shape[-2] ** 2
         self._threads = self._engine_threads()
         self._trainer = self._new_trainer(X, y, setup, Z, kernels, rng)
         self.history_ = []

@@ -309,6 +309,9 @@ class LBFGSTrainer(Trainer):
     """
 
     partial_epochs = 2
+    #: None: scipy's L-BFGS-B; or scikit-learn's ``optimizer(obj_func, initial_theta, bounds)``
+    #: convention, stopped by the budget as L-BFGS-B is (:meth:`_minimise`)
+    optimizer = None
 
     def steps_per_epoch(self, rows):
         return 1
@@ -359,7 +362,7 @@ class LBFGSTrainer(Trainer):
                     state.restore(snapshot)
 
     def _minimise(self, fun, p0, epochs, spent):
-        """L-BFGS-B on ``fun`` from p0 for at most ``epochs`` evaluations."""
+        """L-BFGS-B (or :attr:`optimizer`) on ``fun`` from p0 for at most ``epochs`` evaluations."""
         if len(p0) == 0:          # everything fixed: GFITC's EP alone (SVI has μ, L_q, never empty)
             fun(p0)
             return
@@ -368,6 +371,14 @@ class LBFGSTrainer(Trainer):
         lo, hi = np.concatenate([np.array(s.bounds(), dtype=float).reshape(-1, 2)
                                  for s in self.states]).T
         bounds = Bounds(np.where(np.isnan(lo), -np.inf, lo), np.where(np.isnan(hi), np.inf, hi))
+        if self.optimizer is not None:
+
+            def obj_func(theta, eval_gradient=True):
+                value, grad = fun(np.asarray(theta, dtype=np.float64))
+                return (value, grad) if eval_gradient else value
+
+            self.optimizer(obj_func, p0.copy(), np.column_stack([bounds.lb, bounds.ub]))
+            return
         res = minimize(fun, p0, jac=True, method="L-BFGS-B", bounds=bounds,
                        options={"maxfun": epochs, "maxiter": epochs})
         if res.status == 2:       # a failed line search (a spent budget ends in _BudgetSpent)
