@@ -9,8 +9,9 @@ import pytest
 from scipy.spatial.distance import pdist
 
 from gpc.experiments import reproduce, smgpc_authors
-from gpc.experiments.smgpc_authors import (EPS_AUTHORS, kernel, length_scale, make_classifier,
-                                           read_authors, standardise, summarise)
+from gpc.experiments.smgpc_authors import (EPS_AUTHORS, authors_lbfgsb, class_rows, kernel,
+                                           length_scale, make_classifier, read_authors,
+                                           standardise, summarise)
 
 
 def _args(*argv):
@@ -40,13 +41,46 @@ def test_standardise_uses_r_sd():
 
 def test_vi_label_noise_is_theirs():
     # their likelihood: (1 - eps) + eps/C on the argmax class; gpc's: 1 - label_noise
-    Z = np.zeros((3, 2))
     for C in (3, 6):
-        clf = make_classifier("vi", Z, 1.0, C, 5, 0)
+        clf = make_classifier("vi", np.zeros((C, 3, 2)), 1.0, C, 5, 0)
         assert 1 - clf.label_noise == pytest.approx(1 - EPS_AUTHORS + EPS_AUTHORS / C)
         assert clf.label_noise_bounds == "fixed"
-    assert make_classifier("ep", Z, 1.0, 3, 5, 0).model == "standard"
-    assert make_classifier("sep", Z, 1.0, 3, 5, 0).tied_sites
+    Zs = np.zeros((3, 3, 2))
+    assert make_classifier("ep", Zs, 1.0, 3, 5, 0).model == "standard"
+    assert make_classifier("sep", Zs, 1.0, 3, 5, 0).tied_sites
+
+
+def test_each_class_starts_at_its_own_random_rows():
+    rows = class_rows(50, 10, 4, seed=3)
+    assert rows.shape == (4, 10)
+    for r in rows:
+        assert len(np.unique(r)) == 10 and np.all(np.diff(r) > 0) and r.max() < 50
+    assert not np.array_equal(rows[0], rows[1])
+    np.testing.assert_array_equal(rows, class_rows(50, 10, 4, seed=3))
+
+
+def test_authors_lbfgsb_steps_in_log_l():
+    """L-BFGS-B's first step is steepest descent in its coordinates: in log l = 2 log ℓ, a
+    length-scale entry moves by a quarter of what it would in log ℓ (relative to the others)."""
+    target = np.array([1.0, -2.0, 0.5, 3.0])
+    seen = []
+
+    def obj_func(theta, eval_gradient=True):
+        seen.append(np.array(theta))
+        r = theta - target
+        return 0.5 * r @ r, r
+
+    mask = [False, True, True]
+    bounds = np.tile([-np.inf, np.inf], (4, 1))
+    theta, _ = authors_lbfgsb(obj_func, np.zeros(4), bounds, mask, 50)
+    np.testing.assert_allclose(theta, target, atol=1e-6)
+    step, grad = seen[1] - seen[0], seen[0] - target
+    ratio = step / -grad
+    assert np.all(ratio > 0)
+    np.testing.assert_allclose(ratio[[1, 2]], ratio[0] / 4, rtol=1e-12)
+    np.testing.assert_allclose(ratio[3], ratio[0], rtol=1e-12)
+    boxed, _ = authors_lbfgsb(obj_func, np.zeros(4), np.array([[-1, 0.5]] * 4), mask, 50)
+    np.testing.assert_allclose(boxed, np.clip(target, -1, 0.5), atol=1e-8)
 
 
 def test_command_on_one_split(tmp_path, capsys):
@@ -54,14 +88,18 @@ def test_command_on_one_split(tmp_path, capsys):
            "cpu_s": 12.0}
     (tmp_path / "wine.jsonl").write_text(json.dumps(rec) + "\n")
     assert read_authors(str(tmp_path)) == [rec]
-    args = _args("--datasets", "wine", "--methods", "ep", "--n-inducing", "10", "--iterations", "3",
-                 "--authors", str(tmp_path), "--quiet")
+    args = _args("--datasets", "wine", "--methods", "ep", "vi", "--n-inducing", "10",
+                 "--iterations", "3", "--authors", str(tmp_path), "--quiet")
     ours = smgpc_authors.main(args)
-    assert [(r["dataset"], r["method"], r["split"], r["m"]) for r in ours] == [("wine", "ep", 1, 10)]
-    assert 0.0 <= ours[0]["error"] <= 1.0 and ours[0]["nll"] > 0 and ours[0]["n_iter"] == 3
+    assert [(r["dataset"], r["method"], r["split"], r["m"]) for r in ours] == [
+        ("wine", "ep", 1, 10), ("wine", "vi", 1, 10)]
+    for r in ours:
+        assert 0.0 <= r["error"] <= 1.0 and r["nll"] > 0
+    # EP: 3 passes; VI: 3 L-BFGS-B iterations, each of one evaluation or more (and the start's)
+    assert ours[0]["n_iter"] == 3 and 4 <= ours[1]["n_iter"] <= 3 * 3
     out = capsys.readouterr().out
     assert "wine" in out and "0.250" in out
-    rows = summarise(ours, [rec])
+    rows = summarise(ours[:1], [rec])
     assert rows[0]["n_both"] == 1 and rows[0]["authors_cpu_s_mean"] == 12.0
     assert rows[0]["gpc_error_mean"] == ours[0]["error"]
 
@@ -105,7 +143,7 @@ def test_authors_rates_mark_every_class_length_scales():
     rng = np.random.default_rng(1)
     X = rng.normal(size=(30, 2))
     y = np.repeat([0, 1, 2], 10)
-    clf = make_classifier("ep", X[:4], 1.0, 3, 1, 0).fit(X, y)
+    clf = make_classifier("ep", np.stack([X[:4], X[4:8], X[8:12]]), 1.0, 3, 1, 0).fit(X, y)
     opt = clf._state.optimizer
     assert type(opt).__name__ == "AuthorsRates"
     # per class [constant, ell_0, ell_1, noise], then the three Z's (4 x 2 each)
