@@ -483,7 +483,8 @@ def test_each_class_can_start_at_its_own_inducing_points(method):
     for Z, start in zip(clf.inducing_points_, starts):
         np.testing.assert_array_equal(Z, start)
     assert not np.array_equal(starts[0], starts[1])
-    for bad in (starts[:2], starts[:, :, :2], np.where(starts == starts[0, 0, 0], np.nan, starts)):
+    for bad in (starts[:2], starts[:, :, :2], np.where(starts == starts[0, 0, 0], np.nan, starts),
+                [starts[0], starts[1][:4], starts[2]], "grid"):
         with pytest.raises(ValueError, match="inducing_points must be"):
             SparseMultiClassGPC(inducing_points=bad, **kw).fit(X, y)
     with pytest.raises(ValueError, match="shared_inducing"):

@@ -295,8 +295,8 @@ class SparseMultiClassGPC(SparseEstimator):
             raise ValueError(f"optimizer must be 'fmin_l_bfgs_b' or a callable, got "
                              f"{self.optimizer!r}")
         if callable(self.optimizer) and self.method != "vi":
-            raise ValueError("optimizer= maximises method='vi''s bound in batch; method='ep' "
-                             "takes its steps by step_rule")
+            raise ValueError("optimizer= maximises the bound of method='vi' in batch; "
+                             "method='ep' takes its steps by step_rule")
         decay = check_positive_float(self.damping_decay, "damping_decay")
         if decay > 1:
             raise ValueError(f"damping_decay must be in (0, 1], got {self.damping_decay!r}")
@@ -395,14 +395,20 @@ class SparseMultiClassGPC(SparseEstimator):
     def _initial_inducing(self, X, C, rng):
         """Z (m, d) for every class, or (C, m, d): one start per class."""
         how = self.inducing_points
-        if isinstance(how, str) or np.ndim(how) == 2:
+        if isinstance(how, str):
             return initial_inducing(X, self.n_inducing, how, rng)
-        Zs = np.asarray(how, dtype=np.float64)
+        expected = (f"a finite (m, {X.shape[1]}) array or {C} of them, one per class, "
+                    f"(C, m, d) = ({C}, m, {X.shape[1]})")
+        try:
+            Zs = np.asarray(how, dtype=np.float64)
+        except (TypeError, ValueError):       # ragged, or not numbers
+            raise ValueError(f"inducing_points must be {expected}; got {type(how).__name__} "
+                             f"that is not one array of numbers") from None
+        if Zs.ndim == 2:
+            return initial_inducing(X, self.n_inducing, Zs, rng)
         if Zs.ndim != 3 or Zs.shape[0] != C or Zs.shape[2] != X.shape[1] or not Zs.size or (
                 not np.all(np.isfinite(Zs))):
-            raise ValueError(f"inducing_points must be a finite (m, {X.shape[1]}) array or "
-                             f"{C} of them, one per class, (C, m, d) = ({C}, m, {X.shape[1]}); "
-                             f"got shape {Zs.shape}")
+            raise ValueError(f"inducing_points must be {expected}; got shape {Zs.shape}")
         if self.shared_inducing:
             raise ValueError("shared_inducing=True takes one (m, d) array of inducing_points, "
                              "not one per class")
