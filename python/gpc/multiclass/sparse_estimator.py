@@ -393,26 +393,26 @@ class SparseMultiClassGPC(SparseEstimator):
         return Z, [kernel] if self.shared_kernel else [kernel] * C
 
     def _initial_inducing(self, X, C, rng):
-        """Z (m, d) for every class, or (C, m, d): one start per class."""
+        """Z (m, d) for every class, or (C, m, d): one start per class, each checked as a single
+        array is (:func:`initial_inducing`)."""
         how = self.inducing_points
         if isinstance(how, str):
             return initial_inducing(X, self.n_inducing, how, rng)
-        expected = (f"a finite (m, {X.shape[1]}) array or {C} of them, one per class, "
-                    f"(C, m, d) = ({C}, m, {X.shape[1]})")
         try:
             Zs = np.asarray(how, dtype=np.float64)
         except (TypeError, ValueError):       # ragged, or not numbers
-            raise ValueError(f"inducing_points must be {expected}; got {type(how).__name__} "
-                             f"that is not one array of numbers") from None
-        if Zs.ndim == 2:
+            raise ValueError(f"inducing_points must be one (m, {X.shape[1]}) array or {C} of "
+                             f"them, one per class, as one (C, m, d) array; got "
+                             f"{type(how).__name__} that is not one array of numbers") from None
+        if Zs.ndim != 3:
             return initial_inducing(X, self.n_inducing, Zs, rng)
-        if Zs.ndim != 3 or Zs.shape[0] != C or Zs.shape[2] != X.shape[1] or not Zs.size or (
-                not np.all(np.isfinite(Zs))):
-            raise ValueError(f"inducing_points must be {expected}; got shape {Zs.shape}")
+        if len(Zs) != C or not Zs.size:
+            raise ValueError(f"inducing_points must be one (m, d) array or one per class, "
+                             f"(C, m, d) with C = {C}; got shape {Zs.shape}")
         if self.shared_inducing:
             raise ValueError("shared_inducing=True takes one (m, d) array of inducing_points, "
                              "not one per class")
-        return Zs.copy()
+        return np.stack([initial_inducing(X, self.n_inducing, Z, rng) for Z in Zs])
 
     def _new_trainer(self, X, y, noise, Z, kernels, rng):
         """The state (every class's Z and kernel, the argmax likelihood) and its trainer."""
