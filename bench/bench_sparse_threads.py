@@ -191,7 +191,8 @@ def part_device(args):
     """The 16-core GPU machine's run, one round of each, about five minutes: the thread scaling at
     n = 200,000 (batches 200, 2000, 20000; 1, 2, 4, 8 and every core), then (c) with one thread
     and every core against GPyTorch on CUDA in float32 (when ``torch.cuda.is_available()``) and on
-    the CPU (all cores), the CPU peer only while less than seven minutes have gone."""
+    the CPU (all cores), each GPyTorch run only while less than ``--peer-deadline`` seconds
+    (default 420) have gone."""
     start = time.perf_counter()
     try:
         import torch
@@ -204,7 +205,7 @@ def part_device(args):
     out = alternating(peer_problem(args.n, args.test), args.batches, threads, 1, 0.0)
     table(out, threads, None, f"n = {args.n}, m = 200, one epoch each, {n_cores} cores")
     devices = ([("cuda", "float32")] if cuda else []) + [("cpu", "float64")]
-    part_peer(args, [1, n_cores], devices, 1, deadline=start + 420.0)
+    part_peer(args, [1, n_cores], devices, 1, deadline=start + args.peer_deadline)
     print(f"\ndevice run: {time.perf_counter() - start:.0f} s")
 
 
@@ -223,6 +224,8 @@ def main(argv=None):
                     help="rounds (pairs) per batch size: default 3 for (a), (b) and 2 for (c)")
     ap.add_argument("--max-seconds", type=float, default=300.0,
                     help="no new round after this many seconds of a part")
+    ap.add_argument("--peer-deadline", type=float, default=420.0,
+                    help="--part device: no GPyTorch run after this many seconds of the part")
     args = ap.parse_args(argv)
     threads = [cores() if t == 0 else t for t in args.threads]
     if args.part == "device":

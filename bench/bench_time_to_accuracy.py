@@ -1,7 +1,7 @@
 """Time to accuracy: minibatch SEP against GPyTorch's SVGP with natural gradients (and with Adam).
 
     python bench/bench_time_to_accuracy.py [--data synthetic|airline|fashion] [--n N] [--m M]
-        [--batch B] [--epochs E] [--threads T] [--rounds R] [--systems gpc ngd adam ...]
+        [--batch B] [--epochs E] [--threads T] [--rounds R] [--systems gpc ngd ngd-cuda adam ...]
         [--data-dir DIR] [--out records.json]
 
 A user asks how long a fit takes to reach a model of a given quality, so every system trains for
@@ -22,10 +22,16 @@ clock runs only while it trains.  The systems, alternated ``--rounds`` times in 
   (torch 2.14, TensorFlow 2.21, 2 threads each), so its table's reference is itself and gpc's
   ratio to it is taken in its own process;
 
+* ``ngd-cuda``, ``ngd-cuda-f32``: ``ngd`` on the GPU (``torch.device("cuda")``) in float64 and
+  in float32; the data, Z0 and the model live on the GPU, the clock stops after a
+  synchronisation; skipped with a message where ``torch.cuda.is_available()`` is False, and a
+  run that fails (float32 natural gradients can lose positive definiteness) is reported and
+  left out of the table;
+
 both GPyTorch models with the whitened ``VariationalStrategy``, ``ScaleKernel(RBFKernel(ARD))``,
 the probit ``BernoulliLikelihood`` and ``VariationalELBO``, in float64 on the CPU with
-``torch.set_num_threads(--threads)``.  GPyTorch and torch are bench-only peers, never gpc's
-dependencies.
+``torch.set_num_threads(--threads)`` unless named otherwise above.  GPyTorch and torch are
+bench-only peers, never gpc's dependencies.
 
 Every system sees the same training rows, the same k-means Z0 and median-heuristic length scale
 (the estimator's own routines, seed 0), and the same minibatches: each epoch a permutation of the
@@ -36,7 +42,8 @@ the estimator's generator must end in the state the bench's copy ends in).
 The table: for the NGD peer's best test NLL over its epochs, ``x`` = best + 5e-4 (epoch-to-epoch
 noise) and two looser targets (best + 2e-3, best + 5e-3), the training seconds each system needs
 to reach NLL ≤ x (the end of the first epoch at or below it; "never" if none), medians over the
-rounds, and the ratio gpc ÷ NGD.  The data (``--data``):
+rounds, and the ratio gpc ÷ NGD.  ``--out`` is rewritten after every system's run, so a run
+cut short leaves the curves it finished.  The data (``--data``):
 
 * ``synthetic``: bench_sparse.py's problem (d = 8, y = sign(sin x₀ + x₁x₂ - x₃/2 + 0.3 ε)), n
   training and 10,000 held-out rows;
@@ -131,23 +138,28 @@ def run_gpc(prob, Z0, ell, args, precision=None):
     return out, clf
 
 
-def run_gpytorch(prob, Z0, ell, args, optimiser):
-    """[(training seconds so far, test NLL, test error)] after each epoch of GPyTorch's SVGP, the
-    model and its likelihood."""
+def run_gpytorch(prob, Z0, ell, args, optimiser, device="cpu", dtype="float64"):
+    """[(training seconds so far, test NLL, test error)] after each epoch of GPyTorch's SVGP on
+    ``device`` ("cpu" or "cuda") in ``dtype``, the model and its likelihood."""
     import gpytorch
     import torch
 
     torch.set_num_threads(args.threads)
     Xtr, ytr, Xte, yte = prob
     n = Xtr.shape[0]
-    dtype = torch.float64
+    dtype = getattr(torch, dtype)
 
-    Xt = torch.tensor(Xtr, dtype=dtype)
-    yt = torch.tensor((ytr > 0).astype(np.float64), dtype=dtype)
-    Xv = torch.tensor(Xte, dtype=dtype)
+    def wait():
+        """Let the GPU finish its queued work before the clock is read."""
+        if device != "cpu":
+            torch.cuda.synchronize()
+
+    Xt = torch.tensor(Xtr, dtype=dtype, device=device)
+    yt = torch.tensor((ytr > 0).astype(np.float64), dtype=dtype, device=device)
+    Xv = torch.tensor(Xte, dtype=dtype, device=device)
     model = svgp_model(torch.tensor(Z0, dtype=dtype), ell, natural=optimiser == "ngd")
-    model = model.to(dtype=dtype)
-    lik = gpytorch.likelihoods.BernoulliLikelihood().to(dtype=dtype)
+    model = model.to(device=device, dtype=dtype)
+    lik = gpytorch.likelihoods.BernoulliLikelihood().to(device=device, dtype=dtype)
     mll = gpytorch.mlls.VariationalELBO(lik, model, num_data=n)
     if optimiser == "ngd":
         opts = [gpytorch.optim.NGD(model.variational_parameters(), num_data=n, lr=0.1),
@@ -159,6 +171,7 @@ def run_gpytorch(prob, Z0, ell, args, optimiser):
     (-mll(model(Xt[:args.batch]), yt[:args.batch])).backward()
     for opt in opts:
         opt.zero_grad()
+    wait()
     rng = np.random.default_rng(SEED)
     out, spent = [], 0.0
     for _ in range(args.epochs):
@@ -166,18 +179,19 @@ def run_gpytorch(prob, Z0, ell, args, optimiser):
         lik.train()
         t = time.perf_counter()
         for batch in epoch_batches(n, args.batch, rng):
-            idx = torch.from_numpy(batch)
+            idx = torch.from_numpy(batch).to(device)
             for opt in opts:
                 opt.zero_grad()
             loss = -mll(model(Xt[idx]), yt[idx])
             loss.backward()
             for opt in opts:
                 opt.step()
+        wait()
         spent += time.perf_counter() - t
         model.eval()
         lik.eval()
         with torch.no_grad():
-            p = np.concatenate([lik(model(Xv[a:a + 5000])).mean.numpy()
+            p = np.concatenate([lik(model(Xv[a:a + 5000])).mean.cpu().numpy()
                                 for a in range(0, len(Xv), 5000)])
         out.append((spent, *scores(p.astype(np.float64), yte)))
     return out, model, lik
@@ -230,9 +244,27 @@ def run_gpflow(prob, Z0, ell, args):
     return out
 
 
+def run_ngd_cuda(prob, Z0, ell, args, dtype):
+    """The ``ngd`` system on the GPU in ``dtype``: its curve, or None (said why) where torch sees
+    no GPU or the run fails."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print(f"ngd on cuda ({dtype}) skipped: torch.cuda.is_available() is False", flush=True)
+        return None
+    try:
+        return run_gpytorch(prob, Z0, ell, args, "ngd", device="cuda", dtype=dtype)[0]
+    except RuntimeError as exc:          # gpytorch's NotPSDError is one
+        print(f"ngd on cuda ({dtype}) failed: {type(exc).__name__}: {exc}", flush=True)
+        return None
+
+
 SYSTEMS = {"gpc": lambda prob, Z0, ell, args: run_gpc(prob, Z0, ell, args)[0],
            "gpc-mixed": lambda prob, Z0, ell, args: run_gpc(prob, Z0, ell, args, "mixed")[0],
            "ngd": lambda prob, Z0, ell, args: run_gpytorch(prob, Z0, ell, args, "ngd")[0],
+           "ngd-cuda": lambda prob, Z0, ell, args: run_ngd_cuda(prob, Z0, ell, args, "float64"),
+           "ngd-cuda-f32": lambda prob, Z0, ell, args: run_ngd_cuda(prob, Z0, ell, args,
+                                                                    "float32"),
            "adam": lambda prob, Z0, ell, args: run_gpytorch(prob, Z0, ell, args, "adam")[0],
            "gpflow-ngd": run_gpflow}
 
@@ -307,14 +339,19 @@ def main(argv=None):
     for r in range(args.rounds):
         for name in args.systems if r % 2 == 0 else args.systems[::-1]:
             curve = SYSTEMS[name](prob, Z0, ell, args)
+            if curve is None:
+                continue
             records[name].append(curve)
             print(f"round {r + 1} {name}: " + " · ".join(f"{t:.1f} s {nll:.4f}"
                                                          for t, nll, _ in curve), flush=True)
-    print(table(records, args.systems, args.epochs))
+            if args.out:
+                with open(args.out, "w") as fh:
+                    json.dump({"args": vars(args), "records": records}, fh)
+    # a system with a failed or skipped round (a GPU one) stays out of the table
+    ran = [name for name in args.systems if len(records[name]) == args.rounds]
+    if ran:
+        print(table(records, ran, args.epochs))
     print(f"load average after: {os.getloadavg()[0]:.1f}")
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump({"args": vars(args), "records": records}, fh)
 
 
 if __name__ == "__main__":
