@@ -665,16 +665,21 @@ class LocalClassRows(Rows):
         bs = block_sites(st.sites, self.y, rows)
         old_tau, old_eta = bs.class_sites()
         fresh = ~np.any((old_tau != 0.0) | (old_eta != 0.0), axis=1)
+        held = not fresh.all()      # some row's sites are in q along an old direction
 
         def moved(k):       # marginals of a and of the old direction a' = Lᵀv, and a Σ a'
             q, f = st.qs[k], st.factors[k]
-            A_old = np.array(st.V[k][rows], dtype=np.float64)
-            _lapack.multiply_triangular_rows(f.L, A_old, True)
             B = q.solve_rows(block.A[k])
-            B_old = q.solve_rows(A_old)
             mean, var, mean_old, var_old, cross = (np.empty(self.size) for _ in range(5))
             _lapack.rows_dot(block.A[k], q.mean, mean)
             _sparse.row_dots(B, B, var)
+            if not held:    # no row has a site yet: a' enters with weight 0, V is not read
+                for x in (mean_old, var_old, cross):
+                    x.fill(0.0)
+                return np.zeros_like(block.A[k]), (mean, var, mean_old, var_old, cross)
+            A_old = np.array(st.V[k][rows], dtype=np.float64)
+            _lapack.multiply_triangular_rows(f.L, A_old, True)
+            B_old = q.solve_rows(A_old)
             _lapack.rows_dot(A_old, q.mean, mean_old)
             _sparse.row_dots(B_old, B_old, var_old)
             _sparse.row_dots(B, B_old, cross)

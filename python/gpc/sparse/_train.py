@@ -426,7 +426,9 @@ def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P
     ``A`` (b x m) holds the rows' current directions a_i = L⁻¹k_i, ``V_old`` their kept u-space
     directions v_i (float32, zero rows for rows without a site); with ``old_rows`` (a slice or an
     index array) ``V_old`` holds every row's and the block's are ``V_old[old_rows]``, gathered
-    by each sub-block on the threads.  The old site lies along
+    by each sub-block on the threads (a sub-block whose rows have no site yet, as in a first
+    epoch, reads none: refine_block skips a block without old sites, and V's pages stay untouched
+    until the rows' directions are written).  The old site lies along
     a'_i = Lᵀv_i; the cavity removes it there (:func:`gpc._sparse.refine_rows` with the old
     directions' marginals; a block without old sites refines against q itself), the site rule
     ``rule`` refits it, and (P, h) gains Σ τ_new a aᵀ - Σ τ_old a'a'ᵀ, Σ ν_new a - Σ ν_old a'
@@ -469,6 +471,7 @@ def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P
     dPs, dhs = partials("sums", len(blocks), m), np.empty((len(blocks), m))
     gathered = (None if old_rows is None
                 else workspace("old directions", (b, m), dtype=np.float32))
+    sited = None if old_rows is None else (tau != 0.0) | (nu != 0.0)
 
     def block(j):
         if before is not None:
@@ -477,7 +480,9 @@ def swap_block_sites(likelihood, yb, A, s, q, tau, nu, V_old, factor, damping, P
             old = rows_of(blocks[j], V_old)[0]
         else:
             a, c = blocks[j]
-            old = np.take(V_old, old_rows[a:c], axis=0, out=gathered[a:c])
+            old = gathered[a:c]
+            if sited[a:c].any():        # else refine_block skips a' (no old site): V unread
+                np.take(V_old, old_rows[a:c], axis=0, out=old)
         return _sparse.refine_block(*spec, *codes, float(damping), _sparse.SUMS_SWAP,
                                     *rows_of(blocks[j], yb, A, s), Ri, q.mean,
                                     *rows_of(blocks[j], tau, nu, t_new, n_new), dPs[j], dhs[j],
