@@ -674,9 +674,8 @@ class LocalClassRows(Rows):
             _lapack.rows_dot(block.A[k], q.mean, mean)
             _sparse.row_dots(B, B, var)
             if not held:    # no row has a site yet: a' enters with weight 0, V is not read
-                for x in (mean_old, var_old, cross):
-                    x.fill(0.0)
-                return np.zeros_like(block.A[k]), (mean, var, mean_old, var_old, cross)
+                zero = np.zeros(self.size)
+                return np.zeros_like(block.A[k]), (mean, var, zero, zero, zero)
             A_old = np.array(st.V[k][rows], dtype=np.float64)
             _lapack.multiply_triangular_rows(f.L, A_old, True)
             B_old = q.solve_rows(A_old)
